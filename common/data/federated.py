@@ -1,0 +1,50 @@
+"""The federation's view of a corpus: held-out test set and one training shard per client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.data.corpora import Corpus, load_corpus
+from common.data.split import partition, train_test_split
+
+
+@dataclass(frozen=True)
+class FederatedSplit:
+    """Index arrays into ``corpus``: ``test`` (server evaluation) and ``clients[k]`` (client k)."""
+
+    corpus: Corpus
+    test: np.ndarray
+    clients: tuple[np.ndarray, ...]
+
+    def texts(self, idx: np.ndarray) -> list[str]:
+        return [self.corpus.texts[i] for i in idx]
+
+    def labels(self, idx: np.ndarray) -> list[int]:
+        return [self.corpus.labels[i] for i in idx]
+
+
+def federated_split(
+    dataset: str,
+    num_clients: int,
+    *,
+    method: str = "dirichlet",
+    alpha: float = 1.0,
+    test_fraction: float = 0.2,
+    max_train: int = 0,
+    max_test: int = 0,
+    seed: int = 0,
+) -> FederatedSplit:
+    """Seeded split: the test set is capped at ``max_test`` and the training pool at
+    ``max_train`` (0 = no cap) before partitioning it over ``num_clients``."""
+    corpus = load_corpus(dataset)
+    train, test = train_test_split(len(corpus), test_fraction, seed)
+    rng = np.random.default_rng([seed, 0xCA9])
+    if max_train and len(train) > max_train:
+        train = np.sort(rng.choice(train, max_train, replace=False))
+    if max_test and len(test) > max_test:
+        test = np.sort(rng.choice(test, max_test, replace=False))
+    labels = np.asarray(corpus.labels)[train]
+    parts = partition(labels, num_clients, method, alpha, seed)
+    return FederatedSplit(corpus, test, tuple(train[p] for p in parts))

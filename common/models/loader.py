@@ -1,0 +1,78 @@
+"""Load a model with LoRA attached, once per process and configuration."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from peft import PeftModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as hf_logging
+
+from common.models.lora import LoraSpec, attach_lora
+from common.models.registry import ModelSpec, resolve_model
+
+
+@dataclass
+class ModelBundle:
+    """A PEFT model with its tokenizer. ``kind``: ``causal-lm`` or ``seq-cls``."""
+
+    name: str
+    kind: str
+    model: PeftModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+
+
+def load_model(
+    name: str,
+    lora: LoraSpec,
+    device: torch.device,
+    num_labels: int = 2,
+    seed: int = 0,
+) -> ModelBundle:
+    """Base model + LoRA (``seed`` fixes the LoRA and head init). Cached per process: callers
+    that share a bundle must load the adapter state they need before using it."""
+    return _load(name, lora, str(device), num_labels, seed)
+
+
+def _quiet_transformers() -> None:
+    """Drop load reports and progress bars (expected: a new classification head is initialised)."""
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+
+@lru_cache(maxsize=4)
+def _load(name: str, lora: LoraSpec, device: str, num_labels: int, seed: int) -> ModelBundle:
+    _quiet_transformers()
+    spec = resolve_model(name)
+    path = str(spec.locate())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    torch.manual_seed(seed)
+    if spec.kind == "causal-lm":
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        task_type = "CAUSAL_LM"
+    else:
+        base = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=num_labels, dtype=torch.float32
+        )
+        base.config.pad_token_id = tokenizer.pad_token_id
+        task_type = "SEQ_CLS"
+    targets = lora.targets or _defaults(spec)
+    model = attach_lora(base, LoraSpec(lora.rank, lora.alpha, lora.dropout, targets), task_type)
+    model.to(device)
+    return ModelBundle(spec.name, spec.kind, model, tokenizer, torch.device(device))
+
+
+def _defaults(spec: ModelSpec) -> tuple[str, ...] | None:
+    return spec.default_targets or None

@@ -1,0 +1,128 @@
+"""LoRA via PEFT, and the one adapter between PEFT modules and the papers' factors.
+
+Papers: ``W = W0 + Z``, ``Z = A Bᵀ`` with ``A: (m, r)`` (output side), ``B: (n, r)`` (input side).
+PEFT: ``ΔW = s · lora_B.weight @ lora_A.weight`` with ``lora_B.weight: (m, r)``,
+``lora_A.weight: (r, n)`` and ``s = alpha / r``. We fold the scaling symmetrically,
+``A = √s · lora_B.weight`` and ``B = √s · lora_A.weightᵀ``, so that ``A Bᵀ == ΔW`` exactly.
+
+An *adapter state* is a flat ``{name: tensor}``: ``"<module>.A"``, ``"<module>.B"`` for each LoRA
+module plus every other trainable parameter by its own name (e.g. a classification head).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
+from torch import Tensor, nn
+
+from common.errors import FedloraError
+
+AdapterState = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """PEFT LoRA settings; ``targets=None`` uses the model's defaults."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] | None = None
+
+
+def attach_lora(model: nn.Module, spec: LoraSpec, task_type: str) -> PeftModel:
+    """Wrap ``model`` with PEFT LoRA (``task_type``: ``CAUSAL_LM`` or ``SEQ_CLS``)."""
+    if spec.rank < 1:
+        raise FedloraError(f"LoRA rank must be >= 1, got {spec.rank}")
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=list(spec.targets) if spec.targets else None,
+        task_type=task_type,
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        raise FedloraError(f"cannot attach LoRA: {str(exc).splitlines()[0]}") from None
+
+
+def lora_layers(model: nn.Module, adapter: str = "default") -> dict[str, LoraLayer]:
+    """LoRA modules of ``model`` by qualified name, in module order."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer) and adapter in getattr(module, "lora_A", {})
+    }
+
+
+def get_factors(layer: LoraLayer, adapter: str = "default") -> tuple[Tensor, Tensor]:
+    """Paper factors of one PEFT module: ``A: (m, r)``, ``B: (n, r)`` with ``A Bᵀ = ΔW``."""
+    root = math.sqrt(layer.scaling[adapter])
+    a = layer.lora_B[adapter].weight.detach() * root
+    b = layer.lora_A[adapter].weight.detach().T * root
+    return a.clone(), b.clone()
+
+
+def set_factors(layer: LoraLayer, a: Tensor, b: Tensor, adapter: str = "default") -> None:
+    """Inverse of :func:`get_factors`: write ``A: (m, r)``, ``B: (n, r)`` into the PEFT weights."""
+    root = math.sqrt(layer.scaling[adapter])
+    lora_b, lora_a = layer.lora_B[adapter].weight, layer.lora_A[adapter].weight
+    if a.shape != lora_b.shape or b.T.shape != lora_a.shape:
+        raise ValueError(
+            f"factor shapes {tuple(a.shape)}, {tuple(b.shape)} do not match "
+            f"LoRA weights {tuple(lora_b.shape)}, {tuple(lora_a.T.shape)}"
+        )
+    with torch.no_grad():
+        lora_b.copy_(a / root)
+        lora_a.copy_(b.T / root)
+
+
+def dense_trainables(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Trainable parameters that are not LoRA factors (e.g. PEFT ``modules_to_save`` heads)."""
+    return {
+        name: p
+        for name, p in model.named_parameters()
+        if p.requires_grad and ".lora_A." not in name and ".lora_B." not in name
+    }
+
+
+def adapter_state(model: nn.Module) -> AdapterState:
+    """Snapshot of everything that is trained: paper factors plus dense trainables (CPU copies)."""
+    state: AdapterState = {}
+    for name, layer in lora_layers(model).items():
+        a, b = get_factors(layer)
+        state[f"{name}.A"], state[f"{name}.B"] = a.cpu(), b.cpu()
+    for name, p in dense_trainables(model).items():
+        state[name] = p.detach().cpu().clone()
+    return state
+
+
+def load_adapter_state(model: nn.Module, state: AdapterState) -> None:
+    """Write an :func:`adapter_state` back; names and shapes must match exactly."""
+    expected = adapter_shapes(model)
+    if set(state) != set(expected):
+        missing, extra = set(expected) - set(state), set(state) - set(expected)
+        raise ValueError(f"adapter state mismatch: missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]}")
+    for name, layer in lora_layers(model).items():
+        device = layer.lora_A["default"].weight.device
+        set_factors(layer, state[f"{name}.A"].to(device), state[f"{name}.B"].to(device))
+    with torch.no_grad():
+        for name, p in dense_trainables(model).items():
+            p.copy_(state[name].to(p.device))
+
+
+def adapter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Expected name -> shape of :func:`adapter_state`, without copying tensors."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, layer in lora_layers(model).items():
+        m, r = layer.lora_B["default"].weight.shape
+        n = layer.lora_A["default"].weight.shape[1]
+        shapes[f"{name}.A"], shapes[f"{name}.B"] = (m, r), (n, r)
+    for name, p in dense_trainables(model).items():
+        shapes[name] = tuple(p.shape)
+    return shapes

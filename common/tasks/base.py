@@ -1,0 +1,58 @@
+"""What every task provides: tokenised examples, batches, per-example loss, evaluation.
+
+Per-example losses (shape ``(b,)``) are the unit the DP optimisers clip; the non-private
+optimiser just takes their mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+Batch = dict[str, Tensor]
+
+
+class Task(Protocol):
+    """``metric`` is ``accuracy`` (higher is better) or ``perplexity`` (lower is better)."""
+
+    metric: str
+
+    def encode(self, texts: Sequence[str], labels: Sequence[int]) -> list[dict]: ...
+
+    def collate(self, examples: Sequence[dict], device: torch.device) -> Batch: ...
+
+    def per_example_loss(self, model: nn.Module, batch: Batch) -> Tensor: ...
+
+    def evaluate(
+        self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
+    ) -> dict[str, float]: ...
+
+
+def pad(seqs: Sequence[Sequence[int]], value: int) -> tuple[Tensor, Tensor]:
+    """Right-pad token lists -> ``ids: (b, T)`` and ``mask: (b, T)``."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), value, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def sample_batches(n: int, batch_size: int, steps: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """``steps`` index batches drawn by reshuffled passes over ``range(n)`` (no DP sampling)."""
+    order: list[int] = []
+    for _ in range(steps):
+        while len(order) < batch_size:
+            order.extend(rng.permutation(n).tolist())
+        yield np.asarray(order[:batch_size])
+        order = order[batch_size:]
+
+
+def chunks(items: Sequence, size: int) -> Iterator[Sequence]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

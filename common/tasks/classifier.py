@@ -1,0 +1,48 @@
+"""Sequence classification with an encoder and a classification head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common.tasks.base import Batch, chunks, pad
+
+
+class ClassifierTask:
+    metric = "accuracy"
+
+    def __init__(self, tokenizer, max_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    def encode(self, texts: Sequence[str], labels: Sequence[int]) -> list[dict]:
+        enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)
+        return [{"ids": ids, "label": int(y)} for ids, y in zip(enc["input_ids"], labels, strict=True)]
+
+    def collate(self, examples: Sequence[dict], device: torch.device) -> Batch:
+        ids, mask = pad([ex["ids"] for ex in examples], self.tokenizer.pad_token_id)
+        labels = torch.tensor([ex["label"] for ex in examples])
+        return {
+            "input_ids": ids.to(device),
+            "attention_mask": mask.to(device),
+            "labels": labels.to(device),
+        }
+
+    def per_example_loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return F.cross_entropy(logits, batch["labels"], reduction="none")
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
+    ) -> dict[str, float]:
+        correct, nll = 0, 0.0
+        for part in chunks(examples, batch_size):
+            batch = self.collate(part, device)
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            correct += int((logits.argmax(1) == batch["labels"]).sum())
+            nll += float(F.cross_entropy(logits, batch["labels"], reduction="sum"))
+        return {"accuracy": correct / len(examples), "loss": nll / len(examples)}

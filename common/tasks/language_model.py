@@ -1,0 +1,58 @@
+"""Causal language modelling on a plain-text corpus; evaluated by perplexity."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from common.tasks.base import Batch, chunks, pad
+from common.tasks.verbalizer import token_nll
+
+
+class LanguageModelTask:
+    """Each document is cut into blocks of ``max_length`` tokens; an example is one block."""
+
+    metric = "perplexity"
+
+    def __init__(self, tokenizer, max_length: int, max_blocks_per_doc: int = 4) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.max_blocks = max_blocks_per_doc
+
+    def encode(self, texts: Sequence[str], labels: Sequence[int]) -> list[dict]:
+        blocks = []
+        for ids in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
+            for b in range(min(self.max_blocks, len(ids) // self.max_length)):
+                blocks.append({"ids": ids[b * self.max_length : (b + 1) * self.max_length]})
+            if len(ids) < self.max_length and len(ids) > 1:
+                blocks.append({"ids": ids})
+        return blocks
+
+    def collate(self, examples: Sequence[dict], device: torch.device) -> Batch:
+        ids, mask = pad([ex["ids"] for ex in examples], self.tokenizer.pad_token_id)
+        target = ids.masked_fill(mask == 0, -100)
+        return {
+            "input_ids": ids.to(device),
+            "attention_mask": mask.to(device),
+            "target": target.to(device),
+        }
+
+    def per_example_loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return token_nll(logits, batch["target"])
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
+    ) -> dict[str, float]:
+        total, tokens = 0.0, 0
+        for part in chunks(examples, batch_size):
+            batch = self.collate(part, device)
+            n_tok = (batch["target"][:, 1:] != -100).sum(1)
+            total += float((self.per_example_loss(model, batch) * n_tok).sum())
+            tokens += int(n_tok.sum())
+        loss = total / max(tokens, 1)
+        return {"perplexity": math.exp(loss), "loss": loss}

@@ -1,0 +1,97 @@
+"""Causal-LM classification: prompt + label word; predict the most likely label word."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common.data.prompts import Prompt
+from common.tasks.base import Batch, chunks, pad
+
+
+class VerbalizerTask:
+    """Examples hold ``prompt`` token ids and the gold ``label``; ``words[c]`` are label ids."""
+
+    metric = "accuracy"
+
+    def __init__(self, tokenizer, prompt: Prompt, max_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id
+        self.words = [self._ids(w) for w in prompt.words]
+        self.head, self.tail = self._ids(prompt.head), self._ids(prompt.tail)
+        longest = max(len(w) for w in self.words)
+        self.text_budget = max_length - len(self.head) - len(self.tail) - longest
+        if self.text_budget < 1:
+            raise ValueError(f"max_length {max_length} leaves no room for text in the prompt")
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode(self, texts: Sequence[str], labels: Sequence[int]) -> list[dict]:
+        bodies = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        return [
+            {"prompt": self.head + body[: self.text_budget] + self.tail, "label": int(y)}
+            for body, y in zip(bodies, labels, strict=True)
+        ]
+
+    def collate(self, examples: Sequence[dict], device: torch.device) -> Batch:
+        """Prompt + gold word; ``target`` marks the word's tokens (-100 elsewhere)."""
+        seqs, targets = [], []
+        for ex in examples:
+            word = self.words[ex["label"]]
+            seqs.append(ex["prompt"] + word)
+            targets.append([-100] * len(ex["prompt"]) + word)
+        ids, mask = pad(seqs, self.pad_id)
+        target, _ = pad(targets, -100)
+        return {
+            "input_ids": ids.to(device),
+            "attention_mask": mask.to(device),
+            "target": target.to(device),
+        }
+
+    def per_example_loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        """Mean NLL of each example's label-word tokens: ``(b,)``."""
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return token_nll(logits, batch["target"])
+
+    @torch.no_grad()
+    def label_scores(self, model: nn.Module, examples: Sequence[dict], device: torch.device) -> Tensor:
+        """``(b, C)`` log-likelihood of each label word after each prompt."""
+        if all(len(w) == 1 for w in self.words):  # one forward pass: read the next-token logits
+            ids, mask = pad([ex["prompt"] for ex in examples], self.pad_id)
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+            last = mask.sum(1).to(device) - 1
+            logp = logits[torch.arange(len(examples), device=device), last].log_softmax(-1)
+            return logp[:, [w[0] for w in self.words]]
+        scores = []
+        for word in self.words:  # multi-token words: one pass per label, summed token log-probs
+            seqs = [ex["prompt"] + word for ex in examples]
+            tgts = [[-100] * len(ex["prompt"]) + word for ex in examples]
+            ids, mask = pad(seqs, self.pad_id)
+            target, _ = pad(tgts, -100)
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+            scores.append(-token_nll(logits, target.to(device)) * len(word))
+        return torch.stack(scores, dim=1)
+
+    def evaluate(
+        self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
+    ) -> dict[str, float]:
+        correct, nll = 0, 0.0
+        for part in chunks(examples, batch_size):
+            scores = self.label_scores(model, part, device)
+            gold = torch.tensor([ex["label"] for ex in part], device=device)
+            correct += int((scores.argmax(1) == gold).sum())
+            nll += float(F.cross_entropy(scores, gold, reduction="sum"))
+        return {"accuracy": correct / len(examples), "loss": nll / len(examples)}
+
+
+def token_nll(logits: Tensor, target: Tensor) -> Tensor:
+    """Per-example mean NLL over tokens where ``target != -100``; next-token shifted. ``(b,)``"""
+    logp = logits[:, :-1].log_softmax(-1)
+    tgt = target[:, 1:]
+    keep = tgt != -100
+    picked = logp.gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return -(picked * keep).sum(1) / keep.sum(1).clamp(min=1)

@@ -1,0 +1,20 @@
+"""Flower ServerApp: an explicit round loop over the Grid (see server.federation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from common.config import from_flat
+from server.federation import run_federation
+from server.report import default_run_dir
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = from_flat(dict(context.run_config)).check()
+    run_federation(grid, cfg, Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))

@@ -1,0 +1,112 @@
+"""A Flower ``Grid`` that delivers messages to ClientApps in this process (no Ray, no SuperLink).
+
+Each node gets its own ``Context`` (``partition-id``, ``num-partitions``, persistent ``state``),
+exactly what Flower's simulation engine provides, and each message's content is deep-copied on
+the way in and out so nothing is shared by reference between server and clients.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+log = logging.getLogger("fedlora.inprocess")
+
+SERVER_NODE_ID = 0
+FIRST_NODE_ID = 1001
+
+
+def load_component(ref: str) -> Callable:
+    """``"package.module:attr"`` -> object, as in ``[tool.flwr.app.components]``."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class InProcessGrid(Grid):
+    """Delivers each pushed message to ``client_app`` synchronously and keeps the reply."""
+
+    def __init__(
+        self,
+        client_app: Callable[[Message, Context], Message],
+        num_nodes: int,
+        run_config: dict,
+        run_id: int = 1,
+        raise_errors: bool = True,
+    ) -> None:
+        self.client_app = client_app
+        self.raise_errors = raise_errors
+        self._run = Run.create_empty(run_id)
+        self.contexts = {
+            FIRST_NODE_ID + k: Context(
+                run_id=run_id,
+                node_id=FIRST_NODE_ID + k,
+                node_config={"partition-id": k, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for k in range(num_nodes)
+        }
+        self.offline: set[int] = set()  # nodes that never answer (for dropout tests)
+        self._replies: dict[str, Message] = {}
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE_ID, 1
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            msg_id = str(uuid.uuid4())
+            msg.metadata.__dict__["_message_id"] = msg_id
+            ids.append(msg_id)
+            node = msg.metadata.dst_node_id
+            if node in self.offline:
+                continue
+            delivered = Message(
+                copy.deepcopy(msg.content),
+                node,
+                msg.metadata.message_type,
+                group_id=msg.metadata.group_id,
+            )
+            delivered.metadata.__dict__["_message_id"] = msg_id
+            try:
+                reply = self.client_app(delivered, self.contexts[node])
+                reply = (
+                    Message(copy.deepcopy(reply.content), reply_to=delivered)
+                    if reply.has_content()
+                    else reply
+                )
+            except Exception as exc:
+                if self.raise_errors:
+                    raise
+                log.warning("node %d failed: %s", node, exc, exc_info=True)
+                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=delivered)
+            reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+            self._replies[msg_id] = reply
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        return self.pull_messages(self.push_messages(messages))

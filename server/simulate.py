@@ -1,0 +1,66 @@
+"""``fedlora simulate``: the real ServerApp and ClientApp, driven in-process by InProcessGrid."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+from flwr.app import Context, RecordDict
+
+from common.config import PRESETS, RunConfig, preset, to_flat
+from common.data import load_corpus
+from common.models import resolve_model
+from server.inprocess import InProcessGrid, load_component
+from server.report import default_run_dir
+
+CLIENT_APP = "client.app:app"  # as in pyproject.toml [tool.flwr.app.components]
+SERVER_APP = "server.app:app"
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--option`` per :class:`RunConfig` field (defaults come from the preset)."""
+    parser.add_argument("--preset", default="default", choices=sorted(PRESETS), help="base configuration")
+    for f in fields(RunConfig):
+        if f.name == "out_dir":
+            continue
+        kind = type(getattr(RunConfig, f.name))
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper(),
+        )
+    parser.add_argument(
+        "--out",
+        dest="out_dir",
+        default=None,
+        help="run directory (default runs/<time>-<model>-<dataset>)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(RunConfig)}
+    return preset(args.preset, **overrides).check()
+
+
+def simulate(cfg: RunConfig, run_dir: Path | None = None) -> Path:
+    """Run a federation of ``cfg.num_clients`` in-process nodes; returns the run directory."""
+    resolve_model(cfg.model)  # fail fast on names, before any model is loaded
+    load_corpus(cfg.dataset)
+    run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
+    flat = to_flat(cfg.replace(out_dir=str(run_dir)))
+    grid = InProcessGrid(load_component(CLIENT_APP), cfg.num_clients, flat)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=flat)
+    load_component(SERVER_APP)(grid, context)
+    return run_dir
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    simulate(config_from_args(args))
+    return 0
