@@ -86,7 +86,14 @@ class RunConfig:
 
 PRESETS: dict[str, dict[str, object]] = {
     # `make run`: the real causal LM on real data, sized to finish in minutes on a 2-core CPU.
-    "default": {"model": "smollm2-135m", "dataset": "rotten-tomatoes"},
+    "default": {
+        "model": "smollm2-135m",
+        "dataset": "rotten-tomatoes",
+        "num_clients": 4,
+        "rounds": 3,
+        "local_steps": 5,
+        "eval_examples": 200,
+    },
     "smollm2-rt": {"model": "smollm2-135m", "dataset": "rotten-tomatoes", "rounds": 5},
     "minilm-rt": {
         "model": "minilm-l6",

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-Batch = dict[str, Tensor]
+Batch = dict[str, Tensor | list]  # tensors, plus token lists where a task needs them
 
 
 class Task(Protocol):

@@ -38,40 +38,40 @@ class VerbalizerTask:
         ]
 
     def collate(self, examples: Sequence[dict], device: torch.device) -> Batch:
-        """Prompt + gold word; ``target`` marks the word's tokens (-100 elsewhere)."""
-        seqs, targets = [], []
-        for ex in examples:
-            word = self.words[ex["label"]]
-            seqs.append(ex["prompt"] + word)
-            targets.append([-100] * len(ex["prompt"]) + word)
-        ids, mask = pad(seqs, self.pad_id)
-        target, _ = pad(targets, -100)
+        """Prompts only: ``prompts`` keeps the token lists for :meth:`label_scores`."""
+        ids, mask = pad([ex["prompt"] for ex in examples], self.pad_id)
+        labels = torch.tensor([ex["label"] for ex in examples])
         return {
             "input_ids": ids.to(device),
             "attention_mask": mask.to(device),
-            "target": target.to(device),
+            "labels": labels.to(device),
+            "prompts": [ex["prompt"] for ex in examples],
         }
 
     def per_example_loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """Mean NLL of each example's label-word tokens: ``(b,)``."""
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return token_nll(logits, batch["target"])
+        """Cross-entropy of the gold label over the label-word scores (PET-style): ``(b,)``.
+
+        Training and evaluation then optimise and measure the same decision rule.
+        """
+        scores = self._scores(model, batch["prompts"], batch["input_ids"].device)
+        return F.cross_entropy(scores, batch["labels"], reduction="none")
 
     @torch.no_grad()
     def label_scores(self, model: nn.Module, examples: Sequence[dict], device: torch.device) -> Tensor:
         """``(b, C)`` log-likelihood of each label word after each prompt."""
+        return self._scores(model, [ex["prompt"] for ex in examples], device)
+
+    def _scores(self, model: nn.Module, prompts: Sequence[list[int]], device: torch.device) -> Tensor:
         if all(len(w) == 1 for w in self.words):  # one forward pass: read the next-token logits
-            ids, mask = pad([ex["prompt"] for ex in examples], self.pad_id)
+            ids, mask = pad(prompts, self.pad_id)
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
             last = mask.sum(1).to(device) - 1
-            logp = logits[torch.arange(len(examples), device=device), last].log_softmax(-1)
+            logp = logits[torch.arange(len(prompts), device=device), last].log_softmax(-1)
             return logp[:, [w[0] for w in self.words]]
         scores = []
         for word in self.words:  # multi-token words: one pass per label, summed token log-probs
-            seqs = [ex["prompt"] + word for ex in examples]
-            tgts = [[-100] * len(ex["prompt"]) + word for ex in examples]
-            ids, mask = pad(seqs, self.pad_id)
-            target, _ = pad(tgts, -100)
+            ids, mask = pad([p + word for p in prompts], self.pad_id)
+            target, _ = pad([[-100] * len(p) + word for p in prompts], -100)
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
             scores.append(-token_nll(logits, target.to(device)) * len(word))
         return torch.stack(scores, dim=1)

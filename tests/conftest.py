@@ -1,0 +1,57 @@
+"""Shared fixtures. Models come from the packaged assets (offline); the SmolLM2 conversion is
+cached in $FEDLORA_CACHE (the Makefile points it at .cache/) and reused across runs."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from common.models import LoraSpec, load_model
+from common.models.lora import attach_lora
+from common.models.smollm2 import smollm2_dir
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    return load_model("minilm-l6", LoraSpec(rank=4), torch.device("cpu"), num_labels=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    tok = AutoTokenizer.from_pretrained(smollm2_dir())
+    tok.pad_token = tok.pad_token or tok.eos_token
+    return tok
+
+
+@pytest.fixture()
+def tiny_llama(smollm2_tokenizer):
+    """A 2-layer random Llama with SmolLM2's real tokenizer: fast, and exercises the causal-LM path."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(smollm2_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model = attach_lora(LlamaForCausalLM(cfg), LoraSpec(rank=4, targets=("q_proj", "v_proj")), "CAUSAL_LM")
+    return model.eval()
+
+
+def randomize_lora(model: torch.nn.Module, seed: int = 0) -> None:
+    """Non-zero LoRA factors (PEFT starts lora_B at 0, which would hide adapter bugs)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)

@@ -1,0 +1,38 @@
+"""Run configuration: presets validate, the Flower flat form round-trips, bad values are refused."""
+
+import pytest
+
+from common.config import PRESETS, RunConfig, from_flat, preset, to_flat
+from common.errors import FedloraError
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_valid(name):
+    preset(name).check()
+
+
+def test_flat_roundtrip():
+    cfg = preset("minilm-rt", rounds=7, sample_rate=0.5, targets="query,key")
+    assert from_flat({"preset": "minilm-rt", **to_flat(cfg)}) == cfg
+    assert cfg.target_modules == ["query", "key"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"sample_rate": 0.0}, "sample rate"),
+        ({"sample_rate": 1.01}, "sample rate"),
+        ({"rank": 0}, "rank"),
+        ({"num_clients": 0}, "num-clients"),
+        ({"partition": "zipf"}, "partition"),
+        ({"mechanism": "magic"}, "mechanism"),
+    ],
+)
+def test_bad_values(change, message):
+    with pytest.raises(FedloraError, match=message):
+        RunConfig(**change).check()
+
+
+def test_unknown_flat_key():
+    with pytest.raises(FedloraError, match="unknown config key"):
+        from_flat({"num-clientz": 3})

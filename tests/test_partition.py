@@ -1,0 +1,57 @@
+"""Splits and partitioners: deterministic, disjoint, covering, and skewed as configured."""
+
+import numpy as np
+import pytest
+
+from common.data import dirichlet_partition, iid_partition, train_test_split
+from common.errors import FedloraError
+
+
+def _check_cover(parts, n):
+    allidx = np.concatenate(parts)
+    assert len(allidx) == n and len(np.unique(allidx)) == n
+    assert all(len(p) > 0 for p in parts)
+
+
+def test_train_test_split_disjoint_and_seeded():
+    tr, te = train_test_split(1000, 0.2, seed=3)
+    assert len(te) == 200 and len(np.intersect1d(tr, te)) == 0
+    _check_cover([tr, te], 1000)
+    tr2, te2 = train_test_split(1000, 0.2, seed=3)
+    assert np.array_equal(te, te2)
+    assert not np.array_equal(te, train_test_split(1000, 0.2, seed=4)[1])
+
+
+def test_iid_partition_covers_and_balances():
+    parts = iid_partition(103, 5, seed=0)
+    _check_cover(parts, 103)
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+@pytest.mark.parametrize("alpha", [0.05, 1.0, 100.0])
+def test_dirichlet_partition_deterministic_and_covering(alpha):
+    labels = np.random.default_rng(0).integers(0, 4, size=500)
+    a = dirichlet_partition(labels, 7, alpha, seed=11)
+    b = dirichlet_partition(labels, 7, alpha, seed=11)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    _check_cover(a, 500)
+    c = dirichlet_partition(labels, 7, alpha, seed=12)
+    assert any(not np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_dirichlet_alpha_controls_label_skew():
+    labels = np.repeat(np.arange(4), 250)
+
+    def skew(alpha):  # mean total-variation distance of client label mix from the global mix
+        parts = dirichlet_partition(labels, 10, alpha, seed=0)
+        mixes = [np.bincount(labels[p], minlength=4) / len(p) for p in parts]
+        return np.mean([0.5 * np.abs(m - 0.25).sum() for m in mixes])
+
+    assert skew(0.1) > 0.4 > 0.1 > skew(100.0)
+
+
+def test_more_clients_than_examples_is_an_error():
+    with pytest.raises(FedloraError, match="more clients"):
+        iid_partition(3, 4, seed=0)
+    with pytest.raises(FedloraError, match="more clients"):
+        dirichlet_partition(np.zeros(3, dtype=int), 4, 1.0, seed=0)

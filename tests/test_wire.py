@@ -1,0 +1,92 @@
+"""Reply validation: every field is checked before anything is decoded or used."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from common.wire import SCHEMA, InvalidReply, parse_train_reply, train_reply
+from server.inprocess import InProcessGrid
+
+SHAPES = {"l.A": (4, 2), "l.B": (3, 2)}
+
+
+def _state(fill=0.5):
+    return {k: torch.full(s, fill) for k, s in SHAPES.items()}
+
+
+def _reply(content: RecordDict) -> Message:
+    InProcessGrid(lambda m, c: m, 0, {})  # sets Flower's TaskIdentity for Message construction
+    ins = Message(RecordDict(), dst_node_id=1001, message_type="train", group_id="3")
+    ins.metadata.__dict__["_message_id"] = "x"
+    return Message(content, reply_to=ins)
+
+
+def _valid(**overrides):
+    content = train_reply(_state(), 3, 10, {"train-loss": 0.5}, "fedavg")
+    for key, value in overrides.items():
+        content[key] = value
+    return content
+
+
+def test_valid_reply_parses():
+    inc, weight, metrics = parse_train_reply(_reply(_valid()), 3, SHAPES, "fedavg")
+    assert weight == 10 and metrics == {"train-loss": 0.5}
+    torch.testing.assert_close(inc["l.A"], torch.full((4, 2), 0.5))
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        ({"meta": ConfigRecord({"schema": "other/9", "round": 3, "mechanism": "fedavg"})}, "schema"),
+        ({"meta": ConfigRecord({"schema": SCHEMA, "round": 2, "mechanism": "fedavg"})}, "round"),
+        ({"meta": ConfigRecord({"schema": SCHEMA, "round": 3, "mechanism": "prism"})}, "mechanism"),
+        ({"metrics": MetricRecord({"num-examples": 0})}, "num-examples"),
+        ({"metrics": MetricRecord({"num-examples": 2.5})}, "num-examples"),
+        ({"increment": ArrayRecord.from_torch_state_dict({"l.A": torch.zeros(4, 2)})}, "names"),
+        (
+            {
+                "increment": ArrayRecord.from_torch_state_dict(
+                    {"l.A": torch.zeros(4, 3), "l.B": torch.zeros(3, 2)}
+                )
+            },
+            "float32",
+        ),
+        (
+            {
+                "increment": ArrayRecord.from_torch_state_dict(
+                    {"l.A": torch.zeros(4, 2, dtype=torch.float64), "l.B": torch.zeros(3, 2)}
+                )
+            },
+            "float32",
+        ),
+        (
+            {
+                "increment": ArrayRecord.from_torch_state_dict(
+                    {"l.A": torch.full((4, 2), float("nan")), "l.B": torch.zeros(3, 2)}
+                )
+            },
+            "non-finite",
+        ),
+        ({"meta": MetricRecord({"x": 1})}, "types"),
+    ],
+)
+def test_invalid_replies_are_rejected(override, reason):
+    with pytest.raises(InvalidReply, match=reason):
+        parse_train_reply(_reply(_valid(**override)), 3, SHAPES, "fedavg")
+
+
+def test_declared_shape_that_lies_about_payload_is_rejected():
+    rec = ArrayRecord.from_torch_state_dict({"l.A": torch.zeros(4, 2), "l.B": torch.zeros(3, 2)})
+    real = rec["l.A"]
+    small = Array(np.zeros((2, 2), dtype=np.float32))
+    rec["l.A"] = Array(dtype=real.dtype, shape=real.shape, stype=real.stype, data=small.data)
+    with pytest.raises(InvalidReply, match="l.A"):
+        parse_train_reply(_reply(_valid(increment=rec)), 3, SHAPES, "fedavg")
+
+
+def test_missing_record_is_rejected():
+    content = _valid()
+    del content["metrics"]
+    with pytest.raises(InvalidReply, match="missing"):
+        parse_train_reply(_reply(content), 3, SHAPES, "fedavg")
