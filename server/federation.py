@@ -41,8 +41,8 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
 def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=print) -> dict:
     """Run ``cfg.rounds`` rounds of FedAvg over LoRA increments; returns the summary dict."""
     start = time.monotonic()
+    evaluator = Evaluator(cfg)  # validates model, data and split before anything is written
     out = RunDir(run_dir, cfg)
-    evaluator = Evaluator(cfg)
     state = evaluator.initial_state()
     shapes = adapter_shapes(evaluator.bundle.model)
     metric = evaluator.task.metric

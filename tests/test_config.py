@@ -36,3 +36,20 @@ def test_bad_values(change, message):
 def test_unknown_flat_key():
     with pytest.raises(FedloraError, match="unknown config key"):
         from_flat({"num-clientz": 3})
+
+
+def test_pyproject_lists_every_config_key():
+    """Flower refuses --run-config keys missing from [tool.flwr.app.config]; keep them in step."""
+    import tomllib
+    from pathlib import Path
+
+    app_config = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["flwr"][
+        "app"
+    ]["config"]
+    assert set(app_config) == {"preset", *to_flat(RunConfig())}
+    assert from_flat(app_config) == preset("default")
+
+
+def test_flat_value_of_wrong_type_is_a_clear_error():
+    with pytest.raises(FedloraError, match="expects int"):
+        from_flat({"rounds": "many"})

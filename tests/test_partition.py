@@ -17,7 +17,7 @@ def test_train_test_split_disjoint_and_seeded():
     tr, te = train_test_split(1000, 0.2, seed=3)
     assert len(te) == 200 and len(np.intersect1d(tr, te)) == 0
     _check_cover([tr, te], 1000)
-    tr2, te2 = train_test_split(1000, 0.2, seed=3)
+    _, te2 = train_test_split(1000, 0.2, seed=3)
     assert np.array_equal(te, te2)
     assert not np.array_equal(te, train_test_split(1000, 0.2, seed=4)[1])
 

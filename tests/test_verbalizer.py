@@ -59,7 +59,7 @@ def test_training_loss_is_cross_entropy_over_label_words(tiny_llama, smollm2_tok
     for i, ex in enumerate(examples):
         scores = torch.tensor([_brute_force_logprob(tiny_llama, ex["prompt"], w) for w in task.words])
         expected = -float(scores.log_softmax(0)[ex["label"]])
-        assert abs(float(losses[i]) - expected) < 1e-4
+        assert abs(float(losses[i].detach()) - expected) < 1e-4
 
 
 def test_accuracy_is_argmax_of_scores(tiny_llama, smollm2_tokenizer):

@@ -81,7 +81,7 @@ def test_declared_shape_that_lies_about_payload_is_rejected():
     real = rec["l.A"]
     small = Array(np.zeros((2, 2), dtype=np.float32))
     rec["l.A"] = Array(dtype=real.dtype, shape=real.shape, stype=real.stype, data=small.data)
-    with pytest.raises(InvalidReply, match="l.A"):
+    with pytest.raises(InvalidReply, match=r"l\.A"):
         parse_train_reply(_reply(_valid(increment=rec)), 3, SHAPES, "fedavg")
 
 

