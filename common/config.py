@@ -84,6 +84,33 @@ class RunConfig:
         return self
 
 
+HELP: dict[str, str] = {
+    "model": "smollm2-135m, minilm-l6, a Hugging Face id or a local model directory",
+    "dataset": "rotten-tomatoes, bbc-news, news-articles (LM) or boolq",
+    "mechanism": "local optimizer / release preset (fedavg = no DP)",
+    "num_clients": "number of nodes (data partitions)",
+    "rounds": "federated rounds",
+    "sample_rate": "Poisson client sampling rate p in (0, 1], each node independently",
+    "local_steps": "optimizer steps per client per round",
+    "batch_size": "examples per local step",
+    "lr": "client learning rate (AdamW)",
+    "server_lr": "server learning rate applied to the mean increment",
+    "rank": "LoRA rank r >= 1",
+    "lora_alpha": "LoRA alpha (scaling alpha / r)",
+    "lora_dropout": "LoRA dropout",
+    "targets": "comma-separated LoRA target modules (default: the model's)",
+    "partition": "dirichlet (label skew) or iid",
+    "dirichlet_alpha": "Dirichlet concentration: small = strong label skew",
+    "max_train_examples": "cap on the training pool before partitioning (0 = all)",
+    "eval_examples": "held-out examples for server evaluation",
+    "test_fraction": "fraction of the corpus held out for evaluation",
+    "max_length": "maximum tokens per example",
+    "seed": "seed for splits, sampling, init and local batches",
+    "device": "auto, cpu or cuda",
+    "round_timeout": "seconds to wait for replies (and for nodes to connect)",
+    "min_nodes": "nodes to wait for before round 1 (0 = num-clients)",
+}
+
 PRESETS: dict[str, dict[str, object]] = {
     # `make run`: fast on a 2-core CPU; the encoder starts from an untrained classification head.
     "default": {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flwr.app import Context, RecordDict
 
-from common.config import PRESETS, RunConfig, preset, to_flat
+from common.config import HELP, PRESETS, RunConfig, preset, to_flat
 from common.models import resolve_model
 from common.runtime import open_split
 from server.inprocess import InProcessGrid, load_component
@@ -31,6 +31,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             type=kind,
             default=None,
             metavar=kind.__name__.upper(),
+            help=HELP.get(f.name),
         )
     parser.add_argument(
         "--out",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from common.config import PRESETS, RunConfig, from_flat, preset, to_flat
+from common.config import HELP, PRESETS, RunConfig, from_flat, preset, to_flat
 from common.errors import FedloraError
 
 
@@ -53,3 +53,7 @@ def test_pyproject_lists_every_config_key():
 def test_flat_value_of_wrong_type_is_a_clear_error():
     with pytest.raises(FedloraError, match="expects int"):
         from_flat({"rounds": "many"})
+
+
+def test_every_option_has_help():
+    assert {k.replace("-", "_") for k in to_flat(RunConfig())} - {"out_dir"} == set(HELP)
