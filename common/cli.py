@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return importlib.import_module(COMMANDS[args.command][0]).run(args)
     except FedloraError as exc:
-        print(f"fedlora: error: {exc}", file=sys.stderr)
+        print(f"fedlora: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("fedlora: interrupted", file=sys.stderr)

@@ -116,6 +116,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "default": {
         "model": "minilm-l6",
         "dataset": "rotten-tomatoes",
+        "partition": "iid",
         "num_clients": 4,
         "sample_rate": 0.5,
         "rounds": 5,

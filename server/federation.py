@@ -38,7 +38,7 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
         time.sleep(1.0)
 
 
-def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=print) -> dict:
+def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -> dict:
     """Run ``cfg.rounds`` rounds of FedAvg over LoRA increments; returns the summary dict."""
     start = time.monotonic()
     evaluator = Evaluator(cfg)  # validates model, data and split before anything is written

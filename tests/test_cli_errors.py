@@ -33,6 +33,8 @@ def _run(argv: list[str]) -> int:
             "more clients (20) than training examples (10)",
         ),
         (["--preset", "nope"], "invalid choice"),
+        (["--model", "nobody/no-such-model"], "cannot load model config for 'nobody/no-such-model'"),
+        (["--dataset", "news-articles"], "needs a causal LM"),
         (["--sample-rate", "half"], "invalid float value"),
     ],
 )
@@ -66,3 +68,13 @@ def test_console_script_reports_error_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("fedlora: error: unknown model 'nope'")
     assert "Traceback" not in proc.stderr
+
+
+def test_cuda_requested_without_cuda(capsys, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code = _run(["simulate", *FAST, "--device", "cuda", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "CUDA is not available" in err and len(err.splitlines()) == 1

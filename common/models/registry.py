@@ -64,6 +64,7 @@ def _infer_kind(source: str) -> str:
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as exc:
         hint = "" if os.path.isdir(source) else " (offline? HF_HUB_OFFLINE=1 allows only cached ids)"
-        raise FedloraError(f"cannot load model config for '{source}'{hint}: {exc}") from None
+        reason = str(exc).strip().splitlines()[0]
+        raise FedloraError(f"cannot load model config for '{source}'{hint}: {reason}") from None
     archs = getattr(config, "architectures", None) or []
     return "causal-lm" if any(a.endswith("ForCausalLM") for a in archs) else "seq-cls"

@@ -43,6 +43,17 @@ def pad(seqs: Sequence[Sequence[int]], value: int) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
+def token_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device, **extra: Tensor) -> Batch:
+    """Right-padded ``input_ids``/``attention_mask`` plus ``extra`` tensors, all on ``device``."""
+    ids, mask = pad(seqs, pad_id)
+    return {k: v.to(device) for k, v in {"input_ids": ids, "attention_mask": mask, **extra}.items()}
+
+
+def logits_of(model: nn.Module, batch: Batch) -> Tensor:
+    """Model output logits for a :func:`token_batch`."""
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+
 def sample_batches(n: int, batch_size: int, steps: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
     """``steps`` index batches drawn by reshuffled passes over ``range(n)`` (no DP sampling)."""
     order: list[int] = []

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.tasks.base import Batch, chunks, pad
+from common.tasks.base import Batch, chunks, logits_of, token_batch
 
 
 class ClassifierTask:
@@ -23,16 +23,11 @@ class ClassifierTask:
         return [{"ids": ids, "label": int(y)} for ids, y in zip(enc["input_ids"], labels, strict=True)]
 
     def collate(self, examples: Sequence[dict], device: torch.device) -> Batch:
-        ids, mask = pad([ex["ids"] for ex in examples], self.tokenizer.pad_token_id)
         labels = torch.tensor([ex["label"] for ex in examples])
-        return {
-            "input_ids": ids.to(device),
-            "attention_mask": mask.to(device),
-            "labels": labels.to(device),
-        }
+        return token_batch([ex["ids"] for ex in examples], self.tokenizer.pad_token_id, device, labels=labels)
 
     def per_example_loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = logits_of(model, batch)
         return F.cross_entropy(logits, batch["labels"], reduction="none")
 
     @torch.no_grad()
@@ -42,7 +37,7 @@ class ClassifierTask:
         correct, nll = 0, 0.0
         for part in chunks(examples, batch_size):
             batch = self.collate(part, device)
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = logits_of(model, batch)
             correct += int((logits.argmax(1) == batch["labels"]).sum())
             nll += float(F.cross_entropy(logits, batch["labels"], reduction="sum"))
         return {"accuracy": correct / len(examples), "loss": nll / len(examples)}

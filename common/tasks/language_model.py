@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from common.tasks.base import Batch, chunks, pad
+from common.tasks.base import Batch, chunks, logits_of, token_batch
 from common.tasks.verbalizer import token_nll
 
 
@@ -32,16 +32,12 @@ class LanguageModelTask:
         return blocks
 
     def collate(self, examples: Sequence[dict], device: torch.device) -> Batch:
-        ids, mask = pad([ex["ids"] for ex in examples], self.tokenizer.pad_token_id)
-        target = ids.masked_fill(mask == 0, -100)
-        return {
-            "input_ids": ids.to(device),
-            "attention_mask": mask.to(device),
-            "target": target.to(device),
-        }
+        batch = token_batch([ex["ids"] for ex in examples], self.tokenizer.pad_token_id, device)
+        batch["target"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        return batch
 
     def per_example_loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = logits_of(model, batch)
         return token_nll(logits, batch["target"])
 
     @torch.no_grad()

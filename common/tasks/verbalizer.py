@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.data.prompts import Prompt
-from common.tasks.base import Batch, chunks, pad
+from common.tasks.base import Batch, chunks, logits_of, pad, token_batch
 
 
 class VerbalizerTask:
@@ -39,14 +39,9 @@ class VerbalizerTask:
 
     def collate(self, examples: Sequence[dict], device: torch.device) -> Batch:
         """Prompts only: ``prompts`` keeps the token lists for :meth:`label_scores`."""
-        ids, mask = pad([ex["prompt"] for ex in examples], self.pad_id)
+        prompts = [ex["prompt"] for ex in examples]
         labels = torch.tensor([ex["label"] for ex in examples])
-        return {
-            "input_ids": ids.to(device),
-            "attention_mask": mask.to(device),
-            "labels": labels.to(device),
-            "prompts": [ex["prompt"] for ex in examples],
-        }
+        return {**token_batch(prompts, self.pad_id, device, labels=labels), "prompts": prompts}
 
     def per_example_loss(self, model: nn.Module, batch: Batch) -> Tensor:
         """Cross-entropy of the gold label over the label-word scores (PET-style): ``(b,)``.
@@ -63,17 +58,16 @@ class VerbalizerTask:
 
     def _scores(self, model: nn.Module, prompts: Sequence[list[int]], device: torch.device) -> Tensor:
         if all(len(w) == 1 for w in self.words):  # one forward pass: read the next-token logits
-            ids, mask = pad(prompts, self.pad_id)
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-            last = mask.sum(1).to(device) - 1
+            batch = token_batch(prompts, self.pad_id, device)
+            logits = logits_of(model, batch)
+            last = batch["attention_mask"].sum(1) - 1
             logp = logits[torch.arange(len(prompts), device=device), last].log_softmax(-1)
             return logp[:, [w[0] for w in self.words]]
         scores = []
         for word in self.words:  # multi-token words: one pass per label, summed token log-probs
-            ids, mask = pad([p + word for p in prompts], self.pad_id)
             target, _ = pad([[-100] * len(p) + word for p in prompts], -100)
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-            scores.append(-token_nll(logits, target.to(device)) * len(word))
+            batch = token_batch([p + word for p in prompts], self.pad_id, device, target=target)
+            scores.append(-token_nll(logits_of(model, batch), batch["target"]) * len(word))
         return torch.stack(scores, dim=1)
 
     def evaluate(

@@ -1,0 +1,41 @@
+"""Packaged corpora load offline with the documented sizes; the LM task measures perplexity."""
+
+import math
+
+import pytest
+import torch
+
+from common.data import load_corpus
+from common.tasks.language_model import LanguageModelTask
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "labels"),
+    [("rotten-tomatoes", 12808, 2), ("bbc-news", 2225, 5), ("boolq", 12697, 2)],
+)
+def test_classification_corpora(name, size, labels):
+    corpus = load_corpus(name)
+    assert len(corpus) == size and len(corpus.label_names) == labels
+    assert set(corpus.labels) == set(range(labels))
+    assert all(isinstance(t, str) and t for t in corpus.texts[:50])
+
+
+def test_news_articles_is_an_lm_corpus():
+    corpus = load_corpus("news-articles")
+    assert corpus.task == "lm" and len(corpus) > 3700
+    assert min(len(t.split()) for t in corpus.texts) >= 20
+
+
+def test_lm_perplexity_is_exp_of_mean_token_nll(tiny_llama, smollm2_tokenizer):
+    task = LanguageModelTask(smollm2_tokenizer, max_length=16)
+    examples = task.encode(["The quick brown fox jumps over the lazy dog. " * 5, "Short text here."], [0, 0])
+    assert all(len(ex["ids"]) <= 16 for ex in examples) and len(examples) >= 3
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ex in examples:  # unbatched reference
+            ids = torch.tensor([ex["ids"]])
+            logp = tiny_llama(input_ids=ids).logits[0, :-1].log_softmax(-1)
+            total -= float(logp.gather(1, ids[0, 1:, None]).sum())
+            count += len(ex["ids"]) - 1
+    result = task.evaluate(tiny_llama, examples, torch.device("cpu"), batch_size=2)
+    assert result["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-4)
