@@ -16,6 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "server.simulate",
         "run a federation in-process (real ServerApp/ClientApp, no Ray)",
     ),
+    "privacy": (
+        "common.privacy.cli",
+        "privacy planning: epsilon for a noise level, noise for a budget",
+    ),
 }
 
 

@@ -1,0 +1,1 @@
+"""Privacy accounting: μ-GDP (CLT), RDP and PLD accountants, noise calibration."""

@@ -1,0 +1,166 @@
+"""Privacy accountants behind one interface, composed from (σ, p, count) events.
+
+``gdp``  the DR-Encoder paper's CLT μ-GDP (an approximation, neither upper nor lower bound);
+``rdp``  Poisson-subsampled Gaussian RDP at Opacus's default orders (an upper bound, looser);
+``pld``  dp_accounting's privacy-loss distribution, pessimistic estimate (a tight upper bound).
+
+All three take heterogeneous events and serialise to a plain dict: ``{"name", "events"}``,
+where events are ``[σ, p, count]`` triples replayed on load (like dp_accounting's ledger).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.privacy import gdp, rdp
+
+#: Opacus RDPAccountant.DEFAULT_ALPHAS
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+#: dp_accounting PLD grid (its default); the tight accountant's stated error is of this order.
+PLD_DISCRETIZATION = 1e-4
+
+
+@dataclass(frozen=True)
+class Event:
+    """``count`` rounds of the Gaussian mechanism with noise multiplier ``sigma``, each
+    participant included independently with probability ``p`` (Poisson)."""
+
+    sigma: float
+    p: float
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not (self.sigma >= 0 and math.isfinite(self.sigma)):
+            raise ValueError(f"noise multiplier must be finite and >= 0, got {self.sigma}")
+        if not 0 < self.p <= 1:
+            raise ValueError(f"sample rate p must be in (0, 1], got {self.p}")
+        if self.count < 0 or int(self.count) != self.count:
+            raise ValueError(f"count must be a non-negative integer, got {self.count}")
+
+
+def _check_delta(delta: float) -> None:
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+
+
+@dataclass
+class Accountant:
+    """Base: keeps the event history; subclasses turn it into ε(δ) and δ(ε)."""
+
+    name: str = "base"
+    events: list[Event] = field(default_factory=list)
+
+    def compose(self, event: Event) -> None:
+        if event.count:
+            last = self.events[-1] if self.events else None
+            if last and (last.sigma, last.p) == (event.sigma, event.p):
+                self.events[-1] = Event(last.sigma, last.p, last.count + event.count)
+            else:
+                self.events.append(event)
+
+    @property
+    def rounds(self) -> int:
+        return sum(e.count for e in self.events)
+
+    def epsilon(self, delta: float) -> float:
+        raise NotImplementedError
+
+    def delta(self, epsilon: float) -> float:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, "events": [[e.sigma, e.p, e.count] for e in self.events]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"state is for accountant {state.get('name')!r}, not {self.name!r}")
+        self.events = []
+        for sigma, p, count in state["events"]:
+            self.compose(Event(float(sigma), float(p), int(count)))
+
+
+class GdpAccountant(Accountant):
+    """CLT μ-GDP: μ² = Σ_t p_t²·(e^{1/σ_t²} − 1)."""
+
+    def __init__(self) -> None:
+        super().__init__("gdp")
+
+    @property
+    def mu(self) -> float:
+        return math.sqrt(sum(e.count * gdp.round_mu_squared(e.sigma, e.p) for e in self.events))
+
+    def epsilon(self, delta: float) -> float:
+        return gdp.eps_for_delta(self.mu, delta)
+
+    def delta(self, epsilon: float) -> float:
+        return gdp.delta_for_eps(epsilon, self.mu)
+
+
+class PldAccountant(Accountant):
+    """dp_accounting PLD (pessimistic); events are replayed into a fresh accountant per query.
+
+    ``discretization`` is the PLD grid: every grid gives an upper bound on ε, finer ones tighter.
+    """
+
+    def __init__(self, discretization: float = PLD_DISCRETIZATION) -> None:
+        super().__init__("pld")
+        self.discretization = discretization
+
+    def _build(self):
+        from dp_accounting import dp_event
+        from dp_accounting.pld import pld_privacy_accountant
+
+        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=self.discretization)
+        for e in self.events:
+            if e.sigma == 0:
+                return None
+            ev = dp_event.GaussianDpEvent(e.sigma)
+            if e.p < 1:
+                ev = dp_event.PoissonSampledDpEvent(e.p, ev)
+            acc.compose(ev, e.count)
+        return acc
+
+    def epsilon(self, delta: float) -> float:
+        _check_delta(delta)
+        if not self.rounds:
+            return 0.0
+        acc = self._build()
+        return math.inf if acc is None else float(acc.get_epsilon(delta))
+
+    def delta(self, epsilon: float) -> float:
+        if not self.rounds:
+            return 0.0
+        acc = self._build()
+        return 1.0 if acc is None else float(acc.get_delta(epsilon))
+
+
+class RdpAccountant(Accountant):
+    """Subsampled-Gaussian RDP at Opacus's default orders, summed over events."""
+
+    def __init__(self) -> None:
+        super().__init__("rdp")
+
+    def _curve(self):
+        total = np.zeros(len(RDP_ORDERS))
+        for e in self.events:
+            total += rdp.rdp_curve(e.p, e.sigma, e.count, RDP_ORDERS)
+        return total
+
+    def epsilon(self, delta: float) -> float:
+        _check_delta(delta)
+        return rdp.eps_from_rdp(self._curve(), RDP_ORDERS, delta) if self.rounds else 0.0
+
+    def delta(self, epsilon: float) -> float:
+        return rdp.delta_from_rdp(self._curve(), RDP_ORDERS, epsilon) if self.rounds else 0.0
+
+
+ACCOUNTANTS: dict[str, type[Accountant]] = {"gdp": GdpAccountant, "rdp": RdpAccountant, "pld": PldAccountant}
+
+
+def make_accountant(name: str) -> Accountant:
+    if name not in ACCOUNTANTS:
+        raise ValueError(f"unknown accountant '{name}'; choose {', '.join(ACCOUNTANTS)}")
+    return ACCOUNTANTS[name]()

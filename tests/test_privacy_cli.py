@@ -1,0 +1,75 @@
+"""`fedlora privacy`: JSON fields, speed at T = 10,000, and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common.cli import main
+
+BASE = ["--sample-rate", "0.001", "--rounds", "10000", "--delta", "1e-5"]
+
+
+def _cli(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code)
+
+
+def test_sigma_json_fields_and_roundtrip(capsys):
+    assert _cli(["privacy", "sigma", "--accountant", "gdp", "--epsilon", "2", *BASE, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"accountant", "epsilon", "delta", "noise_multiplier", "sample_rate", "rounds", "mu"} <= set(out)
+    assert out["epsilon"] == pytest.approx(2.0, rel=1e-9) and out["epsilon"] <= 2.0
+    argv = [
+        "privacy",
+        "epsilon",
+        "--accountant",
+        "gdp",
+        "--noise-multiplier",
+        str(out["noise_multiplier"]),
+        *BASE,
+    ]
+    assert _cli([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mu"] == pytest.approx(out["mu"])
+
+
+def test_readable_table_without_json(capsys):
+    assert _cli(["privacy", "epsilon", "--accountant", "rdp", "--noise-multiplier", "0.8", *BASE]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["accountant", "rdp"] and any(line.startswith("epsilon") for line in lines)
+
+
+@pytest.mark.parametrize("accountant", ["gdp", "rdp", "pld"])
+def test_answers_in_under_two_seconds_for_10000_rounds(accountant):
+    argv = ["privacy", "epsilon", "--accountant", accountant, "--noise-multiplier", "0.8", *BASE, "--json"]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", *argv], capture_output=True, text=True, timeout=60
+    )
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["rounds"] == 10000
+    assert elapsed < 2.0, f"{accountant}: {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["epsilon", "--noise-multiplier", "-1", "--sample-rate", "0.1", "--rounds", "10", "--delta", "1e-5"], "noise multiplier"),
+        (["epsilon", "--noise-multiplier", "1", "--sample-rate", "0", "--rounds", "10", "--delta", "1e-5"], "sample rate"),
+        (["epsilon", "--noise-multiplier", "1", "--sample-rate", "1.2", "--rounds", "10", "--delta", "1e-5"], "sample rate"),
+        (["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "10", "--delta", "1"], "delta"),
+        (["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "10", "--delta", "0"], "delta"),
+        (["sigma", "--epsilon", "0", "--sample-rate", "0.1", "--rounds", "10", "--delta", "1e-5"], "epsilon must be > 0"),
+        (["sigma", "--epsilon", "-2", "--sample-rate", "0.1", "--rounds", "10", "--delta", "1e-5"], "epsilon must be > 0"),
+        (["epsilon", "--accountant", "prv", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "1", "--delta", "1e-5"], "invalid choice"),
+    ],
+)  # fmt: skip
+def test_bad_input_exit_2_one_line(args, message, capsys):
+    assert _cli(["privacy", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
