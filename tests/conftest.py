@@ -55,3 +55,13 @@ def randomize_lora(model: torch.nn.Module, seed: int = 0) -> None:
         for name, p in model.named_parameters():
             if ".lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+
+
+def run_cli(argv: list[str]) -> int:
+    """``fedlora`` in-process, returning its exit code (argparse's own errors exit via SystemExit)."""
+    from common.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code)

@@ -8,16 +8,9 @@ import pytest
 from common import assets
 from common.cli import main
 from common.data.corpora import load_corpus
+from tests.conftest import run_cli
 
 FAST = ["--preset", "minilm-rt", "--rounds", "1", "--eval-examples", "8"]
-
-
-def _run(argv: list[str]) -> int:
-    """``fedlora`` in-process; argparse's own errors exit via SystemExit."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code)
 
 
 @pytest.mark.parametrize(
@@ -40,7 +33,7 @@ def _run(argv: list[str]) -> int:
 )
 def test_bad_input_is_one_line_exit_2(args, message, capsys, tmp_path):
     out = tmp_path / "run"
-    code = _run(["simulate", *FAST, *args, "--out", str(out)])
+    code = run_cli(["simulate", *FAST, *args, "--out", str(out)])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
@@ -75,6 +68,6 @@ def test_cuda_requested_without_cuda(capsys, tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    code = _run(["simulate", *FAST, "--device", "cuda", "--out", str(tmp_path / "r")])
+    code = run_cli(["simulate", *FAST, "--device", "cuda", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "CUDA is not available" in err and len(err.splitlines()) == 1

@@ -7,20 +7,13 @@ import time
 
 import pytest
 
-from common.cli import main
+from tests.conftest import run_cli
 
 BASE = ["--sample-rate", "0.001", "--rounds", "10000", "--delta", "1e-5"]
 
 
-def _cli(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code)
-
-
 def test_sigma_json_fields_and_roundtrip(capsys):
-    assert _cli(["privacy", "sigma", "--accountant", "gdp", "--epsilon", "2", *BASE, "--json"]) == 0
+    assert run_cli(["privacy", "sigma", "--accountant", "gdp", "--epsilon", "2", *BASE, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"accountant", "epsilon", "delta", "noise_multiplier", "sample_rate", "rounds", "mu"} <= set(out)
     assert out["epsilon"] == pytest.approx(2.0, rel=1e-9) and out["epsilon"] <= 2.0
@@ -33,12 +26,12 @@ def test_sigma_json_fields_and_roundtrip(capsys):
         str(out["noise_multiplier"]),
         *BASE,
     ]
-    assert _cli([*argv, "--json"]) == 0
+    assert run_cli([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["mu"] == pytest.approx(out["mu"])
 
 
 def test_readable_table_without_json(capsys):
-    assert _cli(["privacy", "epsilon", "--accountant", "rdp", "--noise-multiplier", "0.8", *BASE]) == 0
+    assert run_cli(["privacy", "epsilon", "--accountant", "rdp", "--noise-multiplier", "0.8", *BASE]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["accountant", "rdp"] and any(line.startswith("epsilon") for line in lines)
 
@@ -70,6 +63,6 @@ def test_answers_in_under_two_seconds_for_10000_rounds(accountant):
     ],
 )  # fmt: skip
 def test_bad_input_exit_2_one_line(args, message, capsys):
-    assert _cli(["privacy", *args]) == 2
+    assert run_cli(["privacy", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
