@@ -1,7 +1,6 @@
 """`fedlora privacy`: JSON fields, speed at T = 10,000, and one-line errors with exit code 2."""
 
 import json
-import math
 import subprocess
 import sys
 import time
