@@ -9,8 +9,6 @@ from pathlib import Path
 from flwr.app import Context, RecordDict
 
 from common.config import HELP, PRESETS, RunConfig, preset, to_flat
-from common.models import resolve_model
-from common.runtime import open_split
 from server.inprocess import InProcessGrid, load_component
 from server.report import default_run_dir
 
@@ -47,9 +45,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def simulate(cfg: RunConfig, run_dir: Path | None = None) -> Path:
-    """Run a federation of ``cfg.num_clients`` in-process nodes; returns the run directory."""
-    resolve_model(cfg.model).locate()  # fail fast: unknown names, missing asset packages
-    open_split(cfg)  # ... and more clients than examples
+    """Run a federation of ``cfg.num_clients`` in-process nodes; returns the run directory.
+
+    Bad names, missing assets and too many clients fail in the ServerApp's Evaluator, before the
+    run directory is created."""
     run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
     flat = to_flat(cfg.replace(out_dir=str(run_dir)))
     grid = InProcessGrid(load_component(CLIENT_APP), cfg.num_clients, flat)

@@ -41,14 +41,10 @@ class Event:
             raise ValueError(f"count must be a non-negative integer, got {self.count}")
 
 
-def _check_delta(delta: float) -> None:
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
-
-
 @dataclass
 class Accountant:
-    """Base: keeps the event history; subclasses turn it into ε(δ) and δ(ε)."""
+    """Base: keeps the event history and handles the cases every accountant shares (no rounds:
+    ε = 0; a noiseless round: ε = ∞); subclasses turn the history into ε(δ) and δ(ε)."""
 
     name: str = "base"
     events: list[Event] = field(default_factory=list)
@@ -66,9 +62,25 @@ class Accountant:
         return sum(e.count for e in self.events)
 
     def epsilon(self, delta: float) -> float:
-        raise NotImplementedError
+        if not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        if not self.rounds:
+            return 0.0
+        return math.inf if self._noiseless else self._epsilon(delta)
 
     def delta(self, epsilon: float) -> float:
+        if not self.rounds:
+            return 0.0
+        return 1.0 if self._noiseless else self._delta(epsilon)
+
+    @property
+    def _noiseless(self) -> bool:
+        return any(e.sigma == 0 for e in self.events)
+
+    def _epsilon(self, delta: float) -> float:
+        raise NotImplementedError
+
+    def _delta(self, epsilon: float) -> float:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -92,10 +104,10 @@ class GdpAccountant(Accountant):
     def mu(self) -> float:
         return math.sqrt(sum(e.count * gdp.round_mu_squared(e.sigma, e.p) for e in self.events))
 
-    def epsilon(self, delta: float) -> float:
+    def _epsilon(self, delta: float) -> float:
         return gdp.eps_for_delta(self.mu, delta)
 
-    def delta(self, epsilon: float) -> float:
+    def _delta(self, epsilon: float) -> float:
         return gdp.delta_for_eps(epsilon, self.mu)
 
 
@@ -115,26 +127,17 @@ class PldAccountant(Accountant):
 
         acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=self.discretization)
         for e in self.events:
-            if e.sigma == 0:
-                return None
             ev = dp_event.GaussianDpEvent(e.sigma)
             if e.p < 1:
                 ev = dp_event.PoissonSampledDpEvent(e.p, ev)
             acc.compose(ev, e.count)
         return acc
 
-    def epsilon(self, delta: float) -> float:
-        _check_delta(delta)
-        if not self.rounds:
-            return 0.0
-        acc = self._build()
-        return math.inf if acc is None else float(acc.get_epsilon(delta))
+    def _epsilon(self, delta: float) -> float:
+        return float(self._build().get_epsilon(delta))
 
-    def delta(self, epsilon: float) -> float:
-        if not self.rounds:
-            return 0.0
-        acc = self._build()
-        return 1.0 if acc is None else float(acc.get_delta(epsilon))
+    def _delta(self, epsilon: float) -> float:
+        return float(self._build().get_delta(epsilon))
 
 
 class RdpAccountant(Accountant):
@@ -149,12 +152,11 @@ class RdpAccountant(Accountant):
             total += rdp.rdp_curve(e.p, e.sigma, e.count, RDP_ORDERS)
         return total
 
-    def epsilon(self, delta: float) -> float:
-        _check_delta(delta)
-        return rdp.eps_from_rdp(self._curve(), RDP_ORDERS, delta) if self.rounds else 0.0
+    def _epsilon(self, delta: float) -> float:
+        return rdp.eps_from_rdp(self._curve(), RDP_ORDERS, delta)
 
-    def delta(self, epsilon: float) -> float:
-        return rdp.delta_from_rdp(self._curve(), RDP_ORDERS, epsilon) if self.rounds else 0.0
+    def _delta(self, epsilon: float) -> float:
+        return rdp.delta_from_rdp(self._curve(), RDP_ORDERS, epsilon)
 
 
 ACCOUNTANTS: dict[str, type[Accountant]] = {"gdp": GdpAccountant, "rdp": RdpAccountant, "pld": PldAccountant}
