@@ -10,6 +10,7 @@ from client.local_train import train_steps
 from client.shard import load_shard, partition_of
 from common.config import from_flat
 from common.models import adapter_state, load_adapter_state
+from common.privacy.release import add_noise, clip
 from common.wire import from_record, train_reply
 
 app = ClientApp()
@@ -38,5 +39,11 @@ def train(msg: Message, context: Context) -> Message:
     )
     local = adapter_state(model)
     increment = {k: local[k] - global_state[k] for k in global_state}
-    reply = train_reply(increment, server_round, len(shard.examples), metrics, cfg.mechanism)
+    release = str(round_cfg["release"])
+    noise_std = float(round_cfg["noise-std"])
+    if release == "gaussian":  # client-level DP: clip, add this client's share of the noise
+        increment = add_noise(clip(increment, float(round_cfg["clip"]))[0], noise_std)
+        metrics = {}  # the training loss is not private; only the noised increment leaves
+    meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": noise_std}
+    reply = train_reply(increment, server_round, len(shard.examples), metrics, meta)
     return Message(reply, reply_to=msg)

@@ -7,11 +7,15 @@ Flower's ``run_config`` is flat (``num-clients = 4``); :func:`from_flat` / :func
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 
 from common.errors import FedloraError
 
-MECHANISMS = ("fedavg",)
+#: mechanism preset -> (local optimizer, client-level release); DESIGN §3
+MECHANISMS: dict[str, tuple[str, str]] = {"fedavg": ("none", "none"), "dp-fedavg": ("none", "gaussian")}
+RELEASES = ("none", "gaussian")
+THREAT_MODELS = ("local", "distributed", "central")
 PARTITIONS = ("dirichlet", "iid")
 
 
@@ -22,6 +26,12 @@ class RunConfig:
     model: str = "smollm2-135m"
     dataset: str = "rotten-tomatoes"
     mechanism: str = "fedavg"
+    release: str = ""  # client-level release; "" = the mechanism's
+    clip: float = 1.0  # client-level clip C: L2 bound on a client's whole increment
+    noise_multiplier: float = 0.0  # client-level σ; 0 with a target epsilon = calibrate for `rounds`
+    threat_model: str = "local"
+    target_epsilon: float = 0.0  # client-level budget (0 = none); stop before exceeding it
+    delta: float = 1e-5
     num_clients: int = 4
     rounds: int = 3
     sample_rate: float = 1.0
@@ -44,6 +54,11 @@ class RunConfig:
     round_timeout: float = 600.0
     min_nodes: int = 0  # nodes to wait for before round 1 (0 = num_clients)
     out_dir: str = ""  # "" = runs/<time>-<model>-<dataset>
+    resume: bool = False  # continue the run in out_dir from its checkpoint and ledger
+
+    @property
+    def release_kind(self) -> str:
+        return self.release or MECHANISMS[self.mechanism][1]
 
     @property
     def target_modules(self) -> list[str] | None:
@@ -79,6 +94,22 @@ class RunConfig:
             raise FedloraError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.mechanism not in MECHANISMS:
             raise FedloraError(f"unknown mechanism '{self.mechanism}'; available: {', '.join(MECHANISMS)}")
+        if self.release and self.release not in RELEASES:
+            raise FedloraError(f"unknown release '{self.release}'; choose {', '.join(RELEASES)}")
+        if self.threat_model not in THREAT_MODELS:
+            raise FedloraError(
+                f"unknown threat model '{self.threat_model}'; choose {', '.join(THREAT_MODELS)}"
+            )
+        if not (self.clip > 0 and math.isfinite(self.clip)):
+            raise FedloraError(f"clip must be > 0, got {self.clip}")
+        if not (self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier)):
+            raise FedloraError(f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}")
+        if not (self.target_epsilon >= 0 and math.isfinite(self.target_epsilon)):
+            raise FedloraError(f"target epsilon must be >= 0 (0 = no budget), got {self.target_epsilon}")
+        if not 0 < self.delta < 1:
+            raise FedloraError(f"delta must be in (0, 1), got {self.delta}")
+        if self.release_kind == "gaussian" and not (self.noise_multiplier or self.target_epsilon):
+            raise FedloraError("a gaussian release needs --noise-multiplier or --target-epsilon")
         if self.max_train_examples < 0 or self.round_timeout <= 0 or self.min_nodes < 0:
             raise FedloraError("max-train-examples and min-nodes must be >= 0, round-timeout > 0")
         return self
@@ -87,7 +118,13 @@ class RunConfig:
 HELP: dict[str, str] = {
     "model": "smollm2-135m, minilm-l6, a Hugging Face id or a local model directory",
     "dataset": "rotten-tomatoes, bbc-news, news-articles (LM) or boolq",
-    "mechanism": "local optimizer / release preset (fedavg = no DP)",
+    "mechanism": "local optimizer / release preset: fedavg (no DP), dp-fedavg (client-level Gaussian)",
+    "release": "client-level release: none or gaussian (default: the mechanism's)",
+    "clip": "client-level clip C on the L2 norm of a client's increment",
+    "noise_multiplier": "client-level noise multiplier sigma (0 + target epsilon = calibrate)",
+    "threat_model": "who adds the client-level noise: local, distributed or central",
+    "target_epsilon": "client-level budget; rounds that would exceed it are not run (0 = none)",
+    "delta": "delta of the client-level (epsilon, delta) guarantee",
     "num_clients": "number of nodes (data partitions)",
     "rounds": "federated rounds",
     "sample_rate": "Poisson client sampling rate p in (0, 1], each node independently",
@@ -109,6 +146,7 @@ HELP: dict[str, str] = {
     "device": "auto, cpu or cuda",
     "round_timeout": "seconds to wait for replies (and for nodes to connect)",
     "min_nodes": "nodes to wait for before round 1 (0 = num-clients)",
+    "resume": "continue the run in --out from its checkpoint and ledger",
 }
 
 PRESETS: dict[str, dict[str, object]] = {
@@ -189,10 +227,20 @@ def from_flat(flat: dict[str, object]) -> RunConfig:
             continue
         kind = type(getattr(RunConfig, name))
         try:
-            values[name] = kind(value)
+            values[name] = _parse_bool(value) if kind is bool else kind(value)
         except (TypeError, ValueError):
             raise FedloraError(f"config key '{key}' expects {kind.__name__}, got {value!r}") from None
     return preset(base, **values)
+
+
+def _parse_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(value)
 
 
 __all__ = ["PRESETS", "RunConfig", "field", "from_flat", "preset", "to_flat"]

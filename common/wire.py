@@ -2,11 +2,13 @@
 
 Train instruction (server -> client), message type ``train``:
   ``global``  ArrayRecord   the round's global adapter state (absolute; see common.models.lora)
-  ``config``  ConfigRecord  ``schema``, ``round``, ``local-steps``, ``lr``, ``seed``
+  ``config``  ConfigRecord  ``schema``, ``round``, ``local-steps``, ``lr``, ``seed``, and the
+                            client-level release: ``release``, ``clip``, ``noise-std``
 Train reply (client -> server):
   ``increment`` ArrayRecord   client state minus global state, same names and shapes
   ``metrics``   MetricRecord  ``num-examples`` (FedAvg weight), ``train-loss``, ``local-steps``
-  ``meta``      ConfigRecord  ``schema``, ``round``, ``mechanism``
+  ``meta``      ConfigRecord  ``schema``, ``round``, ``mechanism``, ``release``, ``noise-std``
+                              (must equal what the round asked for)
 """
 
 from __future__ import annotations
@@ -41,24 +43,26 @@ def train_instruction(global_state: AdapterState, server_round: int, config: Map
 
 
 def train_reply(
-    increment: AdapterState, server_round: int, num_examples: int, metrics: Mapping, mechanism: str
+    increment: AdapterState, server_round: int, num_examples: int, metrics: Mapping, meta: Mapping
 ) -> RecordDict:
+    """``meta``: ``mechanism``, ``release``, ``noise-std`` as the client applied them."""
     return RecordDict(
         {
             "increment": to_record(increment),
             "metrics": MetricRecord({"num-examples": num_examples, **metrics}),
-            "meta": ConfigRecord({"schema": SCHEMA, "round": server_round, "mechanism": mechanism}),
+            "meta": ConfigRecord({"schema": SCHEMA, "round": server_round, **meta}),
         }
     )
 
 
 def parse_train_reply(
-    msg: Message, server_round: int, shapes: Mapping[str, tuple[int, ...]], mechanism: str
+    msg: Message, server_round: int, shapes: Mapping[str, tuple[int, ...]], expected: Mapping
 ) -> tuple[AdapterState, int, dict[str, float]]:
     """Validated ``(increment, num_examples, metrics)`` or :class:`InvalidReply`.
 
-    Checks, in order: error reply, records present, schema, round, mechanism, names, declared
-    dtype and shape (before decoding), byte size, decoded shape, finiteness, weight.
+    Checks, in order: error reply, records present, schema, round, the ``expected`` meta values
+    (mechanism and release parameters), names, declared dtype and shape (before decoding), byte
+    size, decoded shape, finiteness, weight.
     """
     if msg.has_error():
         raise InvalidReply(f"client error: {msg.error.reason[:200]}")
@@ -75,8 +79,9 @@ def parse_train_reply(
         raise InvalidReply(f"schema {meta.get('schema')!r} != {SCHEMA!r}")
     if meta.get("round") != server_round:
         raise InvalidReply(f"reply for round {meta.get('round')!r}, expected {server_round}")
-    if meta.get("mechanism") != mechanism:
-        raise InvalidReply(f"mechanism {meta.get('mechanism')!r} != {mechanism!r}")
+    for key, value in expected.items():
+        if meta.get(key) != value:
+            raise InvalidReply(f"{key} {meta.get(key)!r} != {value!r}")
     if set(record.keys()) != set(shapes):
         raise InvalidReply(f"tensor names differ from the model's ({len(record)} vs {len(shapes)})")
     total = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from common.models import AdapterState
+from common.privacy.release import add_noise
 
 
 def weighted_mean(increments: Sequence[AdapterState], weights: Sequence[float]) -> AdapterState:
@@ -21,3 +22,21 @@ def weighted_mean(increments: Sequence[AdapterState], weights: Sequence[float]) 
 def apply_increment(state: AdapterState, increment: AdapterState, lr: float) -> AdapterState:
     """``state + lr · increment`` (server learning rate ``lr``)."""
     return {name: state[name] + lr * increment[name] for name in state}
+
+
+def private_mean(
+    increments: Sequence[AdapterState], threat_model: str, sigma: float, clip: float, expected: float
+) -> AdapterState:
+    """Mean of clipped client-level releases (DP-FedAvg, McMahan et al. 2018).
+
+    ``local``: each release already carries its own noise, so the server averages the replies.
+    ``distributed`` / ``central``: the sum (plus the server's N(0, σ²C²) when ``central``) is divided
+    by the expected number of clients ``expected`` = p·N, a constant, so that one client changes the
+    released mean by at most C / (p·N) whatever the others did.
+    """
+    if threat_model == "local":
+        return weighted_mean(increments, [1.0] * len(increments))
+    total = {name: sum(inc[name] for inc in increments) for name in increments[0]}
+    if threat_model == "central":
+        total = add_noise(total, sigma * clip)
+    return {name: t / expected for name, t in total.items()}

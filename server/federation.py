@@ -1,6 +1,11 @@
-"""The ServerApp's round loop over a Flower ``Grid``: sample, send, validate, aggregate, evaluate.
+"""The ServerApp's round loop over a Flower ``Grid``: sample, charge, send, validate, aggregate,
+evaluate, checkpoint.
 
 Kept independent of how the grid is provided (in-process, Flower simulation or a real SuperLink).
+Crash safety (DESIGN §5): a round's client-level charge is committed to the ledger before its
+instructions go out; its result is applied, checkpointed, then the charge is settled. A restart with
+``resume`` continues after the last charged round: a round that was charged but never checkpointed
+stays charged (its releases may have happened) and is recorded as interrupted, never run twice.
 """
 
 from __future__ import annotations
@@ -16,11 +21,17 @@ from tqdm.auto import tqdm
 
 from common.config import RunConfig
 from common.errors import FedloraError
-from common.models import adapter_shapes
+from common.models import AdapterState, adapter_shapes
+from common.privacy.ledger import Charge, Ledger
+from common.privacy.release import client_noise_std, effective_sigma, global_norm
+from common.privacy.report import write_report
 from common.wire import InvalidReply, parse_train_reply, train_instruction
-from server.aggregate import apply_increment, weighted_mean
+from server import checkpoint
+from server.aggregate import apply_increment, private_mean, weighted_mean
+from server.budget import NoisePlan, budget_stop, plan_noise
+from server.checkpoint import LoopState
 from server.evaluation import Evaluator
-from server.report import RunDir, format_summary
+from server.report import RunDir, fingerprint, format_summary
 from server.sampling import poisson_sample
 
 log = logging.getLogger("fedlora.server")
@@ -39,102 +50,239 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
 
 
 def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -> dict:
-    """Run ``cfg.rounds`` rounds of FedAvg over LoRA increments; returns the summary dict."""
+    """Run (or, with ``cfg.resume``, continue) ``cfg.rounds`` rounds; returns the summary dict."""
     start = time.monotonic()
     evaluator = Evaluator(cfg)  # validates model, data and split before anything is written
     out = RunDir(run_dir, cfg)
-    state = evaluator.initial_state()
     shapes = adapter_shapes(evaluator.bundle.model)
     metric = evaluator.task.metric
-    before = evaluator(state)
-    out.log({"round": 0, "phase": "initial", **before})
-    echo(f"round 0: held-out {metric} {before[metric]:.4f} (untrained adapter)")
+    plan = plan_noise(cfg)
+    run_id = fingerprint(cfg)
+    ledger = _open_ledger(out, cfg, plan, run_id)
+    if cfg.resume and out.checkpoint_path.exists():
+        state, loop = checkpoint.load(out.checkpoint_path, shapes)
+        echo(f"resuming {run_dir} after round {loop.round}")
+    else:
+        state, loop = evaluator.initial_state(), LoopState()
+        loop.before = loop.after = evaluator(state)
+        if not cfg.resume or not out.logged_rounds():
+            out.log({"round": 0, "phase": "initial", **loop.before})
+        echo(f"round 0: held-out {metric} {loop.before[metric]:.4f} (untrained adapter)")
+    first = _reconcile(out, ledger, run_id, loop, echo) + 1
     nodes = wait_for_nodes(grid, cfg.min_nodes or cfg.num_clients, cfg.round_timeout)
     rng = np.random.default_rng([cfg.seed, 0x5A3])
-    completed, skipped, down, up = 0, 0, 0, 0
-    after = before
-    for rnd in tqdm(range(1, cfg.rounds + 1), desc="rounds", disable=None):
+    if loop.rng:
+        rng.bit_generator.state = loop.rng
+    stopped = None
+    for rnd in tqdm(range(first, cfg.rounds + 1), desc="rounds", disable=None):
+        if ledger and (stopped := budget_stop(ledger, plan)):
+            out.log({"round": rnd, "phase": "stopped", "reason": stopped})
+            echo(f"round {rnd}: not run: {stopped}")
+            break
         t0 = time.monotonic()
         sampled = poisson_sample(nodes, cfg.sample_rate, rng)
-        if not sampled:
-            skipped += 1
-            out.log({"round": rnd, "phase": "skipped", "sampled": 0})
-            echo(f"round {rnd}: nobody sampled, skipped")
-            continue
-        round_cfg = {"local-steps": cfg.local_steps, "lr": cfg.lr, "seed": cfg.seed}
-        messages = [
-            Message(
-                train_instruction(state, rnd, round_cfg),
-                dst_node_id=node,
-                message_type="train",
-                group_id=str(rnd),
+        if ledger:  # committed before any instruction (and so any release) goes out
+            ledger.charge(_charge(cfg, plan, run_id, rnd, len(sampled)))
+        record: dict = {"round": rnd, "sampled": len(sampled)}
+        if sampled:
+            state, replied = _train_round(
+                grid, cfg, plan, ledger, run_id, rnd, sampled, state, shapes, record
             )
-            for node in sampled
-        ]
-        bytes_down = sum(m.content["global"].count_bytes() for m in messages)
-        replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
-        increments, weights, losses, rejected, bytes_up = [], [], [], [], 0
-        for reply in replies:
-            try:
-                if reply.metadata.group_id != str(rnd):
-                    raise InvalidReply(f"late reply from round {reply.metadata.group_id}")
-                inc, weight, extra = parse_train_reply(reply, rnd, shapes, cfg.mechanism)
-            except InvalidReply as exc:
-                rejected.append(str(exc))
-                log.warning(
-                    "round %d: rejected reply from node %s: %s",
-                    rnd,
-                    reply.metadata.src_node_id,
-                    exc,
-                )
-                continue
-            bytes_up += reply.content["increment"].count_bytes()
-            increments.append(inc)
-            weights.append(weight)
-            losses.append(extra.get("train-loss", float("nan")))
-        if increments:
-            state = apply_increment(state, weighted_mean(increments, weights), cfg.server_lr)
-            after = evaluator(state)
-            completed += 1
-        down, up = down + bytes_down, up + bytes_up
-        record = {
-            "round": rnd,
-            "phase": "train",
-            "sampled": len(sampled),
-            "replied": len(increments),
-            "rejected": rejected,
-            "train_loss": float(np.mean(losses)) if losses else None,
-            "bytes_down": bytes_down,
-            "bytes_up": bytes_up,
-            "seconds": round(time.monotonic() - t0, 3),
-            **after,
-        }
+            if replied:
+                loop.after = evaluator(state)
+                loop.completed += 1
+        else:
+            loop.skipped += 1
+            record.update(phase="skipped", replied=0)
+        loop.bytes_down += record.get("bytes_down", 0)
+        loop.bytes_up += record.get("bytes_up", 0)
+        if ledger:
+            row = ledger.row(run_id, rnd)
+            record.update({k: row[k] for k in ("sigma", "mu", "eps_gdp", "eps_tight")})
+        record.update(seconds=round(time.monotonic() - t0, 3), **loop.after)
+        loop.round, loop.rng, loop.record = rnd, rng.bit_generator.state, record
+        checkpoint.save(out.checkpoint_path, state, loop)
+        if ledger:
+            ledger.settle(run_id, rnd, "applied", replied=record["replied"])
         out.log(record)
-        echo(
-            f"round {rnd}: {len(increments)}/{len(sampled)} replies, train loss "
-            f"{record['train_loss'] if losses else float('nan'):.4f}, held-out {metric} {after[metric]:.4f}, "
-            f"{(bytes_down + bytes_up) / 1e6:.2f} MB, {record['seconds']:.1f} s"
+        echo(_round_line(record, metric, ledger))
+    summary = _summary(cfg, out, evaluator, state, loop, ledger, plan, len(nodes), stopped, start)
+    echo(format_summary(summary))
+    return summary
+
+
+def _train_round(
+    grid: Grid,
+    cfg: RunConfig,
+    plan: NoisePlan | None,
+    ledger: Ledger | None,
+    run_id: str,
+    rnd: int,
+    sampled: list[int],
+    state: AdapterState,
+    shapes: dict,
+    record: dict,
+) -> tuple[AdapterState, int]:
+    """Send, validate, aggregate and apply one round; fills ``record``; returns (state, replied)."""
+    release = "gaussian" if plan else "none"
+    std = client_noise_std(plan.threat_model, plan.sigma, plan.clip, len(sampled)) if plan else 0.0
+    round_cfg = {
+        "local-steps": cfg.local_steps,
+        "lr": cfg.lr,
+        "seed": cfg.seed,
+        "release": release,
+        "clip": plan.clip if plan else 0.0,
+        "noise-std": std,
+    }
+    expected = {"mechanism": cfg.mechanism, "release": release, "noise-std": std}
+    messages = [
+        Message(
+            train_instruction(state, rnd, round_cfg),
+            dst_node_id=node,
+            message_type="train",
+            group_id=str(rnd),
         )
+        for node in sampled
+    ]
+    bytes_down = sum(m.content["global"].count_bytes() for m in messages)
+    increments, weights, losses, rejected, bytes_up = [], [], [], [], 0
+    for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
+        try:
+            if reply.metadata.group_id != str(rnd):
+                raise InvalidReply(f"late reply from round {reply.metadata.group_id}")
+            inc, weight, extra = parse_train_reply(reply, rnd, shapes, expected)
+            if plan and plan.threat_model == "central" and global_norm(inc) > plan.clip * (1 + 1e-4):
+                raise InvalidReply(f"increment norm {global_norm(inc):.4g} exceeds the clip {plan.clip:g}")
+        except InvalidReply as exc:
+            rejected.append(str(exc))
+            log.warning("round %d: rejected reply from node %s: %s", rnd, reply.metadata.src_node_id, exc)
+            continue
+        bytes_up += reply.content["increment"].count_bytes()
+        increments.append(inc)
+        weights.append(weight)
+        losses.append(extra.get("train-loss", float("nan")))
+    if increments and plan:
+        sigma = effective_sigma(plan.threat_model, plan.sigma, len(sampled), len(increments))
+        if ledger and sigma < plan.sigma:  # dropouts took their noise share with them
+            ledger.amend_sigma(run_id, rnd, sigma)
+        mean = private_mean(
+            increments, plan.threat_model, plan.sigma, plan.clip, cfg.sample_rate * cfg.num_clients
+        )
+        state = apply_increment(state, mean, cfg.server_lr)
+    elif increments:
+        state = apply_increment(state, weighted_mean(increments, weights), cfg.server_lr)
+    finite = [x for x in losses if np.isfinite(x)]
+    record.update(
+        phase="train",
+        replied=len(increments),
+        rejected=rejected,
+        train_loss=float(np.mean(finite)) if finite else None,
+        bytes_down=bytes_down,
+        bytes_up=bytes_up,
+    )
+    return state, len(increments)
+
+
+def _charge(cfg: RunConfig, plan: NoisePlan, run_id: str, rnd: int, sampled: int) -> Charge:
+    return Charge(
+        run=run_id,
+        round=rnd,
+        sigma=plan.sigma,
+        p=plan.p,
+        count=1,
+        sample_rate=cfg.sample_rate,
+        sampled=sampled,
+        clip=plan.clip,
+        threat_model=plan.threat_model,
+        mechanism=cfg.mechanism,
+    )
+
+
+def _open_ledger(out: RunDir, cfg: RunConfig, plan: NoisePlan | None, run_id: str) -> Ledger | None:
+    """The run's client-level ledger: created with a new run, reopened (and checked) on resume."""
+    if plan is None:
+        return None
+    owner = f"run {run_id}"
+    if cfg.resume and out.ledger_path.exists():
+        return Ledger.open(out.ledger_path, "client-level", owner)
+    return Ledger.create(out.ledger_path, "client-level", owner, cfg.delta, plan.target_epsilon)
+
+
+def _reconcile(out: RunDir, ledger: Ledger | None, run_id: str, loop: LoopState, echo) -> int:
+    """Bring the ledger and metrics in line with the checkpoint after a crash; returns the last
+    round that is finished (committed, or charged and interrupted)."""
+    last = loop.round
+    if loop.record and loop.round not in out.logged_rounds():
+        out.log(loop.record)  # the crash fell between checkpoint and metrics line
+    for row in ledger.rows() if ledger else []:
+        if row["run"] != run_id:
+            continue
+        last = max(last, row["round"])
+        if row["status"] == "charged":
+            interrupted = row["round"] > loop.round
+            ledger.settle(run_id, row["round"], "interrupted" if interrupted else "applied")
+            if interrupted:
+                out.log({"round": row["round"], "phase": "interrupted", "sampled": row["sampled"]})
+                echo(f"round {row['round']}: interrupted by a crash; its privacy charge stands")
+    return last
+
+
+def _round_line(record: dict, metric: str, ledger: Ledger | None) -> str:
+    rnd = record["round"]
+    if record["phase"] == "skipped":
+        line = f"round {rnd}: nobody sampled, skipped"
+    else:
+        loss = record["train_loss"]
+        line = (
+            f"round {rnd}: {record['replied']}/{record['sampled']} replies, "
+            f"train loss {'n/a' if loss is None else f'{loss:.4f}'}, held-out {metric} {record[metric]:.4f}, "
+            f"{(record['bytes_down'] + record['bytes_up']) / 1e6:.2f} MB, {record['seconds']:.1f} s"
+        )
+    if ledger:
+        line += f", client-level eps gdp {record['eps_gdp']:.3g} / pld {record['eps_tight']:.3g}"
+    return line
+
+
+def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped, start) -> dict:
     adapter = out.save_adapter(evaluator.bundle, state)
     summary = {
         "model": cfg.model,
         "dataset": cfg.dataset,
         "mechanism": cfg.mechanism,
-        "metric": metric,
-        "num_clients": len(nodes),
+        "metric": evaluator.task.metric,
+        "num_clients": num_nodes,
         "sample_rate": cfg.sample_rate,
-        "rounds_completed": completed,
-        "rounds_skipped": skipped,
-        "before": before,
-        "after": after,
+        "rounds_completed": loop.completed,
+        "rounds_skipped": loop.skipped,
+        "stopped": stopped,
+        "before": loop.before,
+        "after": loop.after,
         "eval_examples": len(evaluator.examples),
-        "bytes_down_per_round": down / max(completed, 1),
-        "bytes_up_per_round": up / max(completed, 1),
-        "privacy": "none (mechanism fedavg: no sample-level or client-level DP)",
+        "bytes_down_per_round": loop.bytes_down / max(loop.completed, 1),
+        "bytes_up_per_round": loop.bytes_up / max(loop.completed, 1),
+        "privacy": "none (no client-level release)",
         "wall_time_s": round(time.monotonic() - start, 1),
         "adapter": str(adapter),
         "metrics_file": str(out.metrics_path),
     }
+    if ledger:
+        report_json, report_png = write_report(ledger, out.path)
+        totals = ledger.report()
+        interrupted = [r["round"] for r in totals["rounds"] if r["status"] == "interrupted"]
+        summary.update(
+            rounds_interrupted=interrupted,
+            privacy=(
+                f"client-level ({plan.threat_model} noise, sigma {plan.sigma:.4g}"
+                f"{' calibrated' if plan.calibrated else ''}, C {plan.clip:g}): "
+                f"epsilon {totals['eps_gdp']:.4g} (gdp, mu {totals['mu']:.4g}) / "
+                f"{totals['eps_tight']:.4g} (pld) at delta {plan.delta:g}"
+            ),
+            client_privacy={k: totals[k] for k in ("mu", "eps_gdp", "eps_tight", "epsilon", "delta")},
+            ledger=str(ledger.path),
+            privacy_report=[str(report_json), str(report_png)],
+        )
     out.write_summary(summary)
-    echo(format_summary(summary))
     return summary
+
+
+__all__ = ["run_federation", "wait_for_nodes"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,16 +20,38 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path("runs") / f"{stamp}-{cfg.model.replace('/', '_')}-{cfg.dataset}"
 
 
+def fingerprint(cfg: RunConfig) -> str:
+    """Identity of a run's configuration (where it is stored and whether it resumes do not count)."""
+    values = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "resume")}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class RunDir:
-    """Files of one run. A new run never writes into a directory that already holds a run."""
+    """Files of one run. A new run never writes into a directory that already holds a run; a
+    resumed one only into a directory whose stored configuration is the same."""
 
     def __init__(self, path: Path, cfg: RunConfig) -> None:
         self.path = path
-        if (path / "config.json").exists():
+        self.metrics_path = path / "metrics.jsonl"
+        self.ledger_path = path / "ledger.sqlite"
+        self.checkpoint_path = path / "checkpoint.safetensors"
+        stored = path / "config.json"
+        if cfg.resume:
+            if not stored.is_file():
+                raise FedloraError(f"nothing to resume: {path} holds no run")
+            try:
+                old = json.loads(stored.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise FedloraError(f"{stored} is unreadable ({exc})") from None
+            new = asdict(cfg)
+            changed = sorted(k for k in new if k not in ("out_dir", "resume") and old.get(k) != new[k])
+            if changed:
+                raise FedloraError(f"cannot resume {path}: configuration differs in {', '.join(changed)}")
+            return
+        if stored.exists() or self.ledger_path.exists():
             raise FedloraError(f"run directory {path} already holds a run; choose another --out")
         path.mkdir(parents=True, exist_ok=True)
         self._write_json("config.json", asdict(cfg))
-        self.metrics_path = path / "metrics.jsonl"
 
     def log(self, record: dict) -> None:
         """Append one JSON line and fsync it (a crash loses at most the line being written)."""
@@ -36,6 +59,18 @@ class RunDir:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+
+    def logged_rounds(self) -> set[int]:
+        """Rounds that already have a metrics line (a torn last line from a crash is ignored)."""
+        if not self.metrics_path.exists():
+            return set()
+        rounds = set()
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                rounds.add(int(json.loads(line)["round"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return rounds
 
     def save_adapter(self, bundle: ModelBundle, state: AdapterState) -> Path:
         """Standard PEFT checkpoint (``PeftModel.from_pretrained`` loads it), published atomically."""
@@ -64,13 +99,16 @@ def format_summary(s: dict) -> str:
     lines = [
         "",
         f"fedlora run summary  ({s['model']} on {s['dataset']}, mechanism {s['mechanism']})",
-        f"  rounds             {s['rounds_completed']} completed, {s['rounds_skipped']} skipped (nobody sampled)",
+        f"  rounds             {s['rounds_completed']} completed, {s['rounds_skipped']} skipped (nobody sampled)"
+        + (f", interrupted by a crash: {s['rounds_interrupted']}" if s.get("rounds_interrupted") else ""),
         f"  clients            {s['num_clients']} nodes, sample rate p = {s['sample_rate']}",
         f"  held-out {metric:<9} {s['before'][metric]:.4f} before -> {s['after'][metric]:.4f} after"
         f"  ({s['eval_examples']} examples)",
         f"  bytes per round    {s['bytes_down_per_round'] / 1e6:.2f} MB down, "
         f"{s['bytes_up_per_round'] / 1e6:.2f} MB up (mean over completed rounds)",
         f"  client privacy     {s['privacy']}",
+        *([f"  stopped early      {s['stopped']}"] if s.get("stopped") else []),
+        *([f"  privacy report     {', '.join(s['privacy_report'])}"] if s.get("privacy_report") else []),
         f"  wall time          {s['wall_time_s']:.1f} s",
         f"  adapter            {s['adapter']}",
         f"  metrics            {s['metrics_file']}",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import fields
 from pathlib import Path
 
 from flwr.app import Context, RecordDict
 
 from common.config import HELP, PRESETS, RunConfig, preset, to_flat
+from common.errors import FedloraError
 from server.inprocess import InProcessGrid, load_component
 from server.report import default_run_dir
 
@@ -20,7 +22,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """One ``--option`` per :class:`RunConfig` field (defaults come from the preset)."""
     parser.add_argument("--preset", default="default", choices=sorted(PRESETS), help="base configuration")
     for f in fields(RunConfig):
-        if f.name == "out_dir":
+        if f.name in ("out_dir", "resume"):
             continue
         kind = type(getattr(RunConfig, f.name))
         parser.add_argument(
@@ -37,11 +39,29 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="run directory (default runs/<time>-<model>-<dataset>)",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        default=None,
+        help="continue the run in --out after a crash, from its checkpoint and ledger (its stored configuration)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The preset with the given options; with ``--resume``, the run's stored configuration (options
+    given too must agree with it, which the run directory checks)."""
     overrides = {f.name: getattr(args, f.name, None) for f in fields(RunConfig)}
-    return preset(args.preset, **overrides).check()
+    if not args.resume:
+        return preset(args.preset, **overrides).check()
+    if not args.out_dir:
+        raise FedloraError("--resume needs --out RUN_DIR")
+    stored = Path(args.out_dir) / "config.json"
+    try:
+        values = json.loads(stored.read_text(encoding="utf-8"))
+        base = RunConfig(**values)
+    except (OSError, ValueError, TypeError) as exc:
+        raise FedloraError(f"cannot resume: {stored} is missing or unreadable ({exc})") from None
+    return base.replace(**{k: v for k, v in overrides.items() if v is not None}).check()
 
 
 def simulate(cfg: RunConfig, run_dir: Path | None = None) -> Path:

@@ -61,7 +61,13 @@ def test_saved_adapter_loads_with_peft_and_differs_from_init(minilm_run):
 def test_round_with_nobody_sampled_is_recorded_and_skipped(tmp_path):
     simulate(preset("minilm-rt", **{**TINY, "sample_rate": 1e-9}).check(), tmp_path / "r")
     recs = _records(tmp_path / "r")
-    assert recs[1] == {"round": 1, "phase": "skipped", "sampled": 0}
+    assert {k: recs[1][k] for k in ("round", "phase", "sampled", "replied")} == {
+        "round": 1,
+        "phase": "skipped",
+        "sampled": 0,
+        "replied": 0,
+    }
+    assert recs[1]["accuracy"] == recs[0]["accuracy"]  # nothing applied
 
 
 def test_invalid_reply_is_rejected_and_round_continues(tmp_path):

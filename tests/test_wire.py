@@ -9,6 +9,7 @@ from common.wire import SCHEMA, InvalidReply, parse_train_reply, train_reply
 from server.inprocess import InProcessGrid
 
 SHAPES = {"l.A": (4, 2), "l.B": (3, 2)}
+META = {"mechanism": "dp-fedavg", "release": "gaussian", "noise-std": 0.25}
 
 
 def _state(fill=0.5):
@@ -23,14 +24,14 @@ def _reply(content: RecordDict) -> Message:
 
 
 def _valid(**overrides):
-    content = train_reply(_state(), 3, 10, {"train-loss": 0.5}, "fedavg")
+    content = train_reply(_state(), 3, 10, {"train-loss": 0.5}, META)
     for key, value in overrides.items():
         content[key] = value
     return content
 
 
 def test_valid_reply_parses():
-    inc, weight, metrics = parse_train_reply(_reply(_valid()), 3, SHAPES, "fedavg")
+    inc, weight, metrics = parse_train_reply(_reply(_valid()), 3, SHAPES, META)
     assert weight == 10 and metrics == {"train-loss": 0.5}
     torch.testing.assert_close(inc["l.A"], torch.full((4, 2), 0.5))
 
@@ -38,9 +39,11 @@ def test_valid_reply_parses():
 @pytest.mark.parametrize(
     ("override", "reason"),
     [
-        ({"meta": ConfigRecord({"schema": "other/9", "round": 3, "mechanism": "fedavg"})}, "schema"),
-        ({"meta": ConfigRecord({"schema": SCHEMA, "round": 2, "mechanism": "fedavg"})}, "round"),
-        ({"meta": ConfigRecord({"schema": SCHEMA, "round": 3, "mechanism": "prism"})}, "mechanism"),
+        ({"meta": ConfigRecord({**META, "schema": "other/9", "round": 3})}, "schema"),
+        ({"meta": ConfigRecord({**META, "schema": SCHEMA, "round": 2})}, "round"),
+        ({"meta": ConfigRecord({**META, "schema": SCHEMA, "round": 3, "mechanism": "prism"})}, "mechanism"),
+        ({"meta": ConfigRecord({**META, "schema": SCHEMA, "round": 3, "noise-std": 0.0})}, "noise-std"),
+        ({"meta": ConfigRecord({"schema": SCHEMA, "round": 3, "mechanism": "dp-fedavg"})}, "release"),
         ({"metrics": MetricRecord({"num-examples": 0})}, "num-examples"),
         ({"metrics": MetricRecord({"num-examples": 2.5})}, "num-examples"),
         ({"increment": ArrayRecord.from_torch_state_dict({"l.A": torch.zeros(4, 2)})}, "names"),
@@ -73,7 +76,7 @@ def test_valid_reply_parses():
 )
 def test_invalid_replies_are_rejected(override, reason):
     with pytest.raises(InvalidReply, match=reason):
-        parse_train_reply(_reply(_valid(**override)), 3, SHAPES, "fedavg")
+        parse_train_reply(_reply(_valid(**override)), 3, SHAPES, META)
 
 
 def test_declared_shape_that_lies_about_payload_is_rejected():
@@ -82,11 +85,11 @@ def test_declared_shape_that_lies_about_payload_is_rejected():
     small = Array(np.zeros((2, 2), dtype=np.float32))
     rec["l.A"] = Array(dtype=real.dtype, shape=real.shape, stype=real.stype, data=small.data)
     with pytest.raises(InvalidReply, match=r"l\.A"):
-        parse_train_reply(_reply(_valid(increment=rec)), 3, SHAPES, "fedavg")
+        parse_train_reply(_reply(_valid(increment=rec)), 3, SHAPES, META)
 
 
 def test_missing_record_is_rejected():
     content = _valid()
     del content["metrics"]
     with pytest.raises(InvalidReply, match="missing"):
-        parse_train_reply(_reply(content), 3, SHAPES, "fedavg")
+        parse_train_reply(_reply(content), 3, SHAPES, META)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+from pathlib import Path
 
 from common.errors import FedloraError
 from common.privacy import gdp
@@ -19,7 +21,7 @@ GUARANTEES = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="privacy_command", metavar="{epsilon,sigma}", required=True)
+    sub = parser.add_subparsers(dest="privacy_command", metavar="{epsilon,sigma,ledger}", required=True)
     eps = sub.add_parser("epsilon", help="epsilon spent by T rounds at noise multiplier sigma")
     eps.add_argument("--noise-multiplier", type=float, required=True, metavar="S")
     sig = sub.add_parser("sigma", help="noise multiplier that meets a target epsilon")
@@ -32,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--rounds", type=int, required=True, metavar="T")
         p.add_argument("--delta", type=float, required=True, metavar="D")
         p.add_argument("--json", action="store_true", help="print one JSON object")
+    led = sub.add_parser("ledger", help="show a privacy ledger; write its report (JSON + PNG plot)")
+    led.add_argument("path", type=Path, help="ledger file (a run's ledger.sqlite or a node's)")
+    led.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    led.add_argument("--report-dir", type=Path, help="write privacy.json and privacy.png here")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -50,6 +56,8 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.privacy_command == "ledger":
+        return _ledger(args)
     _check(args)
     if args.privacy_command == "sigma":
         try:
@@ -78,4 +86,44 @@ def run(args: argparse.Namespace) -> int:
         for key, value in result.items():
             shown = f"{value:.6g}" if isinstance(value, float) else value
             print(f"{key:<{width}}  {shown}")
+    return 0
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    from common.privacy.ledger import Ledger
+    from common.privacy.report import write_report
+
+    ledger = Ledger.open(args.path)
+    try:
+        report = ledger.report()
+        if args.report_dir:
+            args.report_dir.mkdir(parents=True, exist_ok=True)
+            for path in write_report(ledger, args.report_dir):
+                print(f"wrote {path}", file=sys.stderr)
+    finally:
+        ledger.close()
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(
+        f"{report['unit']} ledger {args.path} (owner {report['owner']}), delta {float(report['delta']):g}: "
+        f"epsilon {report['eps_gdp']:.4g} (gdp, mu {report['mu']:.4g}) / {report['eps_tight']:.4g} (pld)"
+    )
+    columns = (
+        "round",
+        "status",
+        "sigma",
+        "p",
+        "sampled",
+        "replied",
+        "clip",
+        "threat_model",
+        "eps_gdp",
+        "eps_tight",
+    )
+    print("  ".join(f"{c:>11}" for c in columns))
+    for row in report["rounds"]:
+        print(
+            "  ".join(f"{row[c]:>11.4g}" if isinstance(row[c], float) else f"{row[c]!s:>11}" for c in columns)
+        )
     return 0

@@ -1,0 +1,244 @@
+"""Durable privacy ledger: one SQLite (WAL) row per charged round, committed before the round's
+result is used or released.
+
+A ledger file has one unit: ``client-level`` (the server's, one row per federated round; neighbours
+differ by one client) or ``sample-level`` (a node's, one row per local round of DP-optimizer steps;
+neighbours differ by one example). Each row is a charge of ``count`` Gaussian mechanisms with noise
+multiplier σ at Poisson rate p, plus what the round did (sampled, replied, clip C, threat model,
+mechanism) and the running μ (CLT GDP), ε_gdp and ε_tight (PLD) at the ledger's δ after that row.
+
+The file is never overwritten: :meth:`Ledger.create` refuses an existing path and :meth:`Ledger.open`
+refuses a file that is not a ledger, has another unit, or belongs to another owner (run or node).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from common.config import THREAT_MODELS
+from common.errors import FedloraError
+from common.privacy.accountants import Accountant, Event, GdpAccountant, PldAccountant
+
+SCHEMA = "fedlora-ledger/1"
+UNITS = ("client-level", "sample-level")
+#: status of a row: ``charged`` (committed, result not yet used), then ``applied`` (its result was
+#: used), ``interrupted`` (the process died before using it; the charge stands) or ``withheld``.
+STATUSES = ("charged", "applied", "interrupted", "withheld")
+
+_TABLES = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE charges (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run TEXT NOT NULL,
+    round INTEGER NOT NULL,
+    sigma REAL NOT NULL,
+    p REAL NOT NULL,
+    count INTEGER NOT NULL,
+    sample_rate REAL NOT NULL,
+    sampled INTEGER NOT NULL,
+    replied INTEGER,
+    clip REAL NOT NULL,
+    threat_model TEXT NOT NULL,
+    mechanism TEXT NOT NULL,
+    status TEXT NOT NULL,
+    mu REAL NOT NULL,
+    eps_gdp REAL NOT NULL,
+    eps_tight REAL NOT NULL,
+    time REAL NOT NULL,
+    UNIQUE (run, round)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What one round spends. ``sigma`` is the noise multiplier of the released quantity (noise std
+    / clip) under ``threat_model``; ``p`` the Poisson rate the accountant may use (1 where sampling
+    gives no amplification, e.g. local noise seen by the server); ``sample_rate`` the configured one."""
+
+    run: str
+    round: int
+    sigma: float
+    p: float
+    count: int
+    sample_rate: float
+    sampled: int
+    clip: float
+    threat_model: str
+    mechanism: str
+
+    def __post_init__(self) -> None:
+        Event(self.sigma, self.p, self.count)  # validates σ, p and count
+        if self.threat_model not in THREAT_MODELS:
+            raise ValueError(f"threat model must be one of {', '.join(THREAT_MODELS)}")
+        if not self.clip > 0:
+            raise ValueError(f"clip must be > 0, got {self.clip}")
+
+    @property
+    def event(self) -> Event:
+        return Event(self.sigma, self.p, self.count)
+
+
+class Ledger:
+    """An open ledger file. Use :meth:`create` or :meth:`open`; every write is one transaction."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, meta: dict[str, str]) -> None:
+        self.path, self._conn = path, conn
+        self.unit, self.owner = meta["unit"], meta["owner"]
+        self.delta = float(meta["delta"])
+
+    @classmethod
+    def create(cls, path: Path, unit: str, owner: str, delta: float, target_epsilon: float = 0.0) -> Ledger:
+        """A new ledger at ``path``; refuses a path that exists (nothing is ever overwritten)."""
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}")
+        if not 0 < delta < 1:
+            raise FedloraError(f"delta must be in (0, 1), got {delta}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            open(path, "xb").close()  # exclusive create: fails if anything is there
+        except FileExistsError:
+            raise FedloraError(f"ledger {path} already exists; it is never overwritten") from None
+        conn = _connect(path)
+        meta = {
+            "schema": SCHEMA,
+            "unit": unit,
+            "owner": owner,
+            "delta": repr(delta),
+            "target_epsilon": repr(target_epsilon),  # 0 = no budget
+            "created": repr(time.time()),
+        }
+        with conn:
+            conn.executescript(_TABLES)
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
+        return cls(path, conn, meta)
+
+    @classmethod
+    def open(cls, path: Path, unit: str | None = None, owner: str | None = None) -> Ledger:
+        """An existing ledger (of ``unit`` and ``owner``, when given); a clear error otherwise."""
+        if not path.is_file():
+            raise FedloraError(f"no ledger at {path}")
+        try:  # validate read-only first: a foreign database must not even get a WAL switch
+            with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as ro:
+                if ro.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                    raise sqlite3.DatabaseError("integrity check failed")
+                meta = dict(ro.execute("SELECT key, value FROM meta").fetchall())
+                ro.execute("SELECT seq, run, round, sigma, p, count, status, mu FROM charges LIMIT 1")
+            ro.close()
+        except sqlite3.DatabaseError as exc:
+            raise FedloraError(f"{path} is not a readable fedlora ledger ({exc})") from None
+        if meta.get("schema") != SCHEMA:
+            raise FedloraError(f"{path}: ledger schema {meta.get('schema')!r}, expected {SCHEMA!r}")
+        if meta.get("unit") not in UNITS or (unit is not None and meta.get("unit") != unit):
+            raise FedloraError(f"{path} is a {meta.get('unit')} ledger, expected {unit}")
+        if owner is not None and meta.get("owner") != owner:
+            raise FedloraError(f"{path} belongs to {meta.get('owner')!r}, not to {owner!r}")
+        return cls(path, _connect(path), meta)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # --- reading -----------------------------------------------------------------------------
+    def rows(self) -> list[dict]:
+        cur = self._conn.execute("SELECT * FROM charges ORDER BY seq")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def row(self, run: str, rnd: int) -> dict | None:
+        return next((r for r in self.rows() if r["run"] == run and r["round"] == rnd), None)
+
+    def events(self) -> list[Event]:
+        return [Event(r["sigma"], r["p"], r["count"]) for r in self.rows()]
+
+    def spent(self, extra: Event | None = None) -> dict[str, float]:
+        """``mu``, ``eps_gdp`` and ``eps_tight`` at the ledger's δ, after an optional ``extra`` event."""
+        return _totals(self.events() + ([extra] if extra else []), self.delta)
+
+    # --- writing -----------------------------------------------------------------------------
+    def charge(self, charge: Charge) -> dict[str, float]:
+        """Commit ``charge`` (status ``charged``) and return the running totals it leads to."""
+        totals = self.spent(charge.event)
+        values = {**asdict(charge), "replied": None, "status": "charged", **totals, "time": time.time()}
+        try:
+            with self._conn:
+                self._conn.execute(
+                    f"INSERT INTO charges ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
+                    list(values.values()),
+                )
+        except sqlite3.IntegrityError:
+            raise FedloraError(f"round {charge.round} of run {charge.run} is already charged") from None
+        return totals
+
+    def settle(self, run: str, rnd: int, status: str, replied: int | None = None) -> None:
+        """Record how a charged round ended (its charge is unchanged)."""
+        if status not in STATUSES[1:]:
+            raise ValueError(f"status must be one of {', '.join(STATUSES[1:])}")
+        self._update(self._row_or_fail(run, rnd), status=status, replied=replied)
+
+    def amend_sigma(self, run: str, rnd: int, sigma: float) -> None:
+        """Lower the last charge's σ to what the release actually carried (e.g. dropouts under
+        distributed noise), raising its ε; a larger σ is ignored: a charge never goes down."""
+        row = self._row_or_fail(run, rnd)
+        rows = self.rows()
+        if row["seq"] != rows[-1]["seq"]:
+            raise FedloraError("only the last charge can be amended")
+        if sigma < row["sigma"]:
+            events = [Event(r["sigma"], r["p"], r["count"]) for r in rows[:-1]]
+            self._update(
+                row, sigma=sigma, **_totals([*events, Event(sigma, row["p"], row["count"])], self.delta)
+            )
+
+    def _row_or_fail(self, run: str, rnd: int) -> dict:
+        row = self.row(run, rnd)
+        if row is None:
+            raise FedloraError(f"round {rnd} of run {run} was never charged")
+        return row
+
+    def _update(self, row: dict, **values: object) -> None:
+        values = {k: v for k, v in values.items() if v is not None}
+        with self._conn:
+            self._conn.execute(
+                f"UPDATE charges SET {', '.join(f'{k} = ?' for k in values)} WHERE seq = ?",
+                [*values.values(), row["seq"]],
+            )
+
+    def report(self) -> dict:
+        """The ledger as one JSON-able dict: meta, rows and the current totals."""
+        meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+        rows = self.rows()
+        last = rows[-1] if rows else {"mu": 0.0, "eps_gdp": 0.0, "eps_tight": 0.0}
+        return {
+            "ledger": str(self.path),
+            **meta,
+            "accountants": {"gdp": "CLT mu-GDP (DR-Encoder paper)", "tight": "PLD (pessimistic)"},
+            "epsilon": max(last["eps_gdp"], last["eps_tight"]),
+            "mu": last["mu"],
+            "eps_gdp": last["eps_gdp"],
+            "eps_tight": last["eps_tight"],
+            "rounds": rows,
+        }
+
+
+def _replay(acc: Accountant, events: list[Event]) -> Accountant:
+    for e in events:
+        acc.compose(e)
+    return acc
+
+
+def _totals(events: list[Event], delta: float) -> dict[str, float]:
+    gdp_acc = _replay(GdpAccountant(), events)
+    tight = _replay(PldAccountant(), events)
+    return {"mu": gdp_acc.mu, "eps_gdp": gdp_acc.epsilon(delta), "eps_tight": tight.epsilon(delta)}
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=30.0)  # `with conn:` = one transaction
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")  # a committed charge survives power loss, not only a crash
+    return conn
+
+
+__all__ = ["SCHEMA", "STATUSES", "THREAT_MODELS", "UNITS", "Charge", "Ledger"]

@@ -1,0 +1,59 @@
+"""Client-level Gaussian release of an adapter increment: clip its global L2 norm to C, add noise.
+
+Who adds how much noise depends on the threat model (DESIGN §5), with noise multiplier σ:
+``local``        each client adds N(0, σ²C²) per coordinate: private against the server itself;
+``distributed``  each of the K sampled clients adds N(0, σ²C²/K): the sum carries N(0, σ²C²);
+``central``      clients only clip; the (trusted) server adds N(0, σ²C²) to the sum.
+
+Noise comes from a generator seeded with OS entropy on every call: DP noise must not be
+reproducible from the run's seed.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import torch
+
+from common.models import AdapterState
+
+
+def global_norm(state: AdapterState) -> float:
+    """L2 norm over all tensors of ``state`` together."""
+    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in state.values()))
+
+
+def clip(state: AdapterState, bound: float) -> tuple[AdapterState, float]:
+    """``state`` scaled to global norm at most ``bound`` (Opacus' flat clipping); returns the original norm."""
+    norm = global_norm(state)
+    factor = min(1.0, bound / (norm + 1e-12))
+    return {k: t * factor for k, t in state.items()}, norm
+
+
+def add_noise(state: AdapterState, std: float) -> AdapterState:
+    """``state`` + N(0, std²) on every coordinate, from a freshly OS-seeded generator."""
+    if std == 0:
+        return dict(state)
+    gen = torch.Generator().manual_seed(secrets.randbits(63))
+    return {k: t + std * torch.randn(t.shape, generator=gen, dtype=t.dtype) for k, t in state.items()}
+
+
+def client_noise_std(threat_model: str, sigma: float, clip_bound: float, sampled: int) -> float:
+    """Noise std one client adds to its clipped increment under ``threat_model``."""
+    if threat_model == "local":
+        return sigma * clip_bound
+    if threat_model == "distributed":
+        return sigma * clip_bound / math.sqrt(sampled)
+    return 0.0  # central: the server adds it
+
+
+def effective_sigma(threat_model: str, sigma: float, sampled: int, replied: int) -> float:
+    """Noise multiplier the released sum actually carries: with distributed noise a dropout removes
+    its share, leaving σ·sqrt(replied / sampled); local and central noise do not depend on replies."""
+    if threat_model == "distributed" and 0 < replied < sampled:
+        return sigma * math.sqrt(replied / sampled)
+    return sigma
+
+
+__all__ = ["add_noise", "client_noise_std", "clip", "effective_sigma", "global_norm"]

@@ -1,0 +1,50 @@
+"""Run privacy report: a ledger exported as JSON and as a PNG plot of ε against rounds."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from common.privacy.ledger import Ledger
+
+
+def write_report(ledger: Ledger, directory: Path, stem: str = "privacy") -> tuple[Path, Path]:
+    """Write ``<stem>.json`` and ``<stem>.png`` into ``directory``; returns both paths."""
+    report = ledger.report()
+    json_path, png_path = directory / f"{stem}.json", directory / f"{stem}.png"
+    tmp = directory / f".{stem}.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, json_path)
+    plot(report, png_path)
+    return json_path, png_path
+
+
+def plot(report: dict, path: Path) -> None:
+    """ε_gdp and ε_tight after each charged round (∞ values are left out of the plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rounds"]
+    x = [r["round"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    for key, label in (("eps_gdp", "CLT μ-GDP (paper)"), ("eps_tight", "PLD (tight)")):
+        y = [r[key] if math.isfinite(r[key]) else math.nan for r in rows]
+        ax.plot(x, y, marker="o", markersize=3, label=label)
+    target = float(report.get("target_epsilon") or 0)
+    if target > 0:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"budget ε = {target:g}")
+    threats = sorted({r["threat_model"] for r in rows}) or ["-"]
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"ε at δ = {float(report['delta']):g}")
+    ax.set_title(f"{report['unit']} privacy spent ({', '.join(threats)} noise)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)

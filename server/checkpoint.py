@@ -1,0 +1,62 @@
+"""The server's checkpoint of the last committed round: global adapter state plus loop state.
+
+One safetensors file, replaced atomically (write, fsync, rename): after a crash it holds either the
+previous committed round or this one, never a mix. Loop state (round, sampler RNG state, counters,
+the round's metrics record) is JSON in the file's metadata; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save_file
+
+from common.errors import FedloraError
+from common.models import AdapterState
+
+FORMAT = "fedlora-checkpoint/1"
+
+
+@dataclass
+class LoopState:
+    """Where the round loop stands after ``round`` committed rounds."""
+
+    round: int = 0
+    rng: dict = field(default_factory=dict)  # numpy bit_generator.state of the client sampler
+    completed: int = 0
+    skipped: int = 0
+    bytes_down: int = 0
+    bytes_up: int = 0
+    before: dict = field(default_factory=dict)  # held-out metrics of the initial adapter
+    after: dict = field(default_factory=dict)  # held-out metrics after the last applied round
+    record: dict = field(default_factory=dict)  # the metrics line of the last committed round
+
+
+def save(path: Path, state: AdapterState, loop: LoopState) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tensors = {k: v.detach().float().contiguous() for k, v in state.items()}
+    save_file(tensors, tmp, metadata={"format": FORMAT, "loop": json.dumps(loop.__dict__)})
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> tuple[AdapterState, LoopState]:
+    """The checkpoint at ``path``; its tensors must have the model's names and ``shapes``."""
+    try:
+        with safe_open(path, framework="pt") as fh:
+            meta = fh.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise FedloraError(f"{path} is not a fedlora checkpoint (format {meta.get('format')!r})")
+        state = load_file(path)
+        loop = LoopState(**json.loads(meta["loop"]))
+    except (SafetensorError, OSError, KeyError, TypeError, ValueError) as exc:
+        raise FedloraError(f"checkpoint {path} is unreadable ({exc})") from None
+    if {k: tuple(v.shape) for k, v in state.items()} != {k: tuple(v) for k, v in shapes.items()}:
+        raise FedloraError(f"checkpoint {path} was written for another model or LoRA configuration")
+    return state, loop
