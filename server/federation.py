@@ -52,13 +52,15 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
 def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -> dict:
     """Run (or, with ``cfg.resume``, continue) ``cfg.rounds`` rounds; returns the summary dict."""
     start = time.monotonic()
-    evaluator = Evaluator(cfg)  # validates model, data and split before anything is written
-    out = RunDir(run_dir, cfg)
-    shapes = adapter_shapes(evaluator.bundle.model)
-    metric = evaluator.task.metric
+    out = RunDir(run_dir, cfg)  # refuses an existing run, or a resume with another configuration
     plan = plan_noise(cfg)
     run_id = fingerprint(cfg)
-    ledger = _open_ledger(out, cfg, plan, run_id)
+    ledger = _open_ledger(out, cfg, plan, run_id) if cfg.resume else None  # a bad ledger fails fast
+    evaluator = Evaluator(cfg)  # validates model, data and split before anything is written
+    out.create()
+    ledger = ledger or _open_ledger(out, cfg, plan, run_id)
+    shapes = adapter_shapes(evaluator.bundle.model)
+    metric = evaluator.task.metric
     if cfg.resume and out.checkpoint_path.exists():
         state, loop = checkpoint.load(out.checkpoint_path, shapes)
         echo(f"resuming {run_dir} after round {loop.round}")

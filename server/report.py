@@ -28,30 +28,35 @@ def fingerprint(cfg: RunConfig) -> str:
 
 class RunDir:
     """Files of one run. A new run never writes into a directory that already holds a run; a
-    resumed one only into a directory whose stored configuration is the same."""
+    resumed one only into a directory whose stored configuration is the same. The constructor only
+    checks; :meth:`create` writes the configuration (call it once the model and data are known good)."""
 
     def __init__(self, path: Path, cfg: RunConfig) -> None:
-        self.path = path
+        self.path, self.cfg = path, cfg
         self.metrics_path = path / "metrics.jsonl"
         self.ledger_path = path / "ledger.sqlite"
         self.checkpoint_path = path / "checkpoint.safetensors"
         stored = path / "config.json"
-        if cfg.resume:
-            if not stored.is_file():
-                raise FedloraError(f"nothing to resume: {path} holds no run")
-            try:
-                old = json.loads(stored.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise FedloraError(f"{stored} is unreadable ({exc})") from None
-            new = asdict(cfg)
-            changed = sorted(k for k in new if k not in ("out_dir", "resume") and old.get(k) != new[k])
-            if changed:
-                raise FedloraError(f"cannot resume {path}: configuration differs in {', '.join(changed)}")
+        if not cfg.resume:
+            if stored.exists() or self.ledger_path.exists():
+                raise FedloraError(f"run directory {path} already holds a run; choose another --out")
             return
-        if stored.exists() or self.ledger_path.exists():
-            raise FedloraError(f"run directory {path} already holds a run; choose another --out")
-        path.mkdir(parents=True, exist_ok=True)
-        self._write_json("config.json", asdict(cfg))
+        if not stored.is_file():
+            raise FedloraError(f"nothing to resume: {path} holds no run")
+        try:
+            old = json.loads(stored.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise FedloraError(f"{stored} is unreadable ({exc})") from None
+        new = asdict(cfg)
+        changed = sorted(k for k in new if k not in ("out_dir", "resume") and old.get(k) != new[k])
+        if changed:
+            raise FedloraError(f"cannot resume {path}: configuration differs in {', '.join(changed)}")
+
+    def create(self) -> None:
+        """Write the configuration of a new run (a resumed run keeps its own)."""
+        if not self.cfg.resume:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._write_json("config.json", asdict(self.cfg))
 
     def log(self, record: dict) -> None:
         """Append one JSON line and fsync it (a crash loses at most the line being written)."""

@@ -1,0 +1,157 @@
+"""The durable ledger: SQLite WAL, charges committed before use, totals against independent
+accountants, and refusal (never overwrite) of existing, corrupt or foreign files."""
+
+import hashlib
+import json
+import math
+import sqlite3
+
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from opacus.accountants.analysis.gdp import compute_eps_poisson
+
+from common.errors import FedloraError
+from common.privacy.ledger import Charge, Ledger
+from tests.conftest import run_cli
+
+DELTA = 1e-5
+
+
+def _charge(rnd, sigma=1.2, p=0.5, run="r1", **kw):
+    values = dict(
+        run=run,
+        round=rnd,
+        sigma=sigma,
+        p=p,
+        count=1,
+        sample_rate=p,
+        sampled=3,
+        clip=1.0,
+        threat_model="central",
+        mechanism="dp-fedavg",
+    )
+    return Charge(**{**values, **kw})
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture()
+def ledger(tmp_path):
+    led = Ledger.create(tmp_path / "ledger.sqlite", "client-level", "run r1", DELTA, target_epsilon=5.0)
+    yield led
+    led.close()
+
+
+def test_wal_and_a_charge_is_durable_before_it_is_settled(ledger):
+    assert ledger._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    ledger.charge(_charge(1))
+    # a second, independent connection (another process after a crash) sees the committed charge
+    other = sqlite3.connect(ledger.path)
+    assert other.execute("SELECT round, status FROM charges").fetchall() == [(1, "charged")]
+    other.close()
+    ledger.settle("r1", 1, "applied", replied=2)
+    assert ledger.rows()[0]["status"] == "applied" and ledger.rows()[0]["replied"] == 2
+
+
+def test_running_totals_match_opacus_gdp_and_dp_accounting_pld(ledger):
+    plan = [(1.2, 0.5), (0.9, 0.3), (2.0, 1.0)]
+    for rnd, (sigma, p) in enumerate(plan, 1):
+        ledger.charge(_charge(rnd, sigma, p))
+    pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    mu2 = 0.0
+    for row, (sigma, p) in zip(ledger.rows(), plan, strict=True):
+        mu2 += p * p * math.expm1(sigma**-2)
+        pld.compose(
+            dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(sigma))
+            if p < 1
+            else dp_event.GaussianDpEvent(sigma)
+        )
+        assert row["mu"] == pytest.approx(math.sqrt(mu2), rel=1e-9)
+        assert row["eps_tight"] == pytest.approx(pld.get_epsilon(DELTA), rel=1e-6)
+    # homogeneous history: the row's eps_gdp is Opacus's compute_eps_poisson
+    led2 = Ledger.create(ledger.path.with_name("h.sqlite"), "client-level", "x", DELTA)
+    for rnd in range(1, 4):
+        led2.charge(_charge(rnd, 1.1, 0.2))
+    assert led2.rows()[-1]["eps_gdp"] == pytest.approx(
+        compute_eps_poisson(steps=3, noise_multiplier=1.1, sample_rate=0.2, delta=DELTA), rel=1e-6
+    )
+
+
+def test_a_round_is_never_charged_twice(ledger):
+    ledger.charge(_charge(1))
+    with pytest.raises(FedloraError, match="already charged"):
+        ledger.charge(_charge(1, sigma=5.0))
+    assert len(ledger.rows()) == 1
+
+
+def test_amend_sigma_only_raises_the_charge(ledger):
+    ledger.charge(_charge(1))
+    before = ledger.rows()[0]
+    ledger.amend_sigma("r1", 1, 2.0)  # more noise than charged: ignored
+    assert ledger.rows()[0] == before
+    ledger.amend_sigma("r1", 1, 0.8)  # dropouts under distributed noise: less noise, more epsilon
+    after = ledger.rows()[0]
+    assert after["sigma"] == 0.8 and after["eps_tight"] > before["eps_tight"] and after["mu"] > before["mu"]
+
+
+def test_spent_with_a_hypothetical_event_does_not_write(ledger):
+    ledger.charge(_charge(1))
+    projected = ledger.spent(_charge(2).event)
+    assert projected["eps_gdp"] > ledger.rows()[-1]["eps_gdp"] and len(ledger.rows()) == 1
+
+
+def test_create_never_overwrites(ledger):
+    ledger.charge(_charge(1))
+    digest = _digest(ledger.path)
+    with pytest.raises(FedloraError, match="never overwritten"):
+        Ledger.create(ledger.path, "client-level", "run r1", DELTA)
+    assert _digest(ledger.path) == digest
+
+
+@pytest.mark.parametrize(
+    ("writer", "message"),
+    [
+        (lambda p: p.write_bytes(b"not a database at all" * 100), "not a readable fedlora ledger"),
+        (lambda p: p.write_bytes(b"SQLite format 3\x00" + b"\xff" * 2000), "not a readable fedlora ledger"),
+        (
+            lambda p: sqlite3.connect(p).execute("CREATE TABLE other (x)").connection.commit(),
+            "not a readable",
+        ),
+    ],
+    ids=["garbage", "corrupt-sqlite", "foreign-sqlite"],
+)
+def test_corrupt_or_foreign_files_are_refused_untouched(tmp_path, writer, message):
+    path = tmp_path / "ledger.sqlite"
+    writer(path)
+    digest = _digest(path)
+    with pytest.raises(FedloraError, match=message):
+        Ledger.open(path, "client-level")
+    assert _digest(path) == digest
+    assert run_cli(["privacy", "ledger", str(path)]) == 2
+    assert _digest(path) == digest
+
+
+def test_other_unit_or_owner_is_refused(ledger):
+    ledger.charge(_charge(1))
+    with pytest.raises(FedloraError, match="client-level ledger, expected sample-level"):
+        Ledger.open(ledger.path, "sample-level")
+    with pytest.raises(FedloraError, match="belongs to 'run r1'"):
+        Ledger.open(ledger.path, "client-level", owner="run other")
+    assert len(Ledger.open(ledger.path, "client-level", owner="run r1").rows()) == 1
+
+
+def test_ledger_cli_json_and_report(ledger, tmp_path, capsys):
+    for rnd in (1, 2):
+        ledger.charge(_charge(rnd))
+        ledger.settle("r1", rnd, "applied", replied=3)
+    assert (
+        run_cli(["privacy", "ledger", str(ledger.path), "--json", "--report-dir", str(tmp_path / "rep")]) == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["unit"] == "client-level" and [r["round"] for r in report["rounds"]] == [1, 2]
+    assert report["epsilon"] == max(report["eps_gdp"], report["eps_tight"])
+    assert json.loads((tmp_path / "rep" / "privacy.json").read_text())["rounds"] == report["rounds"]
+    assert (tmp_path / "rep" / "privacy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,132 @@
+"""Crash safety with real processes: SIGKILL the server mid-run, restart it with --resume; no round
+is lost, none is charged twice; a changed configuration or a corrupt ledger is refused untouched."""
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+
+SIGMA, CLIP, ROUNDS = 1.5, 0.5, 5
+RUN = [
+    "simulate",
+    "--preset", "minilm-rt",
+    "--mechanism", "dp-fedavg",
+    "--noise-multiplier", str(SIGMA),
+    "--threat-model", "central",
+    "--clip", str(CLIP),
+    "--num-clients", "2",
+    "--sample-rate", "1.0",
+    "--rounds", str(ROUNDS),
+    "--local-steps", "4",
+    "--max-train-examples", "200",
+    "--eval-examples", "40",
+]  # fmt: skip
+
+
+def _fedlora(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.Popen([sys.executable, "-m", "common.cli", *args], env=env, text=True, **kw)
+
+
+def _rows(path) -> list[dict]:
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM charges ORDER BY seq")]
+    except sqlite3.OperationalError:  # not created yet
+        return []
+    finally:
+        conn.close()
+
+
+def _finish(*args: str) -> subprocess.CompletedProcess:
+    proc = _fedlora(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def crashed_and_resumed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("crash") / "run"
+    ledger = out / "ledger.sqlite"
+    proc = _fedlora(*RUN, "--out", str(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while sum(r["status"] == "applied" for r in (_rows(ledger) if ledger.exists() else [])) < 2:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "two rounds did not finish in time"
+        time.sleep(0.1)
+    time.sleep(0.5)  # into round 3: charged, clients training
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = _rows(ledger)
+    resumed = _finish("simulate", "--resume", "--out", str(out))
+    return out, proc.returncode, before, resumed
+
+
+def test_sigkill_then_resume_loses_no_round_and_charges_none_twice(crashed_and_resumed):
+    out, killed_rc, before, resumed = crashed_and_resumed
+    assert killed_rc == -signal.SIGKILL and 2 <= len(before) < ROUNDS
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = _rows(out / "ledger.sqlite")
+    assert [r["round"] for r in rows] == list(range(1, ROUNDS + 1))  # every round, each once
+    assert {r["status"] for r in rows} <= {"applied", "interrupted"}
+    for old, new in zip(before, rows, strict=False):  # charges made before the crash stand unchanged
+        assert (old["sigma"], old["p"], old["eps_gdp"], old["eps_tight"]) == (
+            new["sigma"],
+            new["p"],
+            new["eps_gdp"],
+            new["eps_tight"],
+        )
+    # exactly ROUNDS charges composed: μ = p·sqrt(T·(e^{1/σ²} − 1)) with p = 1
+    assert rows[-1]["mu"] == pytest.approx(math.sqrt(ROUNDS * math.expm1(SIGMA**-2)), rel=1e-9)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(m["round"] for m in metrics) == list(range(ROUNDS + 1))  # one line per round
+    summary = json.loads((out / "summary.json").read_text())
+    interrupted = [r["round"] for r in rows if r["status"] == "interrupted"]
+    assert summary["rounds_completed"] + len(interrupted) == ROUNDS
+    assert summary.get("rounds_interrupted", []) == interrupted
+    assert summary["client_privacy"]["eps_tight"] == rows[-1]["eps_tight"]
+    assert "resuming" in resumed.stderr + resumed.stdout
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_resume_with_another_configuration_is_refused(crashed_and_resumed, capsys):
+    out = crashed_and_resumed[0]
+    digest = _digest(out / "ledger.sqlite")
+    assert run_cli(["simulate", "--resume", "--out", str(out), "--rounds", "9"]) == 2
+    assert "configuration differs in rounds" in capsys.readouterr().err
+    assert _digest(out / "ledger.sqlite") == digest
+
+
+def test_resume_with_a_corrupt_ledger_is_refused_untouched(crashed_and_resumed, tmp_path, capsys):
+    out = tmp_path / "copy"
+    shutil.copytree(crashed_and_resumed[0], out)
+    (out / "ledger.sqlite").write_bytes(b"\x00garbage" * 512)
+    for side in ("ledger.sqlite-wal", "ledger.sqlite-shm"):
+        (out / side).unlink(missing_ok=True)
+    digest = _digest(out / "ledger.sqlite")
+    assert run_cli(["simulate", "--resume", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable fedlora ledger" in err and len(err.strip().splitlines()) == 1
+    assert _digest(out / "ledger.sqlite") == digest
+
+
+def test_new_run_into_an_existing_run_is_refused(crashed_and_resumed, capsys):
+    out = crashed_and_resumed[0]
+    digest = _digest(out / "ledger.sqlite")
+    assert run_cli([*RUN, "--out", str(out)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert _digest(out / "ledger.sqlite") == digest
