@@ -36,19 +36,19 @@ def test_readable_table_without_json(capsys):
     assert lines[0].split() == ["accountant", "rdp"] and any(line.startswith("epsilon") for line in lines)
 
 
-# pld measures 1.4-2.4 s here (about 1 s of it importing dp_accounting/scipy.signal): too close to
-# the bound to gate CI on, so it runs in `make test-all`; the bound itself is unchanged.
-@pytest.mark.parametrize("accountant", ["gdp", "rdp", pytest.param("pld", marks=pytest.mark.slow)])
-def test_answers_in_under_two_seconds_for_10000_rounds(accountant):
-    argv = ["privacy", "epsilon", "--accountant", accountant, "--noise-multiplier", "0.8", *BASE, "--json"]
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "common.cli", *argv], capture_output=True, text=True, timeout=60
-    )
-    elapsed = time.perf_counter() - start
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["rounds"] == 10000
-    assert elapsed < 2.0, f"{accountant}: {elapsed:.2f} s"
+@pytest.mark.parametrize("accountant", ["gdp", "rdp", "pld"])
+@pytest.mark.parametrize("query", [["epsilon", "--noise-multiplier", "0.8"], ["sigma", "--epsilon", "3"]])
+def test_answers_in_under_two_seconds_for_10000_rounds(accountant, query):
+    """A fresh process each time, import included; best of two (the machine has 2 cores)."""
+    argv = [sys.executable, "-m", "common.cli", "privacy", *query, "--accountant", accountant, *BASE, "--json"]
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        times.append(time.perf_counter() - start)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["rounds"] == 10000
+    assert min(times) < 2.0, f"{accountant} {query[0]}: {min(times):.2f} s"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from common.privacy.calibration import calibrate_sigma, epsilon_for
 GUARANTEES = {
     "gdp": "CLT mu-GDP (DR-Encoder paper): an approximation, not a bound",
     "rdp": "Renyi DP of the Poisson-subsampled Gaussian: an upper bound",
-    "pld": "privacy-loss distribution (dp_accounting, pessimistic): a tight upper bound",
+    "pld": "privacy-loss distribution (dp_accounting's algorithm, pessimistic): a tight upper bound",
 }
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 
@@ -54,6 +53,8 @@ def eps_for_delta(mu: float, delta: float) -> float:
         hi *= 2
         if hi > 1e12:
             return math.inf
+    from scipy.optimize import brentq  # lazy: 0.4 s to import, not needed for pld/rdp queries
+
     return brentq(lambda e: delta_for_eps(e, mu) - delta, 0.0, hi, xtol=1e-12, rtol=1e-14)
 
 
@@ -64,6 +65,8 @@ def mu_for_eps(eps: float, delta: float) -> float:
     lo, hi = 0.0, 1.0
     while delta_for_eps(eps, hi) < delta:
         lo, hi = hi, hi * 2
+    from scipy.optimize import brentq  # lazy, as above
+
     return brentq(lambda m: delta_for_eps(eps, m) - delta, lo, hi, xtol=1e-14, rtol=1e-15)
 
 
