@@ -40,7 +40,17 @@ def test_readable_table_without_json(capsys):
 @pytest.mark.parametrize("query", [["epsilon", "--noise-multiplier", "0.8"], ["sigma", "--epsilon", "3"]])
 def test_answers_in_under_two_seconds_for_10000_rounds(accountant, query):
     """A fresh process each time, import included; best of two (the machine has 2 cores)."""
-    argv = [sys.executable, "-m", "common.cli", "privacy", *query, "--accountant", accountant, *BASE, "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "common.cli",
+        "privacy",
+        *query,
+        "--accountant",
+        accountant,
+        *BASE,
+        "--json",
+    ]
     times = []
     for _ in range(2):
         start = time.perf_counter()
