@@ -1,10 +1,11 @@
 """One in-process federation end to end (real ServerApp and ClientApp), and its failure paths."""
 
 import json
+import math
 
 import pytest
 import torch
-from flwr.app import Message
+from flwr.app import Context, Message, RecordDict
 from peft import PeftModel
 from transformers import AutoModelForSequenceClassification
 
@@ -12,6 +13,7 @@ from common.config import preset, to_flat
 from common.errors import FedloraError
 from common.models import adapter_state
 from common.models.registry import MODELS
+from common.privacy.ledger import Ledger
 from server.inprocess import InProcessGrid, load_component
 from server.simulate import CLIENT_APP, SERVER_APP, simulate
 
@@ -70,22 +72,40 @@ def test_round_with_nobody_sampled_is_recorded_and_skipped(tmp_path):
     assert recs[1]["accuracy"] == recs[0]["accuracy"]  # nothing applied
 
 
-def test_invalid_reply_is_rejected_and_round_continues(tmp_path):
-    cfg = preset("minilm-rt", **TINY).replace(out_dir=str(tmp_path / "r")).check()
+def _run_with_corrupt_node(cfg, corrupt) -> None:
+    """The federation with node 1's replies passed through ``corrupt(content)``."""
     client = load_component(CLIENT_APP)
 
     def corrupting_client(msg: Message, ctx):
         reply = client(msg, ctx)
         if ctx.node_config["partition-id"] == 1:
-            reply.content["meta"]["round"] = 99
+            corrupt(reply.content)
         return reply
 
     grid = InProcessGrid(corrupting_client, 2, to_flat(cfg))
-    from flwr.app import Context, RecordDict
-
     load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
+
+
+def test_invalid_reply_is_rejected_and_round_continues(tmp_path):
+    cfg = preset("minilm-rt", **TINY).replace(out_dir=str(tmp_path / "r")).check()
+    _run_with_corrupt_node(cfg, lambda content: content["meta"].__setitem__("round", 99))
     r1 = _records(tmp_path / "r")[1]
     assert r1["replied"] == 1 and len(r1["rejected"]) == 1 and "round 99" in r1["rejected"][0]
+
+
+def test_distributed_noise_dropout_raises_the_charge(tmp_path):
+    """One of two clients' releases is unusable: the sum carries half the noise variance, so the
+    round is charged at σ/sqrt(2), before the aggregate is applied."""
+    dp = dict(mechanism="dp-fedavg", threat_model="distributed", noise_multiplier=2.0, clip=0.5)
+    cfg = preset("minilm-rt", **{**TINY, **dp}).replace(out_dir=str(tmp_path / "r")).check()
+    _run_with_corrupt_node(cfg, lambda content: content["meta"].__setitem__("noise-std", 0.0))
+    r1 = _records(tmp_path / "r")[1]
+    assert r1["replied"] == 1 and "noise-std" in r1["rejected"][0]
+    ledger = Ledger.open(tmp_path / "r" / "ledger.sqlite", "client-level")
+    (row,) = ledger.rows()
+    assert row["sigma"] == pytest.approx(2.0 / math.sqrt(2)) and row["status"] == "applied"
+    assert row["mu"] == pytest.approx(math.sqrt(math.expm1(2.0 / 2.0**2)) * cfg.sample_rate)
+    assert r1["eps_tight"] == row["eps_tight"]
 
 
 def test_existing_run_directory_is_never_overwritten(minilm_run):
