@@ -1,0 +1,97 @@
+"""Per-example LoRA factor gradients from activations equal autograd on each example alone."""
+
+import math
+
+import pytest
+import torch
+
+from client.grad_sample import grad_sampler
+from common.data.prompts import prompt_for
+from common.models.lora import dense_trainables, lora_layers
+from common.tasks.classifier import ClassifierTask
+from common.tasks.verbalizer import VerbalizerTask
+from tests.conftest import randomize_lora
+
+
+def _one_by_one(model, losses_of, n):
+    """Reference: backward on each example's loss separately; paper-factor grads per module."""
+    factors, dense = [], []
+    for i in range(n):
+        model.zero_grad(set_to_none=True)
+        losses_of(i).backward()
+        per = {}
+        for name, layer in lora_layers(model).items():
+            root = math.sqrt(layer.scaling["default"])
+            per[name] = (
+                layer.lora_B["default"].weight.grad / root,
+                layer.lora_A["default"].weight.grad.T / root,
+            )
+        factors.append(per)
+        dense.append({k: p.grad.clone() for k, p in dense_trainables(model).items()})
+    return factors, dense
+
+
+def _check(model, batch_losses, n):
+    model.zero_grad(set_to_none=True)
+    with grad_sampler(model) as sampler:
+        batch_losses(None).sum().backward()
+        got, got_dense = sampler.factor_grads(), sampler.dense_grads()
+    want, want_dense = _one_by_one(model, batch_losses, n)
+    assert got, "no LoRA modules found"
+    for name, (g_a, g_b) in got.items():
+        for i in range(n):
+            torch.testing.assert_close(g_a[i], want[i][name][0], rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(g_b[i], want[i][name][1], rtol=1e-4, atol=1e-6)
+    for name, g in got_dense.items():
+        for i in range(n):
+            torch.testing.assert_close(g[i], want_dense[i][name], rtol=1e-4, atol=1e-6)
+    return got, got_dense
+
+
+def test_causal_lm_sequences_with_padding(tiny_llama, smollm2_tokenizer):
+    randomize_lora(tiny_llama)
+    task = VerbalizerTask(smollm2_tokenizer, prompt_for("rotten-tomatoes", ("negative", "positive")), 48)
+    texts = ["a gorgeous, witty film", "dull.", "it never quite finds its footing, sadly"]
+    batch = task.collate(task.encode(texts, [1, 0, 0]), torch.device("cpu"))
+
+    def losses(i):
+        if i is None:
+            return task.per_example_loss(tiny_llama, batch)
+        sub = task.collate(task.encode([texts[i]], [[1, 0, 0][i]]), torch.device("cpu"))
+        return task.per_example_loss(tiny_llama, sub).sum()
+
+    got, _ = _check(tiny_llama, losses, 3)
+    name, (g_a, g_b) = next(iter(got.items()))
+    layer = lora_layers(tiny_llama)[name]
+    m, r = layer.lora_B["default"].weight.shape
+    assert g_a.shape == (3, m, r) and g_b.shape == (3, layer.lora_A["default"].weight.shape[1], r)
+
+
+def test_classifier_head_and_lora(minilm):
+    model = minilm.model
+    randomize_lora(model)
+    task = ClassifierTask(minilm.tokenizer, 32)
+    texts = ["great", "terrible acting and a worse script", "fine"]
+    examples = task.encode(texts, [1, 0, 1])
+    model.eval()  # dropout off: per-example and one-by-one passes see the same network
+
+    def losses(i):
+        if i is None:
+            return task.per_example_loss(model, task.collate(examples, torch.device("cpu")))
+        return task.per_example_loss(model, task.collate([examples[i]], torch.device("cpu"))).sum()
+
+    _, dense = _check(model, losses, 3)
+    assert dense and all(g.shape[0] == 3 for g in dense.values())
+
+
+def test_hooks_are_removed(tiny_llama):
+    layer = next(iter(lora_layers(tiny_llama).values()))
+    before = len(layer.lora_A["default"]._forward_hooks)
+    with grad_sampler(tiny_llama):
+        assert len(layer.lora_A["default"]._forward_hooks) == before + 1
+    assert len(layer.lora_A["default"]._forward_hooks) == before
+
+
+def test_gradients_without_a_pass_are_an_error(tiny_llama):
+    with grad_sampler(tiny_llama) as sampler, pytest.raises(RuntimeError, match="no activations"):
+        sampler.factor_grads()
