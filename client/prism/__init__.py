@@ -1,0 +1,39 @@
+"""PRISM math (gauge-invariant tangent-space DP for LoRA) as pure tensor functions.
+
+See research/prism.md. Factors: ``A: (m, r)`` output side, ``B: (n, r)`` input side, ``Z = A Bᵀ``.
+"""
+
+from client.prism.adaptive import (
+    Moments,
+    adaptive_direction,
+    dp_floors,
+    init_moments,
+    noise_second_moments,
+    preconditioner,
+)
+from client.prism.geometry import Geometry, as_compute, geometry, psd_eigh
+from client.prism.init import balanced_random_init, spectral_init
+from client.prism.retraction import procrustes_align, retract
+from client.prism.tangent import clip_coefficients, horizontalize, lift, tangent_noise, tangent_sq_norm
+
+__all__ = [
+    "Geometry",
+    "Moments",
+    "adaptive_direction",
+    "as_compute",
+    "balanced_random_init",
+    "clip_coefficients",
+    "dp_floors",
+    "geometry",
+    "horizontalize",
+    "init_moments",
+    "lift",
+    "noise_second_moments",
+    "preconditioner",
+    "procrustes_align",
+    "psd_eigh",
+    "retract",
+    "spectral_init",
+    "tangent_noise",
+    "tangent_sq_norm",
+]
