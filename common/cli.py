@@ -18,8 +18,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "privacy": (
         "common.privacy.cli",
-        "privacy planning: epsilon for a noise level, noise for a budget",
+        "privacy planning: epsilon for a noise level, noise for a budget; ledgers",
     ),
+    "bench": ("client.bench.cli", "mechanism measurements (gauge)"),
 }
 
 

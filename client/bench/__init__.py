@@ -1,0 +1,1 @@
+"""``fedlora bench``: measurements behind the README's mechanism figures."""

@@ -1,0 +1,23 @@
+"""``fedlora bench {gauge,...}``: each benchmark is a module with ``add_arguments`` and ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+#: benchmark -> (module, one-line help)
+BENCHES: dict[str, tuple[str, str]] = {
+    "gauge": ("client.bench.gauge", "noise energy of factor-space DP vs PRISM along (cA, B/c)"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="{" + ",".join(BENCHES) + "}", required=True)
+    for name, (module, help_text) in BENCHES.items():
+        importlib.import_module(module).add_arguments(
+            sub.add_parser(name, help=help_text, description=help_text)
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    return importlib.import_module(BENCHES[args.bench][0]).run(args)
