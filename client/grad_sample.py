@@ -15,8 +15,6 @@ may average over its own tokens); the tasks' ``per_example_loss`` followed by ``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -121,12 +119,3 @@ def _dense_linears(model: nn.Module) -> dict[str, tuple[str, _LinearCapture]]:
         cap = by_module.setdefault(module_name, _LinearCapture(module))
         out[name] = (kind, cap)
     return out
-
-
-@contextmanager
-def grad_sampler(model: nn.Module) -> Iterator[GradSampler]:
-    sampler = GradSampler(model)
-    try:
-        yield sampler
-    finally:
-        sampler.close()

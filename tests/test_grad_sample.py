@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from client.grad_sample import grad_sampler
+from client.grad_sample import GradSampler
 from common.data.prompts import prompt_for
 from common.models.lora import dense_trainables, lora_layers
 from common.tasks.classifier import ClassifierTask
@@ -33,7 +33,7 @@ def _one_by_one(model, losses_of, n):
 
 def _check(model, batch_losses, n):
     model.zero_grad(set_to_none=True)
-    with grad_sampler(model) as sampler:
+    with GradSampler(model) as sampler:
         batch_losses(None).sum().backward()
         got, got_dense = sampler.factor_grads(), sampler.dense_grads()
     want, want_dense = _one_by_one(model, batch_losses, n)
@@ -87,11 +87,11 @@ def test_classifier_head_and_lora(minilm):
 def test_hooks_are_removed(tiny_llama):
     layer = next(iter(lora_layers(tiny_llama).values()))
     before = len(layer.lora_A["default"]._forward_hooks)
-    with grad_sampler(tiny_llama):
+    with GradSampler(tiny_llama):
         assert len(layer.lora_A["default"]._forward_hooks) == before + 1
     assert len(layer.lora_A["default"]._forward_hooks) == before
 
 
 def test_gradients_without_a_pass_are_an_error(tiny_llama):
-    with grad_sampler(tiny_llama) as sampler, pytest.raises(RuntimeError, match="no activations"):
+    with GradSampler(tiny_llama) as sampler, pytest.raises(RuntimeError, match="no activations"):
         sampler.factor_grads()

@@ -143,15 +143,19 @@ class Ledger:
 
     # --- reading -----------------------------------------------------------------------------
     def rows(self) -> list[dict]:
-        cur = self._conn.execute("SELECT * FROM charges ORDER BY seq")
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        return self._select("")
 
     def row(self, run: str, rnd: int) -> dict | None:
-        return next((r for r in self.rows() if r["run"] == run and r["round"] == rnd), None)
+        found = self._select("WHERE run = ? AND round = ?", run, rnd)
+        return found[0] if found else None
 
     def events(self) -> list[Event]:
-        return [Event(r["sigma"], r["p"], r["count"]) for r in self.rows()]
+        return [_event(r) for r in self.rows()]
+
+    def _select(self, where: str, *params: object) -> list[dict]:
+        cur = self._conn.execute(f"SELECT * FROM charges {where} ORDER BY seq", params)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def spent(self, extra: Event | None = None) -> dict[str, float]:
         """``mu``, ``eps_gdp`` and ``eps_tight`` at the ledger's δ, after an optional ``extra`` event."""
@@ -186,10 +190,8 @@ class Ledger:
         if row["seq"] != rows[-1]["seq"]:
             raise FedloraError("only the last charge can be amended")
         if sigma < row["sigma"]:
-            events = [Event(r["sigma"], r["p"], r["count"]) for r in rows[:-1]]
-            self._update(
-                row, sigma=sigma, **_totals([*events, Event(sigma, row["p"], row["count"])], self.delta)
-            )
+            events = [*map(_event, rows[:-1]), Event(sigma, row["p"], row["count"])]
+            self._update(row, sigma=sigma, **_totals(events, self.delta))
 
     def _row_or_fail(self, run: str, rnd: int) -> dict:
         row = self.row(run, rnd)
@@ -220,6 +222,10 @@ class Ledger:
             "eps_tight": last["eps_tight"],
             "rounds": rows,
         }
+
+
+def _event(row: dict) -> Event:
+    return Event(row["sigma"], row["p"], row["count"])
 
 
 def _replay(acc: Accountant, events: list[Event]) -> Accountant:
