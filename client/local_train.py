@@ -1,4 +1,5 @@
-"""Non-private local optimisation: AdamW on the mean of per-example losses."""
+"""A client's local optimisation: non-private AdamW on the mean loss (``none``), or sample-level DP
+steps with one of client/optimizers (``prism``, ``dp-adamw``, ``ffa``) through client/dp_train.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from client.dp_train import DpSteps, dp_train
+from client.optimizers import make_dp_optimizer
+from client.sample_privacy import SamplePlan
+from common.config import RunConfig
+from common.models.lora import lora_layers
 from common.tasks import Task, sample_batches
 
 
@@ -41,3 +47,52 @@ def train_steps(
         losses.append(loss.detach())
     model.eval()
     return {"train-loss": float(torch.stack(losses).mean())}
+
+
+def local_update(
+    model: nn.Module,
+    task: Task,
+    examples: Sequence[dict],
+    cfg: RunConfig,
+    *,
+    steps: int,
+    lr: float,
+    seed: int,
+    device: torch.device,
+    plan: SamplePlan | None,
+    before_steps=None,
+    block: int = 0,
+    desc: str = "local steps",
+) -> dict[str, float]:
+    """``steps`` steps of ``cfg.optimizer_kind``; a DP optimizer needs the sample-level ``plan``
+    (σ, rate, clip) and calls ``before_steps(first, count)`` before each block of steps (the ledger)."""
+    kind = cfg.optimizer_kind
+    if kind == "none":
+        return train_steps(
+            model,
+            task,
+            examples,
+            steps=steps,
+            batch_size=cfg.batch_size,
+            lr=lr,
+            seed=seed,
+            device=device,
+            desc=desc,
+        )
+    if plan is None:
+        raise ValueError(f"local optimizer {kind} needs a sample-level noise plan")
+    options = {"floor": cfg.prism_floor} if kind == "prism" else {}
+    optimizer = make_dp_optimizer(kind, lora_layers(model), lr, **options)
+    dp_plan = DpSteps(steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch)
+    return dp_train(
+        model,
+        task,
+        examples,
+        optimizer,
+        dp_plan,
+        lr=lr,
+        device=device,
+        before_steps=before_steps,
+        block=block,
+        desc=desc,
+    )

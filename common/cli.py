@@ -20,7 +20,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "common.privacy.cli",
         "privacy planning: epsilon for a noise level, noise for a budget; ledgers",
     ),
-    "bench": ("client.bench.cli", "mechanism measurements (gauge)"),
+    "train-local": (
+        "client.train_local",
+        "train one client centrally with a local (DP) optimizer; held-out accuracy and sample-level epsilon",
+    ),
+    "bench": ("client.bench.cli", "mechanism measurements (gauge, prism-step)"),
 }
 
 

@@ -13,8 +13,18 @@ from dataclasses import dataclass, field, fields
 from common.errors import FedloraError
 
 #: mechanism preset -> (local optimizer, client-level release); DESIGN §3
-MECHANISMS: dict[str, tuple[str, str]] = {"fedavg": ("none", "none"), "dp-fedavg": ("none", "gaussian")}
+MECHANISMS: dict[str, tuple[str, str]] = {
+    "fedavg": ("none", "none"),
+    "dp-fedavg": ("none", "gaussian"),
+    "prism": ("prism", "none"),
+    "dp-adamw": ("dp-adamw", "none"),
+    "ffa": ("ffa", "none"),
+}
+#: sample-level local optimizers (client/optimizers registers the DP ones under these names)
+LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa")
 RELEASES = ("none", "gaussian")
+LORA_INITS = ("balanced", "peft")  # common/models/lora_init.py
+PRISM_FLOORS = ("clamp", "ridge")
 THREAT_MODELS = ("local", "distributed", "central")
 PARTITIONS = ("dirichlet", "iid")
 
@@ -26,12 +36,19 @@ class RunConfig:
     model: str = "smollm2-135m"
     dataset: str = "rotten-tomatoes"
     mechanism: str = "fedavg"
+    local_optimizer: str = ""  # sample-level local optimizer; "" = the mechanism's
     release: str = ""  # client-level release; "" = the mechanism's
     clip: float = 1.0  # client-level clip C: L2 bound on a client's whole increment
     noise_multiplier: float = 0.0  # client-level σ; 0 with a target epsilon = calibrate for `rounds`
     threat_model: str = "local"
     target_epsilon: float = 0.0  # client-level budget (0 = none); stop before exceeding it
-    delta: float = 1e-5
+    delta: float = 1e-5  # of both the client-level and the sample-level guarantees
+    sample_epsilon: float = 0.0  # sample-level budget per client over all its planned local steps
+    sample_noise_multiplier: float = 0.0  # sample-level σ (0 = calibrate for sample_epsilon)
+    sample_clip: float = 1.0  # per-example clip of the DP local optimizers
+    microbatch: int = 16  # examples per forward/backward inside one DP step
+    lora_init: str = ""  # balanced or peft; "" = balanced with a DP local optimizer, else peft
+    prism_floor: str = "clamp"  # how PRISM's DP floor enters its preconditioner
     num_clients: int = 4
     rounds: int = 3
     sample_rate: float = 1.0
@@ -59,6 +76,14 @@ class RunConfig:
     @property
     def release_kind(self) -> str:
         return self.release or MECHANISMS[self.mechanism][1]
+
+    @property
+    def optimizer_kind(self) -> str:
+        return self.local_optimizer or MECHANISMS[self.mechanism][0]
+
+    @property
+    def init_kind(self) -> str:
+        return self.lora_init or ("peft" if self.optimizer_kind == "none" else "balanced")
 
     @property
     def target_modules(self) -> list[str] | None:
@@ -94,6 +119,25 @@ class RunConfig:
             raise FedloraError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.mechanism not in MECHANISMS:
             raise FedloraError(f"unknown mechanism '{self.mechanism}'; available: {', '.join(MECHANISMS)}")
+        for key, value, allowed in (
+            ("local-optimizer", self.local_optimizer, LOCAL_OPTIMIZERS),
+            ("lora-init", self.lora_init, LORA_INITS),
+            ("prism-floor", self.prism_floor, PRISM_FLOORS),
+        ):
+            if value and value not in allowed:
+                raise FedloraError(f"unknown {key} '{value}'; choose {', '.join(allowed)}")
+        if self.optimizer_kind == "prism" and self.init_kind == "peft":
+            raise FedloraError("PRISM needs full-rank LoRA factors: use --lora-init balanced")
+        dp_budgets = (self.sample_epsilon > 0) + (self.sample_noise_multiplier > 0)
+        if self.optimizer_kind != "none" and dp_budgets != 1:
+            raise FedloraError(
+                f"local optimizer {self.optimizer_kind} needs exactly one of --sample-epsilon and "
+                "--sample-noise-multiplier (> 0)"
+            )
+        if min(self.sample_epsilon, self.sample_noise_multiplier) < 0 or not self.sample_clip > 0:
+            raise FedloraError("sample-epsilon and sample-noise-multiplier must be >= 0, sample-clip > 0")
+        if self.microbatch < 1:
+            raise FedloraError(f"microbatch must be >= 1, got {self.microbatch}")
         if self.release and self.release not in RELEASES:
             raise FedloraError(f"unknown release '{self.release}'; choose {', '.join(RELEASES)}")
         if self.threat_model not in THREAT_MODELS:
@@ -118,7 +162,15 @@ class RunConfig:
 HELP: dict[str, str] = {
     "model": "smollm2-135m, minilm-l6, a Hugging Face id or a local model directory",
     "dataset": "rotten-tomatoes, bbc-news, news-articles (LM) or boolq",
-    "mechanism": "local optimizer / release preset: fedavg (no DP), dp-fedavg (client-level Gaussian)",
+    "mechanism": "local optimizer / release preset: fedavg (no DP), dp-fedavg (client-level Gaussian), "
+    "prism, dp-adamw, ffa (sample-level DP local steps)",
+    "local_optimizer": "sample-level local optimizer: none, prism, dp-adamw or ffa (default: the mechanism's)",
+    "sample_epsilon": "sample-level epsilon per client over all its planned local steps (PLD-calibrated)",
+    "sample_noise_multiplier": "sample-level noise multiplier (instead of --sample-epsilon)",
+    "sample_clip": "per-example clip C of the DP local optimizers",
+    "microbatch": "examples per forward/backward within one DP step (memory)",
+    "lora_init": "LoRA init: balanced (full rank; default with a DP local optimizer) or peft",
+    "prism_floor": "PRISM preconditioner floor: clamp (official code) or ridge (paper Eq. 25)",
     "release": "client-level release: none or gaussian (default: the mechanism's)",
     "clip": "client-level clip C on the L2 norm of a client's increment",
     "noise_multiplier": "client-level noise multiplier sigma (0 + target epsilon = calibrate)",

@@ -11,6 +11,9 @@ import torch
 from torch import Tensor
 
 from client.prism.geometry import as_compute
+from common.models.lora_init import balanced_random_init
+
+__all__ = ["balanced_random_init", "spectral_init"]
 
 
 def _randomized_svd(
@@ -54,22 +57,3 @@ def spectral_init(
     root = S.clamp(min=0.0).sqrt()
     A, B = U * root, V * root
     return A, B, W0 - A @ B.mT
-
-
-def balanced_random_init(
-    m: int,
-    n: int,
-    r: int,
-    scale: float = 0.02,
-    generator: torch.Generator | None = None,
-    device: torch.device | str | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Tiny full-rank balanced init (the code's no-spectral ablation): ``A = scale·Q_out: (m, r)``,
-    ``B = scale·Q_in: (n, r)`` with random orthonormal ``Q`` (``Q_in`` drawn first), float32.
-
-    ``AᵀA = BᵀB = scale² I`` and ``‖A Bᵀ‖_F² = r·scale⁴``; the base weight is untouched.
-    """
-    opts = {"generator": generator, "dtype": torch.float32, "device": device}
-    Q_in = torch.linalg.qr(torch.randn(n, r, **opts), mode="reduced").Q
-    Q_out = torch.linalg.qr(torch.randn(m, r, **opts), mode="reduced").Q
-    return scale * Q_out, scale * Q_in

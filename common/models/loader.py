@@ -16,19 +16,21 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from common.models.lora import LoraSpec, attach_lora
+from common.models.lora import AdapterState, LoraSpec, adapter_state, attach_lora
 from common.models.registry import ModelSpec, resolve_model
 
 
 @dataclass
 class ModelBundle:
-    """A PEFT model with its tokenizer. ``kind``: ``causal-lm`` or ``seq-cls``."""
+    """A PEFT model with its tokenizer. ``kind``: ``causal-lm`` or ``seq-cls``. ``initial`` is the
+    adapter state as loaded (the bundle is shared per process: restore it to start afresh)."""
 
     name: str
     kind: str
     model: PeftModel
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
+    initial: AdapterState
 
 
 def load_model(
@@ -71,7 +73,7 @@ def _load(name: str, lora: LoraSpec, device: str, num_labels: int, seed: int) ->
     targets = lora.targets or _defaults(spec)
     model = attach_lora(base, LoraSpec(lora.rank, lora.alpha, lora.dropout, targets), task_type)
     model.to(device)
-    return ModelBundle(spec.name, spec.kind, model, tokenizer, torch.device(device))
+    return ModelBundle(spec.name, spec.kind, model, tokenizer, torch.device(device), adapter_state(model))
 
 
 def _defaults(spec: ModelSpec) -> tuple[str, ...] | None:

@@ -65,7 +65,7 @@ def get_factors(layer: LoraLayer, adapter: str = "default") -> tuple[Tensor, Ten
     root = math.sqrt(layer.scaling[adapter])
     a = layer.lora_B[adapter].weight.detach() * root
     b = layer.lora_A[adapter].weight.detach().T * root
-    return a.clone(), b.clone()
+    return a.clone(), b.contiguous()  # b is a new tensor; contiguous for safetensors
 
 
 def set_factors(layer: LoraLayer, a: Tensor, b: Tensor, adapter: str = "default") -> None:

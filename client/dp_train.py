@@ -1,0 +1,142 @@
+"""Sample-level DP local steps on LoRA: Poisson sampling of examples, micro-batched per-example
+gradients, one global clip per example, noise on the clipped sum, an optimizer step.
+
+Per step (DP-SGD, Abadi et al. 2016, as Opacus runs it): each example is included independently with
+probability ``q`` (a step may draw none: it still releases noise, as the accountant assumes); the
+logical batch is split into micro-batches of at most ``microbatch`` examples; per-example gradients of
+the LoRA factors and of dense trainables (a classifier head) come from client/grad_sample.py; each
+example's whole contribution is clipped to ``C``; the sums get ``N(0, σ²C²)`` noise and are divided by
+the expected batch size ``qN``. Dense trainables always take factor-space DP with AdamW; the LoRA
+factors go to the chosen optimizer (client/optimizers). DP randomness (sampling and noise) comes from
+the OS, never from the run's seed; tests may pass their own generators.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from client.grad_sample import GradSampler
+from client.optimizers import LoraDpOptimizer
+from client.prism import clip_coefficients
+from common.models.lora import dense_trainables
+from common.tasks import Task
+from common.tasks.base import chunks
+
+log = logging.getLogger("fedlora.client")
+
+
+@dataclass(frozen=True)
+class DpSteps:
+    """``steps`` DP steps at Poisson rate ``sample_rate`` with per-example clip ``clip`` and noise
+    multiplier ``noise_multiplier`` (noise std ``σC`` on the sum)."""
+
+    steps: int
+    sample_rate: float
+    clip: float
+    noise_multiplier: float
+    microbatch: int = 16
+
+
+def poisson_batch(n: int, q: float, rng: np.random.Generator) -> np.ndarray:
+    """Indices of ``range(n)``, each kept independently with probability ``q`` (may be empty)."""
+    return np.flatnonzero(rng.random(n) < q)
+
+
+def os_rngs(device: torch.device) -> tuple[np.random.Generator, torch.Generator]:
+    """Sampling and noise generators seeded from OS entropy."""
+    noise = torch.Generator(device=device).manual_seed(secrets.randbits(63))
+    return np.random.default_rng(secrets.randbits(128)), noise
+
+
+class _DenseDp:
+    """Factor-space DP + AdamW for dense trainables (shared by every LoRA optimizer)."""
+
+    def __init__(self, model: nn.Module, lr: float) -> None:
+        self.params = dense_trainables(model)
+        self.opt = torch.optim.AdamW(self.params.values(), lr=lr, weight_decay=0.0) if self.params else None
+        self.sums: dict[str, Tensor] = {}
+
+    def begin(self) -> None:
+        self.sums = {k: torch.zeros_like(p) for k, p in self.params.items()}
+
+    def accumulate(self, grads: dict[str, Tensor], alpha: Tensor) -> None:
+        for k, g in grads.items():
+            self.sums[k] += torch.einsum("b,b...->...", alpha.to(g.dtype), g)
+
+    def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
+        if self.opt is None:
+            return
+        for k, p in self.params.items():
+            noise = torch.randn(p.shape, generator=generator, dtype=p.dtype, device=p.device)
+            p.grad = (self.sums[k] + noise_std * noise) / denom
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def dp_train(
+    model: nn.Module,
+    task: Task,
+    examples: Sequence[dict],
+    optimizer: LoraDpOptimizer,
+    plan: DpSteps,
+    *,
+    lr: float,
+    device: torch.device,
+    rngs: tuple[np.random.Generator, torch.Generator] | None = None,
+    before_steps: Callable[[int, int], None] | None = None,
+    block: int = 0,
+    desc: str = "DP steps",
+) -> dict[str, float]:
+    """Run ``plan.steps`` DP steps; returns ``steps``, ``examples-used`` and ``empty-batches``.
+
+    ``before_steps(first, count)`` is called before each block of ``block`` steps (0 = all at once):
+    the caller charges its ledger there, before the steps run.
+    """
+    if len(examples) == 0:
+        raise ValueError("no training examples")
+    rng, generator = rngs or os_rngs(device)
+    dense = _DenseDp(model, lr)
+    denom = plan.sample_rate * len(examples)  # expected batch size
+    noise_std = plan.noise_multiplier * plan.clip
+    used, empty = 0, 0
+    block = block or plan.steps
+    model.train()
+    with GradSampler(model) as sampler:
+        for step in tqdm(range(plan.steps), desc=desc, leave=False, disable=None):
+            if before_steps is not None and step % block == 0:
+                before_steps(step, min(block, plan.steps - step))
+            idx = poisson_batch(len(examples), plan.sample_rate, rng)
+            optimizer.begin()
+            dense.begin()
+            for part in chunks(idx, plan.microbatch):
+                batch = task.collate([examples[i] for i in part], device)
+                task.per_example_loss(model, batch).sum().backward()
+                grads, dense_grads = sampler.factor_grads(), sampler.dense_grads()
+                model.zero_grad(set_to_none=True)
+                sq = optimizer.sq_norms(grads)
+                for g in dense_grads.values():
+                    sq = sq + g.flatten(1).square().sum(1)
+                alpha = clip_coefficients([sq], plan.clip)
+                optimizer.accumulate(grads, alpha)
+                dense.accumulate(dense_grads, alpha)
+            optimizer.step(noise_std, denom, generator)
+            dense.step(noise_std, denom, generator)
+            used += len(idx)
+            empty += len(idx) == 0
+    model.eval()
+    if empty:
+        log.warning(
+            "%d of %d steps drew no examples (Poisson rate %.3g): they released noise only, as accounted",
+            empty,
+            plan.steps,
+            plan.sample_rate,
+        )
+    return {"steps": plan.steps, "examples-used": used, "empty-batches": empty}

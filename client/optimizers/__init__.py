@@ -1,0 +1,42 @@
+"""Local (sample-level) DP optimizers of LoRA factors, one registry (like Opacus's ``optimizers/``).
+
+``prism`` tangent-space DP (client/optimizers/prism.py); ``dp-adamw`` factor-space DP-SGD + AdamW
+and ``ffa`` (frozen ``lora_A``) (client/optimizers/factor.py). ``none`` (non-private AdamW) is not a
+DP optimizer and lives in client/local_train.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from peft.tuners.lora import LoraLayer
+
+from client.optimizers.base import FactorGrads, LoraDpOptimizer
+from client.optimizers.factor import FactorDp
+from client.optimizers.prism import PrismDp
+from common.errors import FedloraError
+
+#: name -> factory(layers, lr, **options)
+DP_OPTIMIZERS: dict[str, Callable[..., LoraDpOptimizer]] = {
+    "prism": PrismDp,
+    "dp-adamw": FactorDp,
+    "ffa": lambda layers, lr, **kw: FactorDp(layers, lr, freeze_a=True, **kw),
+}
+LOCAL_OPTIMIZERS = ("none", *DP_OPTIMIZERS)
+
+
+def make_dp_optimizer(name: str, layers: dict[str, LoraLayer], lr: float, **options) -> LoraDpOptimizer:
+    if name not in DP_OPTIMIZERS:
+        raise FedloraError(f"unknown DP optimizer '{name}'; choose {', '.join(DP_OPTIMIZERS)}")
+    return DP_OPTIMIZERS[name](layers, lr, **options)
+
+
+__all__ = [
+    "DP_OPTIMIZERS",
+    "LOCAL_OPTIMIZERS",
+    "FactorDp",
+    "FactorGrads",
+    "LoraDpOptimizer",
+    "PrismDp",
+    "make_dp_optimizer",
+]

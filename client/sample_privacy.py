@@ -1,0 +1,101 @@
+"""Sample-level privacy of one client's local DP steps: the noise plan and its ledger charges.
+
+Neighbouring datasets differ by adding or removing one of the client's examples; every step is a
+Poisson-subsampled Gaussian mechanism with rate ``q = b/N`` and noise multiplier σ, and the guarantee
+covers everything the steps release (every noisy update, hence the trained adapter). σ is calibrated
+with the tight accountant (PLD) so that the planned number of steps meets the target (ε, δ).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from common.errors import FedloraError
+from common.privacy.accountants import Event
+from common.privacy.calibration import calibrate_sigma, epsilon_for
+from common.privacy.ledger import Charge
+
+log = logging.getLogger("fedlora.client")
+
+#: accountant that calibrates σ (the ledger reports the CLT μ-GDP ε beside it)
+SAMPLE_ACCOUNTANT = "pld"
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """``steps`` DP steps over ``examples`` at rate ``sample_rate`` with clip ``clip`` and noise
+    multiplier ``sigma``; ``target_epsilon`` is 0 when σ was given instead of calibrated."""
+
+    examples: int
+    sample_rate: float
+    steps: int
+    clip: float
+    sigma: float
+    delta: float
+    target_epsilon: float
+
+    @property
+    def expected_batch(self) -> float:
+        return self.sample_rate * self.examples
+
+    @property
+    def event(self) -> Event:
+        return Event(self.sigma, self.sample_rate, self.steps)
+
+    def epsilon(self, accountant: str = SAMPLE_ACCOUNTANT) -> float:
+        """ε at ``delta`` after all planned steps."""
+        return epsilon_for(accountant, self.sigma, self.sample_rate, self.steps, self.delta)
+
+    def charge(self, run: str, rnd: int, count: int, mechanism: str) -> Charge:
+        """A ledger row for ``count`` steps (``sampled`` holds N, the population q applies to)."""
+        return Charge(
+            run=run,
+            round=rnd,
+            sigma=self.sigma,
+            p=self.sample_rate,
+            count=count,
+            sample_rate=self.sample_rate,
+            sampled=self.examples,
+            clip=self.clip,
+            threat_model="local",
+            mechanism=mechanism,
+        )
+
+
+def plan_sample_noise(
+    examples: int,
+    batch_size: float,
+    steps: int,
+    clip: float,
+    delta: float,
+    epsilon: float = 0.0,
+    noise_multiplier: float = 0.0,
+) -> SamplePlan:
+    """σ for ``steps`` steps of expected batch ``batch_size`` over ``examples`` examples: the given
+    ``noise_multiplier``, or calibrated for ``epsilon`` at ``delta``. Warns when δ ≥ 1/N."""
+    if examples < 1:
+        raise FedloraError("no training examples")
+    if steps < 1 or batch_size <= 0:
+        raise FedloraError("steps and batch size must be positive")
+    if batch_size > examples:
+        raise FedloraError(f"expected batch size {batch_size:g} exceeds the {examples} training examples")
+    if not (clip > 0):
+        raise FedloraError(f"clip must be > 0, got {clip}")
+    if not 0 < delta < 1:
+        raise FedloraError(f"delta must be in (0, 1), got {delta}")
+    if (epsilon > 0) == (noise_multiplier > 0):
+        raise FedloraError("give exactly one of a sample-level epsilon and a noise multiplier (both > 0)")
+    if delta >= 1.0 / examples:
+        log.warning(
+            "delta = %.3g >= 1/N = %.3g: such a guarantee allows publishing an example outright; "
+            "use delta << 1/N",
+            delta,
+            1.0 / examples,
+        )
+    q = batch_size / examples
+    sigma = noise_multiplier or calibrate_sigma(SAMPLE_ACCOUNTANT, epsilon, delta, q, steps)
+    return SamplePlan(examples, q, steps, clip, sigma, delta, epsilon)
+
+
+__all__ = ["SAMPLE_ACCOUNTANT", "SamplePlan", "plan_sample_noise"]

@@ -1,0 +1,221 @@
+"""``fedlora train-local``: train one client centrally with a local optimizer and report held-out
+accuracy and the sample-level ε its steps spent.
+
+The client's data is the training split of ``--dataset`` (capped at ``--max-train-examples``); the
+held-out split is the one the federation evaluates on. σ is calibrated with PLD for ``--epsilon`` at
+``--delta`` over ``--steps`` Poisson steps of expected size ``--batch-size``. The run directory gets
+``sample-ledger.sqlite`` (one row per block of steps, charged before the block runs), ``result.json``
+and ``adapter.safetensors``; it must not exist yet, so nothing is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from client.local_train import local_update
+from client.sample_privacy import SAMPLE_ACCOUNTANT, plan_sample_noise
+from common.config import LOCAL_OPTIMIZERS, LORA_INITS, PRISM_FLOORS, RunConfig
+from common.errors import FedloraError
+from common.models import adapter_state, load_adapter_state
+from common.models.lora_init import apply_lora_init
+from common.privacy.ledger import Ledger
+from common.runtime import open_model, open_split
+from common.tasks import make_task
+
+LEDGER_FILE = "sample-ledger.sqlite"
+#: local optimizer -> mechanism preset of the same name (``none`` is plain FedAvg's AdamW)
+PRESET_OF = {"none": "fedavg"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--mechanism", required=True, choices=LOCAL_OPTIMIZERS, help="local optimizer")
+    add("--model", default="minilm-l6", help="smollm2-135m, minilm-l6, a Hugging Face id or a local path")
+    add("--dataset", default="rotten-tomatoes")
+    add("--epsilon", type=float, default=3.0, help="sample-level target epsilon (PLD)")
+    add("--delta", type=float, default=1e-5)
+    add(
+        "--noise-multiplier", type=float, default=0.0, help="fixed sigma instead of calibrating for --epsilon"
+    )
+    add("--steps", type=int, default=100)
+    add("--batch-size", type=int, default=32, help="expected Poisson batch size b (rate q = b/N)")
+    add("--microbatch", type=int, default=16, help="examples per forward/backward")
+    add("--clip", type=float, default=1.0, help="per-example clip C")
+    add("--lr", type=float, default=1e-3)
+    add("--rank", type=int, default=8)
+    add("--lora-alpha", type=float, default=16.0)
+    add("--targets", default="", help="comma-separated LoRA target modules (default: the model's)")
+    add("--init", default="balanced", choices=LORA_INITS, help="LoRA init (the same for every method)")
+    add("--prism-floor", default="clamp", choices=PRISM_FLOORS)
+    add("--max-train-examples", type=int, default=2000)
+    add("--eval-examples", type=int, default=500)
+    add("--max-length", type=int, default=64)
+    add("--charge-every", type=int, default=25, help="steps per ledger row")
+    add("--seed", type=int, default=0, help="split and init seed (DP noise and sampling use OS entropy)")
+    add("--device", default="auto")
+    add("--out", default=None, help="run directory (default runs/local-<time>-<mechanism>-<model>)")
+    add("--json", action="store_true", help="print the result as one JSON object")
+
+
+def config_of(args: argparse.Namespace) -> RunConfig:
+    dp = args.mechanism != "none"
+    return RunConfig(
+        model=args.model,
+        dataset=args.dataset,
+        mechanism=PRESET_OF.get(args.mechanism, args.mechanism),
+        delta=args.delta,
+        sample_epsilon=args.epsilon if dp and not args.noise_multiplier else 0.0,
+        sample_noise_multiplier=args.noise_multiplier if dp else 0.0,
+        sample_clip=args.clip,
+        microbatch=args.microbatch,
+        lora_init=args.init,
+        prism_floor=args.prism_floor,
+        num_clients=1,
+        partition="iid",
+        local_steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        rank=args.rank,
+        lora_alpha=args.lora_alpha,
+        targets=args.targets,
+        max_train_examples=args.max_train_examples,
+        eval_examples=args.eval_examples,
+        max_length=args.max_length,
+        seed=args.seed,
+        device=args.device,
+    ).check()
+
+
+def train_local(cfg: RunConfig, out: Path, charge_every: int = 25) -> dict:
+    """Train one client per ``cfg`` into the new directory ``out``; returns the result record."""
+    if out.exists() and any(out.iterdir()):
+        raise FedloraError(f"{out} is not empty; train-local never writes into an existing run")
+    if charge_every < 1:
+        raise FedloraError("charge-every must be >= 1")
+    start = time.time()
+    split = open_split(cfg, 1)
+    bundle = open_model(cfg, split)
+    model, device = bundle.model, bundle.device
+    load_adapter_state(model, bundle.initial)  # the bundle is shared per process: start from its load state
+    apply_lora_init(model, cfg.init_kind, cfg.seed)
+    task = make_task(bundle.kind, split.corpus, bundle.tokenizer, cfg.max_length)
+    train = task.encode(split.texts(split.clients[0]), split.labels(split.clients[0]))
+    test = task.encode(split.texts(split.test), split.labels(split.test))
+    kind = cfg.optimizer_kind
+    plan = None
+    if kind != "none":
+        plan = plan_sample_noise(
+            len(train),
+            cfg.batch_size,
+            cfg.local_steps,
+            cfg.sample_clip,
+            cfg.delta,
+            cfg.sample_epsilon,
+            cfg.sample_noise_multiplier,
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger.create(out / LEDGER_FILE, "sample-level", f"{cfg.dataset}/train-local", cfg.delta)
+    try:
+
+        def charge(first: int, count: int) -> None:
+            ledger.charge(plan.charge(out.name, first // charge_every + 1, count, kind))
+
+        stats = local_update(
+            model,
+            task,
+            train,
+            cfg,
+            steps=cfg.local_steps,
+            lr=cfg.lr,
+            seed=cfg.seed,
+            device=device,
+            plan=plan,
+            before_steps=charge if plan else None,
+            block=charge_every,
+            desc=f"train-local {kind}",
+        )
+        for row in ledger.rows():
+            ledger.settle(row["run"], row["round"], "applied")
+        privacy = ledger.report()
+    finally:
+        ledger.close()
+    metrics = task.evaluate(model, test, device, batch_size=32)
+    result = {
+        "mechanism": kind,
+        "model": cfg.model,
+        "dataset": cfg.dataset,
+        "seed": cfg.seed,
+        "init": cfg.init_kind,
+        "examples": len(train),
+        "eval_examples": len(test),
+        "steps": cfg.local_steps,
+        "batch_size": cfg.batch_size,
+        "lr": cfg.lr,
+        "clip": cfg.sample_clip if plan else None,
+        "sample_rate": plan.sample_rate if plan else None,
+        "noise_multiplier": plan.sigma if plan else None,
+        **{k: v for k, v in stats.items() if k != "train-loss"},
+        task.metric: metrics[task.metric],
+        "privacy": _privacy(plan, privacy, cfg.delta),
+        "seconds": round(time.time() - start, 1),
+    }
+    save_file(adapter_state(model), str(out / "adapter.safetensors.tmp"))
+    os.replace(out / "adapter.safetensors.tmp", out / "adapter.safetensors")
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def _privacy(plan, report: dict, delta: float) -> dict:
+    if plan is None:
+        return {"unit": "sample-level", "epsilon": None, "note": "non-private: no guarantee"}
+    return {
+        "unit": "sample-level (add/remove one of this client's examples)",
+        "threat_model": "the client's noisy steps and the adapter they produce are public",
+        "accountant": f"{SAMPLE_ACCOUNTANT} (tight); CLT mu-GDP beside it",
+        "delta": delta,
+        "target_epsilon": plan.target_epsilon or None,
+        "epsilon": report["eps_tight"],
+        "eps_gdp": report["eps_gdp"],
+        "mu": report["mu"],
+    }
+
+
+def _print(result: dict) -> None:
+    p = result["privacy"]
+    metric = "accuracy" if "accuracy" in result else "perplexity"
+    print(
+        f"train-local {result['mechanism']} on {result['model']} / {result['dataset']}: "
+        f"N = {result['examples']}, {result['steps']} steps, batch {result['batch_size']}, lr {result['lr']:g}"
+    )
+    print(f"held-out {metric}: {result[metric]:.4f} ({result['eval_examples']} examples)")
+    if p["epsilon"] is None:
+        print("sample-level privacy: none (non-private AdamW)")
+    else:
+        print(
+            f"sample-level epsilon = {p['epsilon']:.3f} (PLD, delta = {p['delta']:g}; CLT mu-GDP "
+            f"{p['eps_gdp']:.3f}), sigma = {result['noise_multiplier']:.4f}, q = {result['sample_rate']:.4g}, "
+            f"C = {result['clip']:g}; {result['empty-batches']} empty Poisson batches"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_of(args)
+    out = (
+        Path(args.out)
+        if args.out
+        else Path("runs")
+        / (f"local-{time.strftime('%Y%m%d-%H%M%S')}-{args.mechanism}-{cfg.model.replace('/', '_')}")
+    )
+    result = train_local(cfg, out, args.charge_every)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print(result)
+        print(f"run directory: {out}")
+    return 0
