@@ -8,6 +8,7 @@ import importlib
 #: benchmark -> (module, one-line help)
 BENCHES: dict[str, tuple[str, str]] = {
     "gauge": ("client.bench.gauge", "noise energy of factor-space DP vs PRISM along (cA, B/c)"),
+    "prism-step": ("client.bench.prism_step", "step time and peak memory of PRISM vs dp-adamw"),
 }
 
 

@@ -59,9 +59,8 @@ class VerbalizerTask:
     def _scores(self, model: nn.Module, prompts: Sequence[list[int]], device: torch.device) -> Tensor:
         if all(len(w) == 1 for w in self.words):  # one forward pass: read the next-token logits
             batch = token_batch(prompts, self.pad_id, device)
-            logits = logits_of(model, batch)
             last = batch["attention_mask"].sum(1) - 1
-            logp = logits[torch.arange(len(prompts), device=device), last].log_softmax(-1)
+            logp = _logits_at(model, batch, last).log_softmax(-1)
             return logp[:, [w[0] for w in self.words]]
         scores = []
         for word in self.words:  # multi-token words: one pass per label, summed token log-probs
@@ -80,6 +79,20 @@ class VerbalizerTask:
             correct += int((scores.argmax(1) == gold).sum())
             nll += float(F.cross_entropy(scores, gold, reduction="sum"))
         return {"accuracy": correct / len(examples), "loss": nll / len(examples)}
+
+
+def _logits_at(model: nn.Module, batch: Batch, positions: Tensor) -> Tensor:
+    """``(b, V)`` logits at one position per example; the LM head runs only there where the model
+    supports ``logits_to_keep`` (transformers' causal LMs), which skips a (b, T, V) projection."""
+    try:
+        out = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            logits_to_keep=positions[:, None],
+        )
+        return out.logits[:, 0]
+    except TypeError:  # a model without logits_to_keep
+        return logits_of(model, batch)[torch.arange(len(positions), device=positions.device), positions]
 
 
 def token_nll(logits: Tensor, target: Tensor) -> Tensor:

@@ -1,0 +1,159 @@
+"""``fedlora bench prism-step``: step time and peak memory of PRISM vs factor-space DP-AdamW.
+
+Both optimizers run on one model, batch, sequence length and set of LoRA targets, through the same
+engine (client/dp_train.py: per-example gradients, global clip, noise, step), interleaved in one
+process; each figure is the median over ``--repeats`` steps after a warm-up step each. A step here is
+one logical batch of exactly ``--batch`` examples of ``--seq`` tokens (news-articles blocks).
+
+Memory: on CUDA the step's peak allocated bytes (``torch.cuda.max_memory_allocated``); on the CPU the
+process's peak resident set during the step (``VmHWM``, reset through ``/proc/self/clear_refs``), and
+``step_extra`` its excess over the resident set just before the step (model weights excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from client.dp_train import DpSteps, dp_train
+from client.optimizers import make_dp_optimizer
+from common.config import RunConfig
+from common.models.lora import lora_layers
+from common.models.lora_init import apply_lora_init
+from common.runtime import open_model, open_split
+from common.tasks import make_task
+
+
+def _rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak(device: torch.device) -> int:
+    """Reset the peak counter; returns the current usage in bytes."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: reset VmHWM to the current RSS
+    return _rss_kb("VmRSS") * 1024
+
+
+def _peak(device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+    return _rss_kb("VmHWM") * 1024
+
+
+def step_costs(
+    cfg: RunConfig, methods: tuple[str, ...], batch: int, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Median ``seconds``, ``peak_bytes`` and ``step_extra_bytes`` per method (one process, interleaved)."""
+    split = open_split(cfg, 1)
+    bundle = open_model(cfg, split)
+    model, device = bundle.model, bundle.device
+    apply_lora_init(model, "balanced", cfg.seed)
+    task = make_task(bundle.kind, split.corpus, bundle.tokenizer, cfg.max_length)
+    pool = task.encode(split.texts(split.clients[0][:64]), split.labels(split.clients[0][:64]))
+    examples = [ex for ex in pool if len(ex["ids"]) == cfg.max_length][:batch]
+    if len(examples) < batch:
+        raise RuntimeError(f"only {len(examples)} full-length blocks of {cfg.max_length} tokens")
+    plan = DpSteps(steps=1, sample_rate=1.0, clip=1.0, noise_multiplier=1.0, microbatch=batch)
+    opts = {m: make_dp_optimizer(m, lora_layers(model), cfg.lr) for m in methods}
+    rngs = (np.random.default_rng(0), torch.Generator(device=device).manual_seed(0))
+    samples: dict[str, dict[str, list[float]]] = {
+        m: {"seconds": [], "peak": [], "extra": []} for m in methods
+    }
+    for i in range(repeats + 1):
+        for m in methods:
+            before = _reset_peak(device)
+            start = time.perf_counter()
+            dp_train(model, task, examples, opts[m], plan, lr=cfg.lr, device=device, rngs=rngs, desc=m)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - start
+            peak = _peak(device)
+            if i:  # the first round is warm-up
+                samples[m]["seconds"].append(seconds)
+                samples[m]["peak"].append(peak)
+                samples[m]["extra"].append(peak - before)
+    return {
+        m: {
+            "seconds": statistics.median(s["seconds"]),
+            "peak_bytes": statistics.median(s["peak"]),
+            "step_extra_bytes": statistics.median(s["extra"]),
+        }
+        for m, s in samples.items()
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj")
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument(
+        "--repeats", type=int, default=7, help="measured steps per method (after one warm-up)"
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = RunConfig(
+        model=args.model,
+        dataset="news-articles",
+        targets=args.targets,
+        rank=args.rank,
+        max_length=args.seq,
+        device=args.device,
+        num_clients=1,
+        partition="iid",
+        lr=1e-4,
+    ).check()
+    costs = step_costs(cfg, ("prism", "dp-adamw"), args.batch, args.repeats)
+    prism, base = costs["prism"], costs["dp-adamw"]
+    device = str(open_model(cfg, open_split(cfg, 1)).device)
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    record = {
+        "model": args.model,
+        "targets": args.targets,
+        "rank": args.rank,
+        "batch": args.batch,
+        "seq": args.seq,
+        "repeats": args.repeats,
+        "device": name,
+        "threads": torch.get_num_threads(),
+        "prism": prism,
+        "dp_adamw": base,
+        "time_ratio": prism["seconds"] / base["seconds"],
+        "memory_ratio": prism["peak_bytes"] / base["peak_bytes"],
+        "step_extra_memory_ratio": prism["step_extra_bytes"] / max(base["step_extra_bytes"], 1),
+    }
+    if args.json:
+        print(json.dumps(record))
+        return 0
+    print(
+        f"PRISM vs dp-adamw, one DP step: {args.model}, r = {args.rank}, targets {args.targets}, "
+        f"batch {args.batch} x {args.seq} tokens, {name}, median of {args.repeats}"
+    )
+    for label, c in (("prism", prism), ("dp-adamw", base)):
+        print(
+            f"  {label:9s} {c['seconds'] * 1e3:8.1f} ms   peak {c['peak_bytes'] / 2**20:8.1f} MiB   "
+            f"step extra {c['step_extra_bytes'] / 2**20:7.1f} MiB"
+        )
+    print(
+        f"time ratio {record['time_ratio']:.3f}   memory ratio {record['memory_ratio']:.3f}   "
+        f"step-extra memory ratio {record['step_extra_memory_ratio']:.3f}"
+    )
+    return 0

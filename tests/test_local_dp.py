@@ -1,0 +1,254 @@
+"""Sample-level DP local optimizers on the engine: PRISM steps, the step loop, the noise plan,
+train-local end to end and its bad input."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from client.dp_train import DpSteps, dp_train, poisson_batch
+from client.grad_sample import GradSampler
+from client.optimizers import DP_OPTIMIZERS, PrismDp, make_dp_optimizer
+from client.prism import clip_coefficients, lift, tangent_sq_norm
+from client.sample_privacy import plan_sample_noise
+from common.config import LOCAL_OPTIMIZERS, MECHANISMS, RunConfig
+from common.errors import FedloraError
+from common.models.lora import get_factors, lora_layers
+from common.models.lora_init import apply_lora_init, check_ranks
+from common.privacy.calibration import epsilon_for
+from common.privacy.ledger import Ledger
+from tests.conftest import run_cli
+
+
+class _LmTask:
+    """Per-example mean next-token NLL on fixed token lists (no tokenizer needed)."""
+
+    metric = "loss"
+
+    def collate(self, examples, device):
+        width = max(len(e["ids"]) for e in examples)
+        ids = torch.zeros(len(examples), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, e in enumerate(examples):
+            ids[i, : len(e["ids"])] = torch.tensor(e["ids"])
+            mask[i, : len(e["ids"])] = 1
+        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+
+    def per_example_loss(self, model, batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logp = logits[:, :-1].log_softmax(-1)
+        tgt, keep = batch["input_ids"][:, 1:], batch["attention_mask"][:, 1:].bool()
+        picked = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        return -(picked * keep).sum(1) / keep.sum(1).clamp(min=1)
+
+
+def _examples(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"ids": rng.integers(1, 500, size=int(rng.integers(3, 9))).tolist()} for _ in range(n)]
+
+
+def _rngs(seed=0):
+    return np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+
+
+def test_registry_matches_config_names():
+    assert set(LOCAL_OPTIMIZERS) == {"none", *DP_OPTIMIZERS}
+    for name in DP_OPTIMIZERS:
+        assert MECHANISMS[name] == (name, "none")
+
+
+def test_poisson_batch_rate_and_empty():
+    rng = np.random.default_rng(0)
+    sizes = [len(poisson_batch(1000, 0.05, rng)) for _ in range(400)]
+    assert abs(np.mean(sizes) - 50) < 1.5 and np.std(sizes) > 3  # Poisson, not fixed-size
+    assert len(poisson_batch(10, 1e-9, rng)) == 0
+
+
+def test_prism_step_keeps_rank_balance_and_descends(tiny_llama):
+    apply_lora_init(tiny_llama, "balanced", seed=0, scale=0.3)
+    task, data = _LmTask(), _examples()
+    batch = task.collate(data, torch.device("cpu"))
+    with torch.no_grad():
+        before = float(task.per_example_loss(tiny_llama, batch).mean())
+    opt = PrismDp(lora_layers(tiny_llama), lr=0.02)
+    plan = DpSteps(steps=5, sample_rate=1.0, clip=1e6, noise_multiplier=0.0)  # non-private: pure descent
+    dp_train(tiny_llama, task, data, opt, plan, lr=0.02, device=torch.device("cpu"), rngs=_rngs())
+    with torch.no_grad():
+        after = float(task.per_example_loss(tiny_llama, batch).mean())
+    assert after < before - 1e-3
+    for layer in lora_layers(tiny_llama).values():
+        A, B = get_factors(layer)
+        torch.testing.assert_close(A.T @ A, B.T @ B, atol=1e-5, rtol=1e-4)  # balanced retraction
+        assert torch.linalg.matrix_rank(A @ B.T) == A.shape[1]
+
+
+def test_clipped_sum_is_gauge_invariant_and_bounded(tiny_llama):
+    """α_i and the intrinsic clipped sum depend on Z only: (AR, BR^-T) gives the same (PRISM Eq. 16)."""
+    apply_lora_init(tiny_llama, "balanced", seed=1, scale=0.3)
+    task, data = _LmTask(), _examples(6)
+    layers = lora_layers(tiny_llama)
+    opt = PrismDp(layers, lr=0.0)
+
+    def clipped(clip):
+        opt.begin()
+        with GradSampler(tiny_llama) as sampler:
+            task.per_example_loss(tiny_llama, task.collate(data, torch.device("cpu"))).sum().backward()
+            grads = sampler.factor_grads()
+        tiny_llama.zero_grad(set_to_none=True)
+        sq = opt.sq_norms(grads)
+        alpha = clip_coefficients([sq], clip)
+        opt.accumulate(grads, alpha)
+        total = 0.0
+        deltas = {}
+        for name, (sA, sB) in opt.sums.items():
+            geo = opt.geo[name]
+            dA, dB = lift(geo, sA, sB)
+            deltas[name] = dA @ geo.B.T + geo.A @ dB.T
+            total += float(tangent_sq_norm(geo, dA, dB))
+        return alpha, deltas, total**0.5
+
+    clip = float(sq_median(opt, tiny_llama, task, data))  # clips about half of the examples
+    alpha, deltas, norm = clipped(clip)
+    assert norm <= len(data) * clip * (1 + 1e-5)
+    assert (alpha < 1).any() and (alpha == 1).any()
+    from common.models.lora import set_factors
+
+    R = torch.tensor([[2.0, 0.3, 0.0, 0.1], [0.0, 0.5, 0.2, 0.0], [0.1, 0.0, 1.5, 0.3], [0.0, 0.2, 0.0, 0.8]])
+    for layer in layers.values():
+        A, B = get_factors(layer)
+        set_factors(layer, A @ R, B @ torch.linalg.inv(R).T)
+    alpha2, deltas2, _ = clipped(clip)
+    torch.testing.assert_close(alpha2, alpha, rtol=1e-3, atol=1e-5)
+    for name in deltas:
+        torch.testing.assert_close(deltas2[name], deltas[name], rtol=1e-3, atol=1e-6)
+
+
+def sq_median(opt, model, task, data):
+    """Median per-example intrinsic norm at the current factors (a clip that clips about half)."""
+    opt.begin()
+    with GradSampler(model) as sampler:
+        task.per_example_loss(model, task.collate(data, torch.device("cpu"))).sum().backward()
+        grads = sampler.factor_grads()
+    model.zero_grad(set_to_none=True)
+    return opt.sq_norms(grads).sqrt().median()
+
+
+@pytest.mark.parametrize("name", sorted(DP_OPTIMIZERS))
+def test_empty_poisson_batches_release_noise_without_crashing(name, tiny_llama, caplog):
+    apply_lora_init(tiny_llama, "balanced", seed=0)
+    before = {k: get_factors(v) for k, v in lora_layers(tiny_llama).items()}
+    opt = make_dp_optimizer(name, lora_layers(tiny_llama), 1e-2)
+    plan = DpSteps(steps=3, sample_rate=1e-9, clip=1.0, noise_multiplier=1.0)
+    with caplog.at_level(logging.WARNING, logger="fedlora.client"):
+        stats = dp_train(tiny_llama, _LmTask(), _examples(), opt, plan, lr=1e-2, device=torch.device("cpu"))
+    assert stats["empty-batches"] == 3 and stats["examples-used"] == 0
+    assert "3 of 3 steps drew no examples" in caplog.text
+    moved = any(not torch.equal(get_factors(v)[0], before[k][0]) for k, v in lora_layers(tiny_llama).items())
+    assert moved  # the noise was applied
+
+
+def test_prism_refuses_zero_factors(tiny_llama):
+    apply_lora_init(tiny_llama, "peft", seed=0)
+    with torch.no_grad():
+        for layer in lora_layers(tiny_llama).values():
+            layer.lora_B["default"].weight.zero_()
+    with pytest.raises(FedloraError, match="full-rank"):
+        PrismDp(lora_layers(tiny_llama), lr=1e-3)
+
+
+def test_rank_above_min_dimension_is_refused(smollm2_tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from common.models.lora import LoraSpec, attach_lora
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = attach_lora(LlamaForCausalLM(cfg), LoraSpec(rank=20, targets=("v_proj",)), "CAUSAL_LM")
+    with pytest.raises(FedloraError, match=r"LoRA rank 20 exceeds min\(m, n\) = 16"):
+        check_ranks(model)
+
+
+def test_sample_plan_calibrates_with_pld_and_warns_on_large_delta(caplog):
+    plan = plan_sample_noise(examples=2000, batch_size=32, steps=150, clip=1.0, delta=1e-5, epsilon=3.0)
+    eps = epsilon_for("pld", plan.sigma, 0.016, 150, 1e-5)
+    assert 2.97 <= eps <= 3.0 and plan.sample_rate == 0.016
+    with caplog.at_level(logging.WARNING, logger="fedlora.client"):
+        plan_sample_noise(examples=100, batch_size=10, steps=10, clip=1.0, delta=0.02, epsilon=3.0)
+    assert "delta = 0.02 >= 1/N = 0.01" in caplog.text
+    with pytest.raises(FedloraError, match="exactly one"):
+        plan_sample_noise(100, 10, 10, 1.0, 1e-5, epsilon=1.0, noise_multiplier=1.0)
+    with pytest.raises(FedloraError, match="exceeds the 100 training examples"):
+        plan_sample_noise(100, 200, 10, 1.0, 1e-5, epsilon=1.0)
+
+
+def test_config_checks_local_optimizer_settings():
+    with pytest.raises(FedloraError, match="exactly one of --sample-epsilon"):
+        RunConfig(mechanism="prism").check()
+    with pytest.raises(FedloraError, match="PRISM needs full-rank"):
+        RunConfig(mechanism="prism", sample_epsilon=3, lora_init="peft").check()
+    cfg = RunConfig(mechanism="dp-adamw", sample_epsilon=3).check()
+    assert (cfg.optimizer_kind, cfg.release_kind, cfg.init_kind) == ("dp-adamw", "none", "balanced")
+    assert RunConfig().init_kind == "peft"
+
+
+FAST_LOCAL = ["--steps", "3", "--batch-size", "8", "--max-train-examples", "64", "--eval-examples", "16"]
+
+
+def test_train_local_reports_accuracy_and_sample_level_epsilon(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = run_cli(
+        [
+            "train-local",
+            "--mechanism",
+            "prism",
+            *FAST_LOCAL,
+            "--charge-every",
+            "2",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0.0 <= result["accuracy"] <= 1.0 and result["steps"] == 3
+    assert result["privacy"]["unit"].startswith("sample-level") and result["privacy"]["epsilon"] <= 3.0
+    ledger = Ledger.open(out / "sample-ledger.sqlite", "sample-level")
+    rows = ledger.rows()
+    assert [r["count"] for r in rows] == [2, 1] and {r["status"] for r in rows} == {"applied"}
+    assert rows[-1]["eps_tight"] == pytest.approx(result["privacy"]["epsilon"])
+    assert (out / "adapter.safetensors").is_file() and (out / "result.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mechanism", "dp-adamw", "--targets", "nope"], "cannot attach LoRA"),
+        (["--mechanism", "prism", "--init", "peft"], "PRISM needs full-rank LoRA factors"),
+        (["--mechanism", "ffa", "--batch-size", "100"], "exceeds the 64 training examples"),
+        (["--mechanism", "prism", "--delta", "1.5"], "delta must be in (0, 1)"),
+    ],
+)
+def test_train_local_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = run_cli(["train-local", *FAST_LOCAL, *args, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_train_local_never_writes_into_an_existing_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "sample-ledger.sqlite").write_bytes(b"precious")
+    code = run_cli(["train-local", "--mechanism", "none", *FAST_LOCAL, "--out", str(out)])
+    assert code == 2 and "not empty" in capsys.readouterr().err
+    assert (out / "sample-ledger.sqlite").read_bytes() == b"precious"
