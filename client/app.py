@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from client.local_train import train_steps
+from client.local_train import local_update
+from client.sample_privacy import SamplePlan, plan_sample_noise
 from client.shard import load_shard, partition_of
-from common.config import from_flat
+from client.state import node_state_dir, sample_ledger
+from common.config import RunConfig, from_flat
+from common.errors import FedloraError
 from common.models import adapter_state, load_adapter_state
+from common.privacy.ledger import Ledger
 from common.privacy.release import add_noise, clip
 from common.wire import from_record, train_reply
 
@@ -26,17 +32,33 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(round_cfg["round"])
     global_state = from_record(msg.content["global"])
     load_adapter_state(model, global_state)
-    metrics = train_steps(
-        model,
-        shard.task,
-        shard.examples,
-        steps=int(round_cfg["local-steps"]),
-        batch_size=cfg.batch_size,
-        lr=float(round_cfg["lr"]),
-        seed=int(np.random.SeedSequence([cfg.seed, server_round, pid]).generate_state(1)[0]),
-        device=shard.bundle.device,
-        desc=f"client {pid} round {server_round}",
-    )
+    steps, kind = int(round_cfg["local-steps"]), cfg.optimizer_kind
+    plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
+    ledger = None
+    if plan is not None:  # sample-level DP: the node's own ledger, charged before the steps run
+        state_dir = node_state_dir(dict(context.node_config))
+        ledger = sample_ledger(state_dir, f"{cfg.dataset}/{pid}-of-{parts}", cfg.delta)
+        run_key = _charge(ledger, plan, str(context.run_id), server_round, steps, kind)
+    try:
+        metrics = local_update(
+            model,
+            shard.task,
+            shard.examples,
+            cfg,
+            steps=steps,
+            lr=float(round_cfg["lr"]),
+            seed=int(np.random.SeedSequence([cfg.seed, server_round, pid]).generate_state(1)[0]),
+            device=shard.bundle.device,
+            plan=plan,
+            desc=f"client {pid} round {server_round}",
+        )
+        if ledger is not None:
+            ledger.settle(run_key, server_round, "applied")
+    finally:
+        if ledger is not None:
+            ledger.close()
+    if plan is not None:
+        metrics = {}  # counts of Poisson-sampled examples are not private
     local = adapter_state(model)
     increment = {k: local[k] - global_state[k] for k in global_state}
     release = str(round_cfg["release"])
@@ -47,3 +69,32 @@ def train(msg: Message, context: Context) -> Message:
     meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": noise_std}
     reply = train_reply(increment, server_round, len(shard.examples), metrics, meta)
     return Message(reply, reply_to=msg)
+
+
+@lru_cache(maxsize=8)
+def _sample_plan(cfg: RunConfig, examples: int) -> SamplePlan:
+    """σ for this node's planned steps: every round's local steps, as if sampled every round."""
+    return plan_sample_noise(
+        examples,
+        cfg.batch_size,
+        cfg.rounds * cfg.local_steps,
+        cfg.sample_clip,
+        cfg.delta,
+        cfg.sample_epsilon,
+        cfg.sample_noise_multiplier,
+    )
+
+
+def _charge(ledger: Ledger, plan: SamplePlan, run: str, rnd: int, steps: int, kind: str) -> str:
+    """Charge ``steps`` steps for round ``rnd``; a round run again (a resumed server, a retried
+    message) is a new release and is charged again, under ``<run>#<attempt>``. Returns the run key."""
+    key, attempt = run, 1
+    while True:
+        try:
+            ledger.charge(plan.charge(key, rnd, steps, kind))
+            return key
+        except FedloraError:
+            if ledger.row(key, rnd) is None:
+                raise
+            attempt += 1
+            key = f"{run}#{attempt}"

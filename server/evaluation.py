@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.models import AdapterState, adapter_state, load_adapter_state
+from common.models.lora_init import apply_lora_init
 from common.runtime import open_model, open_split
 from common.tasks import make_task
 
@@ -18,8 +19,13 @@ class Evaluator:
         test = self.split.test
         self.examples = self.task.encode(self.split.texts(test), self.split.labels(test))
         self.batch_size = batch_size
+        self.cfg = cfg
 
     def initial_state(self) -> AdapterState:
+        """Round 0's global adapter: the model as loaded, LoRA re-initialised per ``lora-init``
+        (seeded, so every process computes the same factors)."""
+        load_adapter_state(self.bundle.model, self.bundle.initial)
+        apply_lora_init(self.bundle.model, self.cfg.init_kind, self.cfg.seed)
         return adapter_state(self.bundle.model)
 
     def __call__(self, state: AdapterState) -> dict[str, float]:

@@ -12,6 +12,7 @@ import importlib
 import logging
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
@@ -40,7 +41,9 @@ class InProcessGrid(Grid):
         run_config: dict,
         run_id: int = 1,
         raise_errors: bool = True,
+        state_root: Path | None = None,
     ) -> None:
+        """``state_root``: node k keeps its state (sample-level ledger) in ``state_root/node-k``."""
         self.client_app = client_app
         self.raise_errors = raise_errors
         self._run = Run.create_empty(run_id)
@@ -48,7 +51,11 @@ class InProcessGrid(Grid):
             FIRST_NODE_ID + k: Context(
                 run_id=run_id,
                 node_id=FIRST_NODE_ID + k,
-                node_config={"partition-id": k, "num-partitions": num_nodes},
+                node_config={
+                    "partition-id": k,
+                    "num-partitions": num_nodes,
+                    **({"state-dir": str(state_root / f"node-{k}")} if state_root else {}),
+                },
                 state=RecordDict(),
                 run_config=dict(run_config),
             )

@@ -65,13 +65,14 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def simulate(cfg: RunConfig, run_dir: Path | None = None) -> Path:
-    """Run a federation of ``cfg.num_clients`` in-process nodes; returns the run directory.
+    """Run a federation of ``cfg.num_clients`` in-process nodes; returns the run directory. Node k
+    keeps its state (its sample-level ledger) in ``<run dir>/nodes/node-k``.
 
     Bad names, missing assets and too many clients fail in the ServerApp's Evaluator, before the
     run directory is created."""
     run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
     flat = to_flat(cfg.replace(out_dir=str(run_dir)))
-    grid = InProcessGrid(load_component(CLIENT_APP), cfg.num_clients, flat)
+    grid = InProcessGrid(load_component(CLIENT_APP), cfg.num_clients, flat, state_root=run_dir / "nodes")
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=flat)
     load_component(SERVER_APP)(grid, context)
     return run_dir

@@ -113,3 +113,29 @@ def test_existing_run_directory_is_never_overwritten(minilm_run):
     with pytest.raises(FedloraError, match="already holds a run"):
         simulate(preset("minilm-rt", **TINY).check(), minilm_run)
     assert (minilm_run / "metrics.jsonl").read_bytes() == before
+
+
+def test_prism_local_steps_compose_with_client_level_release(tmp_path):
+    """`--mechanism prism --release gaussian`: each node charges its own sample-level ledger every
+    round (before training), the server charges the client-level one; both are reported apart."""
+    cfg = preset(
+        "minilm-rt",
+        **{**TINY, "rounds": 2, "local_steps": 2},
+        mechanism="prism",
+        sample_epsilon=8.0,
+        release="gaussian",
+        noise_multiplier=0.8,
+    ).check()
+    run_dir = simulate(cfg, tmp_path / "r")
+    recs = _records(run_dir)
+    assert [r["replied"] for r in recs[1:]] == [2, 2]
+    for k in range(2):
+        ledger = Ledger.open(run_dir / "nodes" / f"node-{k}" / "sample-ledger.sqlite", "sample-level")
+        rows = ledger.rows()
+        assert [(r["run"], r["round"], r["count"], r["status"]) for r in rows] == [
+            ("1", 1, 2, "applied"),
+            ("1", 2, 2, "applied"),
+        ]
+        assert rows[-1]["mechanism"] == "prism" and 0 < rows[-1]["eps_tight"] <= 8.0
+    client_level = Ledger.open(run_dir / "ledger.sqlite", "client-level").rows()
+    assert [r["round"] for r in client_level] == [1, 2]
