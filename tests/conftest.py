@@ -31,12 +31,9 @@ def smollm2_tokenizer():
     return tok
 
 
-@pytest.fixture()
-def tiny_llama(smollm2_tokenizer):
-    """A 2-layer random Llama with SmolLM2's real tokenizer: fast, and exercises the causal-LM path."""
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(smollm2_tokenizer),
+def tiny_llama_config(vocab_size: int, **overrides) -> LlamaConfig:
+    """Hidden 32, 4 heads, 2 KV heads (k/v_proj: 16 x 32), 2 layers unless overridden."""
+    values = dict(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -44,6 +41,14 @@ def tiny_llama(smollm2_tokenizer):
         num_key_value_heads=2,
         max_position_embeddings=256,
     )
+    return LlamaConfig(vocab_size=vocab_size, **{**values, **overrides})
+
+
+@pytest.fixture()
+def tiny_llama(smollm2_tokenizer):
+    """A 2-layer random Llama with SmolLM2's real tokenizer: fast, and exercises the causal-LM path."""
+    torch.manual_seed(0)
+    cfg = tiny_llama_config(len(smollm2_tokenizer))
     model = attach_lora(LlamaForCausalLM(cfg), LoraSpec(rank=4, targets=("q_proj", "v_proj")), "CAUSAL_LM")
     return model.eval()
 

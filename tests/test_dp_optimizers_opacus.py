@@ -66,22 +66,26 @@ def _freeze_lora_a(model: nn.Module) -> None:
             p.requires_grad_(False)
 
 
-def _opacus_sum(model: nn.Module, loss_fn, clip: float, batch_size: int) -> tuple[dict, dict]:
-    """Opacus's clipped per-sample gradient sum (noise 0, ``loss_reduction="sum"``) on ``model``.
+def _opacus_pre_step(
+    model: nn.Module, loss_fn, clip: float, expected_batch_size: float, reduction: str
+) -> tuple[dict, dict]:
+    """Opacus's released gradient with noise 0 (``loss_reduction=reduction``: ``"sum"`` gives the
+    clipped per-sample sum, ``"mean"`` divides it by ``expected_batch_size``).
 
     Returns ``({name: p.grad}, {name: p.grad_sample})``.
     """
-    gsm = GradSampleModule(model, loss_reduction="sum")
+    gsm = GradSampleModule(model, loss_reduction=reduction)
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     dpo = DPOptimizer(
         torch.optim.SGD(list(named.values()), lr=0.0),
         noise_multiplier=0.0,
         max_grad_norm=clip,
-        expected_batch_size=batch_size,
-        loss_reduction="sum",
+        expected_batch_size=expected_batch_size,
+        loss_reduction=reduction,
     )
     dpo.zero_grad()
-    loss_fn(gsm).sum().backward()
+    losses = loss_fn(gsm)
+    (losses.sum() if reduction == "sum" else losses.mean()).backward()
     assert dpo.pre_step(), "Opacus skipped the step"
     grads = {n: p.grad.detach().clone() for n, p in named.items()}
     samples = {n: p.grad_sample.detach().clone() for n, p in named.items()}
@@ -118,7 +122,7 @@ def test_factor_dp_clipped_sum_matches_opacus(tiny_llama, smollm2_tokenizer, fre
     opt.begin()
     opt.accumulate(grads, alpha)
 
-    want, samples = _opacus_sum(ref, lambda m: task.per_example_loss(m, batch), clip, b)
+    want, samples = _opacus_pre_step(ref, lambda m: task.per_example_loss(m, batch), clip, b, "sum")
     assert set(want) == trainable
 
     tight = dict(rtol=1e-10, atol=1e-13) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-7)
@@ -183,25 +187,6 @@ def _recording(opt: torch.optim.Optimizer, names: dict[int, str], log: list[dict
     opt.step = step
 
 
-def _opacus_mean(model: nn.Module, loss_fn, clip: float, expected_batch_size: float) -> dict:
-    """Opacus's released gradient with noise 0 in its default ``loss_reduction="mean"`` mode."""
-    gsm = GradSampleModule(model, loss_reduction="mean")
-    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    dpo = DPOptimizer(
-        torch.optim.SGD(list(named.values()), lr=0.0),
-        noise_multiplier=0.0,
-        max_grad_norm=clip,
-        expected_batch_size=expected_batch_size,
-        loss_reduction="mean",
-    )
-    dpo.zero_grad()
-    loss_fn(gsm).mean().backward()
-    assert dpo.pre_step()
-    out = {n: p.grad.detach().clone() for n, p in named.items()}
-    gsm.remove_hooks()
-    return out
-
-
 def _norms_and_clip(model: nn.Module, loss_fn, freeze_a: bool = False) -> tuple[Tensor, float]:
     """Per-example global norms (LoRA factors as clipped, plus dense trainables) and their median."""
     with GradSampler(model) as sampler:
@@ -252,7 +237,7 @@ def test_dp_train_step_matches_opacus_mean_mode(tiny_llama, smollm2_tokenizer, f
     assert stats == {"steps": 1, "examples-used": len(examples), "empty-batches": 0}
     (got,) = log
 
-    want = _opacus_mean(ref, lambda m: task.per_example_loss(m, full), clip, len(examples))
+    want, _ = _opacus_pre_step(ref, lambda m: task.per_example_loss(m, full), clip, len(examples), "mean")
     _assert_release_matches(got, want, norms, clip, plan.sample_rate * len(examples))
 
 
@@ -291,7 +276,7 @@ def test_classifier_head_global_clip_matches_opacus(minilm, monkeypatch):
     assert set(got_dense) == dense_names
     got = {**got, **got_dense}
 
-    want = _opacus_mean(ref, lambda m: task.per_example_loss(m, full), clip, len(examples))
+    want, _ = _opacus_pre_step(ref, lambda m: task.per_example_loss(m, full), clip, len(examples), "mean")
     _assert_release_matches(got, want, norms, clip, plan.sample_rate * len(examples))
 
 

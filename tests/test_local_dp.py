@@ -158,19 +158,13 @@ def test_prism_refuses_zero_factors(tiny_llama):
         PrismDp(lora_layers(tiny_llama), lr=1e-3)
 
 
-def test_rank_above_min_dimension_is_refused(smollm2_tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def test_rank_above_min_dimension_is_refused():
+    from transformers import LlamaForCausalLM
 
     from common.models.lora import LoraSpec, attach_lora
+    from tests.conftest import tiny_llama_config
 
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    cfg = tiny_llama_config(64, num_hidden_layers=1)
     model = attach_lora(LlamaForCausalLM(cfg), LoraSpec(rank=20, targets=("v_proj",)), "CAUSAL_LM")
     with pytest.raises(FedloraError, match=r"LoRA rank 20 exceeds min\(m, n\) = 16"):
         check_ranks(model)
