@@ -23,6 +23,7 @@ from client.sample_privacy import SAMPLE_ACCOUNTANT, plan_sample_noise
 from common.config import LOCAL_OPTIMIZERS, LORA_INITS, PRISM_FLOORS, RunConfig
 from common.errors import FedloraError
 from common.models import adapter_state, load_adapter_state
+from common.models.lora import lora_norm
 from common.models.lora_init import apply_lora_init
 from common.privacy.ledger import Ledger
 from common.runtime import open_model, open_split
@@ -162,6 +163,7 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25) -> dict:
         "noise_multiplier": plan.sigma if plan else None,
         **{k: v for k, v in stats.items() if k != "train-loss"},
         task.metric: metrics[task.metric],
+        "lora_norm": lora_norm(model),
         "privacy": _privacy(plan, privacy, cfg.delta),
         "seconds": round(time.time() - start, 1),
     }

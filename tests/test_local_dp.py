@@ -213,7 +213,7 @@ def test_train_local_reports_accuracy_and_sample_level_epsilon(tmp_path, capsys)
     )
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert 0.0 <= result["accuracy"] <= 1.0 and result["steps"] == 3
+    assert 0.0 <= result["accuracy"] <= 1.0 and result["steps"] == 3 and result["lora_norm"] > 0
     assert result["privacy"]["unit"].startswith("sample-level") and result["privacy"]["epsilon"] <= 3.0
     ledger = Ledger.open(out / "sample-ledger.sqlite", "sample-level")
     rows = ledger.rows()

@@ -82,6 +82,15 @@ def set_factors(layer: LoraLayer, a: Tensor, b: Tensor, adapter: str = "default"
         lora_a.copy_(b.T / root)
 
 
+def lora_norm(model: nn.Module) -> float:
+    """``sqrt(Σ_ℓ ‖A_ℓ B_ℓᵀ‖_F²)`` over the LoRA modules: how far the adapter moved the weights."""
+    total = 0.0
+    for layer in lora_layers(model).values():
+        a, b = get_factors(layer)
+        total += float(torch.linalg.matrix_norm(a @ b.T) ** 2)
+    return math.sqrt(total)
+
+
 def dense_trainables(model: nn.Module) -> dict[str, nn.Parameter]:
     """Trainable parameters that are not LoRA factors (e.g. PEFT ``modules_to_save`` heads)."""
     return {
