@@ -127,10 +127,16 @@ class PldAccountant(Accountant):
         return [(e.sigma, e.p, e.count) for e in self.events]
 
     def _epsilon(self, delta: float) -> float:
-        return pld.epsilon(self._triples(), delta, self.discretization)
+        try:
+            return pld.epsilon(self._triples(), delta, self.discretization)
+        except pld.GridTooWideError:  # noise too small to discretise: no meaningful guarantee
+            return math.inf
 
     def _delta(self, epsilon: float) -> float:
-        return pld.delta(self._triples(), epsilon, self.discretization)
+        try:
+            return pld.delta(self._triples(), epsilon, self.discretization)
+        except pld.GridTooWideError:
+            return 1.0
 
 
 class RdpAccountant(Accountant):

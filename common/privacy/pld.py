@@ -118,6 +118,15 @@ def _connect_dots(lower: int, deltas: np.ndarray, d: float) -> _Pmf:
     return _Pmf(lower, np.maximum(0.0, probs), float(deltas[-1]), d, len(probs) <= _MAX_SPARSE_SIZE)
 
 
+#: largest one-round PLD grid (float64 values: 400 MB); dp_accounting has no such guard and
+#: exhausts memory for a noise multiplier near 0 (σ = 1e-6 asks for 5e15 points)
+MAX_GRID_POINTS = 50_000_000
+
+
+class GridTooWideError(ValueError):
+    """The privacy loss of a round spans more than MAX_GRID_POINTS grid points (noise too small)."""
+
+
 def _gaussian_pmf(s: float, q: float, d: float, add: bool) -> _Pmf:
     """One round of the Gaussian mechanism, noise std s (sensitivity 1), sampling probability q."""
     # ports privacy_loss_distribution._create_pld_pmf_from_monotone_privacy_loss (connect the dots)
@@ -126,6 +135,8 @@ def _gaussian_pmf(s: float, q: float, d: float, add: bool) -> _Pmf:
     lower_x, upper_x = (tail_x, -tail_x + 1) if add else (tail_x - 1, -tail_x)
     hi = math.ceil(_privacy_loss(lower_x, s, q, add) / d)
     lo = math.floor(_privacy_loss(upper_x, s, q, add) / d)
+    if hi - lo + 1 > MAX_GRID_POINTS:
+        raise GridTooWideError(f"noise std {s:g} needs {hi - lo + 1:.3g} grid points")
     return _connect_dots(lo, _hockey_stick(np.arange(lo, hi + 1) * d, s, q, add), d)
 
 
