@@ -1,0 +1,231 @@
+"""Codecs: the flat float32 latent a client sends instead of its LoRA factor increments, and the way back.
+
+A codec covers the factor entries named by its :class:`Layout` (dense entries such as a classifier head are
+not encoded). ``encode`` takes an adapter-like dict (extra dense entries are ignored) and returns a
+``(latent_size,)`` float32 tensor on the input's device; ``decode`` returns ``{name: (d, r)}`` float32 on the
+latent's device.
+
+- ``ae``: latent ``Enc(tiles / scale)``, ``num_images · c_k · (H/2^k) · (W/2^k)`` numbers; decode
+  ``scale · Dec(z)``, untiled (:mod:`autoencoder.normalise` for the scale).
+- ``identity``: latent = the ``num_coords`` entries in layout order; decode is exact.
+- ``constant-mean``: latent is empty (0 numbers, nothing is sent); decodes to the synthetic prior's mean
+  whatever it gets.
+- ``random-projection``: ``k`` numbers (default: the ``ae`` latent size); decode projects back onto a
+  seeded random ``k``-dimensional subspace (:class:`RandomProjectionCodec`).
+
+``identity`` and ``random-projection`` are linear; ``constant-mean`` is constant (the "learns nothing"
+baseline of DESIGN §6); ``ae`` is neither.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from autoencoder.checkpoint import ae_version
+from autoencoder.layout import Layout
+from autoencoder.train import TrainedAe
+from common.errors import FedloraError
+
+CODECS = ("ae", "identity", "constant-mean", "random-projection")
+
+
+@runtime_checkable
+class Codec(Protocol):
+    name: str
+    layout: Layout
+    latent_size: int
+
+    def encode(self, state: Mapping[str, Tensor]) -> Tensor:
+        """Factors of ``layout`` → ``(latent_size,)`` float32."""
+        ...
+
+    def decode(self, latent: Tensor) -> dict[str, Tensor]:
+        """``(latent_size,)`` → ``{name: (d, r)}`` float32 for every factor of ``layout``."""
+        ...
+
+
+def check_latent(latent: Tensor, size: int) -> Tensor:
+    """``latent`` as float32 if it is a finite floating ``(size,)`` tensor, else :class:`FedloraError`."""
+    if not isinstance(latent, Tensor) or tuple(latent.shape) != (size,) or not latent.is_floating_point():
+        what = (
+            f"{tuple(latent.shape)} {latent.dtype}" if isinstance(latent, Tensor) else type(latent).__name__
+        )
+        raise FedloraError(f"latent must be a floating ({size},) tensor, got {what}")
+    if not torch.isfinite(latent).all():
+        raise FedloraError("latent has non-finite values")
+    return latent.float()
+
+
+def _device(state: Mapping[str, Tensor], layout: Layout) -> torch.device:
+    return state[layout.names[0]].device
+
+
+class IdentityCodec:
+    """Sends every factor entry: ``latent = layout.to_vector(state)``."""
+
+    name = "identity"
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout, self.latent_size = layout, layout.num_coords
+
+    def encode(self, state: Mapping[str, Tensor]) -> Tensor:
+        return self.layout.to_vector(state).float()
+
+    def decode(self, latent: Tensor) -> dict[str, Tensor]:
+        return self.layout.from_vector(check_latent(latent, self.latent_size))
+
+
+class ConstantMeanCodec:
+    """Sends nothing (latent size 0) and decodes to ``mean`` (the synthetic prior's ``E[X]``) whatever it gets."""
+
+    name = "constant-mean"
+    latent_size = 0
+
+    def __init__(self, layout: Layout, mean: Mapping[str, Tensor]) -> None:
+        layout.check_state(mean)
+        self.layout = layout
+        self.mean = {name: mean[name].detach().float().cpu().clone() for name in layout.names}
+
+    def encode(self, state: Mapping[str, Tensor]) -> Tensor:
+        self.layout.check_state(state)
+        return torch.zeros(0, device=_device(state, self.layout))
+
+    def decode(self, latent: Tensor) -> dict[str, Tensor]:
+        check_latent(latent, 0)
+        return {name: m.to(latent.device, copy=True) for name, m in self.mean.items()}
+
+
+class AeCodec:
+    """``latent = Enc(layout.to_images(x) / scale)`` flattened; ``decode = layout.from_images(scale · Dec(z))``."""
+
+    name = "ae"
+
+    def __init__(self, trained: TrainedAe) -> None:
+        self.trained, self.layout = trained, trained.layout
+        self.latent_shape = trained.latent_shape
+        self.latent_size = math.prod(self.latent_shape)
+        self.version = ae_version(trained)
+
+    @torch.no_grad()
+    def encode(self, state: Mapping[str, Tensor]) -> Tensor:
+        self.layout.check_state(state)
+        ae = self.trained
+        x = self.layout.to_images({n: state[n].to(ae.device, torch.float32) for n in self.layout.names})
+        return ae.model.encode(x / ae.scale).reshape(-1).to(_device(state, self.layout))
+
+    @torch.no_grad()
+    def decode(self, latent: Tensor) -> dict[str, Tensor]:
+        ae = self.trained
+        z = check_latent(latent, self.latent_size).to(ae.device).reshape(self.latent_shape)
+        x = ae.model.decode(z) * ae.scale
+        return {name: t.to(latent.device) for name, t in self.layout.from_images(x).items()}
+
+
+class RandomProjectionCodec:
+    """Seeded block-diagonal Gaussian (JL) projection to ``k`` numbers, decoded with its pseudo-inverse.
+
+    The ``D = num_coords`` entries are permuted by a seeded permutation ``π`` and split into ``nb`` near-equal
+    blocks, ``nb = min(ceil(D / block), k)``; block ``b`` (``D_b`` entries) gets ``k_b`` near-equal latent
+    numbers (``1 ≤ k_b ≤ D_b``, ``Σ k_b = k``) and ``Q_b: (D_b, k_b)``, orthonormal columns of a seeded Gaussian
+    (QR). ``z_b = sqrt(D_b / k_b) · Q_bᵀ x_b`` (so ``E‖z‖² = ‖x‖²``) and ``x̂_b = sqrt(k_b / D_b) · Q_b z_b``:
+    ``decode∘encode`` is the orthogonal projection onto a random ``k``-dimensional subspace and
+    ``encode∘decode`` is the identity. Memory: ``O(D)`` plus one ``Q_b`` (``≈ block · k / nb`` floats); all
+    ``Q_b`` (``≈ k · D / nb`` floats) are kept only if they fit in ``cache_floats``, else rebuilt per call.
+    """
+
+    name = "random-projection"
+
+    def __init__(
+        self, layout: Layout, latent_size: int, seed: int = 0, block: int = 4096, cache_floats: int = 2**24
+    ) -> None:
+        D, k = layout.num_coords, latent_size
+        if not 1 <= k <= D:
+            raise FedloraError(f"random-projection latent size must be in [1, {D}], got {k}")
+        if block < 1:
+            raise FedloraError(f"random-projection block must be >= 1, got {block}")
+        self.layout, self.latent_size, self.seed = layout, k, seed
+        self.perm = torch.randperm(D, generator=torch.Generator().manual_seed(seed))
+        nb = min(math.ceil(D / block), k)
+        self.in_sizes = [D // nb + (b < D % nb) for b in range(nb)]
+        self.out_sizes = [k // nb + (b < k % nb) for b in range(nb)]
+        cached = sum(d * q for d, q in zip(self.in_sizes, self.out_sizes, strict=True)) <= cache_floats
+        self._cache = [self._basis(b) for b in range(nb)] if cached else None
+
+    def _basis(self, b: int) -> Tensor:
+        """``Q_b: (D_b, k_b)`` float32 on the CPU, from the seed and the block index only."""
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + b + 1) % 2**63)
+        gauss = torch.randn(self.in_sizes[b], self.out_sizes[b], generator=g, dtype=torch.float64)
+        return torch.linalg.qr(gauss).Q.float()
+
+    def _bases(self) -> Iterator[Tensor]:
+        for b in range(len(self.in_sizes)):
+            yield self._cache[b] if self._cache is not None else self._basis(b)
+
+    def encode(self, state: Mapping[str, Tensor]) -> Tensor:
+        x = self.layout.to_vector(state).float()
+        parts = x[self.perm.to(x.device)].split(self.in_sizes)
+        z = [
+            math.sqrt(d / q) * (Q.to(x.device).T @ p)
+            for p, Q, d, q in zip(parts, self._bases(), self.in_sizes, self.out_sizes, strict=True)
+        ]
+        return torch.cat(z)
+
+    def decode(self, latent: Tensor) -> dict[str, Tensor]:
+        z = check_latent(latent, self.latent_size)
+        parts = z.split(self.out_sizes)
+        xp = torch.cat(
+            [
+                math.sqrt(q / d) * (Q.to(z.device) @ p)
+                for p, Q, d, q in zip(parts, self._bases(), self.in_sizes, self.out_sizes, strict=True)
+            ]
+        )
+        x = torch.empty_like(xp)
+        x[self.perm.to(z.device)] = xp
+        return self.layout.from_vector(x)
+
+
+def make_codec(
+    name: str,
+    *,
+    layout: Layout | None = None,
+    trained: TrainedAe | None = None,
+    mean: Mapping[str, Tensor] | None = None,
+    latent_size: int | None = None,
+    seed: int = 0,
+) -> Codec:
+    """Build a codec by name (:data:`CODECS`).
+
+    ``ae`` needs ``trained``. The others need a ``layout`` (default: ``trained.layout``); ``constant-mean``
+    needs ``mean`` (default: ``trained``'s prior mean); ``random-projection`` takes ``latent_size`` (default:
+    the ``ae`` latent size of ``trained``) and ``seed``.
+    """
+    if name not in CODECS:
+        raise FedloraError(f"unknown codec '{name}'; choose one of {', '.join(CODECS)}")
+    if layout is None and trained is not None:
+        layout = trained.layout
+    if name == "ae":
+        if trained is None:
+            raise FedloraError("codec 'ae' needs a trained autoencoder")
+        if layout != trained.layout:
+            raise FedloraError("codec 'ae': the layout differs from the autoencoder's")
+        return AeCodec(trained)
+    if layout is None:
+        raise FedloraError(f"codec '{name}' needs a layout")
+    if name == "identity":
+        return IdentityCodec(layout)
+    if name == "constant-mean":
+        if mean is None and trained is None:
+            raise FedloraError("codec 'constant-mean' needs a mean (or a trained autoencoder's prior)")
+        if mean is None:
+            mean = trained.layout.from_images(trained.mean.cpu())
+        return ConstantMeanCodec(layout, mean)
+    if latent_size is None:
+        if trained is None:
+            raise FedloraError("codec 'random-projection' needs a latent size (or a trained autoencoder)")
+        latent_size = math.prod(trained.latent_shape)
+    return RandomProjectionCodec(layout, latent_size, seed)
