@@ -70,3 +70,12 @@ def run_cli(argv: list[str]) -> int:
         return main(argv)
     except SystemExit as exc:
         return int(exc.code)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tests on one torch thread (the autoencoder tests), restoring the count after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

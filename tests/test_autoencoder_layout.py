@@ -20,12 +20,7 @@ SHAPES = {
 FACTORS = {k: v for k, v in SHAPES.items() if k != "head.weight"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _state(shapes=SHAPES, seed=0, dtype=torch.float32, batch=()):

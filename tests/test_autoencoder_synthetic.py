@@ -20,13 +20,7 @@ from autoencoder.synthetic import (
 )
 from common.errors import FedloraError
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_constants_are_the_papers():
