@@ -105,11 +105,14 @@ class AeCodec:
 
     name = "ae"
 
-    def __init__(self, trained: TrainedAe) -> None:
+    def __init__(self, trained: TrainedAe, version: str | None = None, can_decode: bool = True) -> None:
+        """``version``: the autoencoder's content hash (computed when not given); ``can_decode`` False for
+        a client's encoder-only copy (:mod:`autoencoder.broadcast`)."""
         self.trained, self.layout = trained, trained.layout
         self.latent_shape = trained.latent_shape
         self.latent_size = math.prod(self.latent_shape)
-        self.version = ae_version(trained)
+        self.version = version or ae_version(trained)
+        self.can_decode = can_decode
 
     @torch.no_grad()
     def encode(self, state: Mapping[str, Tensor]) -> Tensor:
@@ -120,6 +123,8 @@ class AeCodec:
 
     @torch.no_grad()
     def decode(self, latent: Tensor) -> dict[str, Tensor]:
+        if not self.can_decode:
+            raise FedloraError("this is an encoder-only copy of the autoencoder; the server decodes")
         ae = self.trained
         z = check_latent(latent, self.latent_size).to(ae.device).reshape(self.latent_shape)
         x = ae.model.decode(z) * ae.scale

@@ -116,6 +116,19 @@ def export_all(
     return {name: st.export(granularity, debias) for name, st in stats.items()}
 
 
+def pack_stats(stats: Stats, names: Sequence[str]) -> Tensor:
+    """``(F, 2, w)`` float32: the ``matrix`` (``w = 1``) or ``column`` (``w = r``) moments of ``names``, in order."""
+    rows = [torch.stack([t.float().reshape(-1) for t in stats[n]]) for n in names]
+    if len({r.shape for r in rows}) > 1:
+        raise FedloraError("pack_stats needs one granularity and one rank for all factors")
+    return torch.stack(rows)
+
+
+def unpack_stats(moments: Tensor, names: Sequence[str]) -> dict[str, tuple[Tensor, Tensor]]:
+    """Inverse of :func:`pack_stats`: ``{name: (mean, std)}``, each ``(1, w)`` (broadcastable to ``(d, r)``)."""
+    return {n: (moments[i, 0][None, :].clone(), moments[i, 1][None, :].clone()) for i, n in enumerate(names)}
+
+
 def check_stats(stats: Stats, shapes: Mapping[str, tuple[int, ...]]) -> None:
     """Every name of ``shapes`` has finite ``(mean, std)`` broadcastable to its shape, ``std >= 0``."""
     for name, shape in shapes.items():

@@ -8,30 +8,64 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from autoencoder.coded import encode_update
+from autoencoder.layout import is_factor
+from client.codec import round_codec
+from client.gradstats import local_stats, privatise
 from client.local_train import local_update
 from client.sample_privacy import SamplePlan, plan_sample_noise
-from client.shard import load_shard, partition_of
+from client.shard import Shard, load_shard, partition_of
 from client.state import node_state_dir, sample_ledger
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
-from common.models import adapter_state, load_adapter_state
+from common.models import AdapterState, adapter_state, load_adapter_state
 from common.privacy.ledger import Ledger
 from common.privacy.release import add_noise, clip
-from common.wire import from_record, train_reply
+from common.wire import from_record, stats_reply, train_reply
 
 app = ClientApp()
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
+def _start(msg: Message, context: Context) -> tuple[RunConfig, int, int, Shard, AdapterState]:
+    """``(cfg, partition id, partitions, shard, global state)`` with the global adapter loaded."""
     cfg = from_flat(dict(context.run_config)).check()
     pid, parts = partition_of(dict(context.node_config), cfg)
     shard = load_shard(cfg, pid, parts)
+    global_state = from_record(msg.content["global"])
+    load_adapter_state(shard.bundle.model, global_state)
+    return cfg, pid, parts, shard, global_state
+
+
+@app.query("gradstats")
+def gradstats(msg: Message, context: Context) -> Message:
+    """DR-Encoder Algorithm 1 statistics of one round's local steps (client/gradstats.py)."""
+    cfg, pid, _, shard, global_state = _start(msg, context)
+    query = msg.content["config"]
+    granularity, noise_std = str(query["granularity"]), float(query["noise-std"])
+    stats = local_stats(
+        shard.bundle.model,
+        shard.task,
+        shard.examples,
+        factors=[k for k in global_state if is_factor(k)],
+        granularity=granularity,
+        steps=int(query["local-steps"]),
+        batch_size=cfg.batch_size,
+        lr=float(query["lr"]),
+        seed=int(np.random.SeedSequence([cfg.seed, 0, pid]).generate_state(1)[0]),
+        device=shard.bundle.device,
+    )
+    if noise_std > 0:
+        stats = privatise(stats, float(query["stats-clip"]), noise_std)
+    reply = stats_reply(stats, {"granularity": granularity, "noise-std": noise_std})
+    return Message(reply, reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg, pid, parts, shard, global_state = _start(msg, context)
     model = shard.bundle.model
     round_cfg = msg.content["config"]
     server_round = int(round_cfg["round"])
-    global_state = from_record(msg.content["global"])
-    load_adapter_state(model, global_state)
     steps, kind = int(round_cfg["local-steps"]), cfg.optimizer_kind
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     ledger = None
@@ -63,10 +97,13 @@ def train(msg: Message, context: Context) -> Message:
     increment = {k: local[k] - global_state[k] for k in global_state}
     release = str(round_cfg["release"])
     noise_std = float(round_cfg["noise-std"])
-    if release == "gaussian":  # client-level DP: clip, add this client's share of the noise
-        increment = add_noise(clip(increment, float(round_cfg["clip"]))[0], noise_std)
-        metrics = {}  # the training loss is not private; only the noised increment leaves
     meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": noise_std}
+    if release == "dr-encoder":  # encode; the latent (and any dense entries) is what is released
+        increment = encode_update(round_codec(msg.content, shard.bundle.device), increment)
+        meta["ae-version"] = str(round_cfg["ae-version"])
+    if release in ("gaussian", "dr-encoder"):  # client-level DP: clip, add this client's noise share
+        increment = add_noise(clip(increment, float(round_cfg["clip"]))[0], noise_std)
+        metrics = {}  # the training loss is not private; only the noised release leaves
     reply = train_reply(increment, server_round, len(shard.examples), metrics, meta)
     return Message(reply, reply_to=msg)
 

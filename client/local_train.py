@@ -3,7 +3,7 @@ steps with one of client/optimizers (``prism``, ``dp-adamw``, ``ffa``) through c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -29,8 +29,10 @@ def train_steps(
     seed: int,
     device: torch.device,
     desc: str = "local steps",
+    after_step: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """Run ``steps`` AdamW steps on batches of ``examples``; returns the mean training loss."""
+    """Run ``steps`` AdamW steps on batches of ``examples``; returns the mean training loss.
+    ``after_step()`` runs after each step (the DR-Encoder statistics)."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = np.random.default_rng(seed)
@@ -45,6 +47,8 @@ def train_steps(
         loss.backward()
         opt.step()
         losses.append(loss.detach())
+        if after_step is not None:
+            after_step()
     model.eval()
     return {"train-loss": float(torch.stack(losses).mean())}
 

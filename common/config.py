@@ -19,10 +19,17 @@ MECHANISMS: dict[str, tuple[str, str]] = {
     "prism": ("prism", "none"),
     "dp-adamw": ("dp-adamw", "none"),
     "ffa": ("ffa", "none"),
+    "dr-encoder": ("none", "dr-encoder"),
 }
 #: sample-level local optimizers (client/optimizers registers the DP ones under these names)
 LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa")
-RELEASES = ("none", "gaussian")
+RELEASES = ("none", "gaussian", "dr-encoder")
+#: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
+CODECS = ("ae", "identity", "constant-mean", "random-projection")
+AE_SIZES = ("tiny", "paper", "paper-best")
+AE_NORMALISATIONS = ("none", "image", "factor")
+STATS_GRANULARITIES = ("matrix", "column")  # per-row or per-entry statistics exceed the 1 % payload bound
+DECODE_ORDERS = ("aggregate-first", "decode-first")
 LORA_INITS = ("balanced", "peft")  # common/models/lora_init.py
 PRISM_FLOORS = ("clamp", "ridge")
 THREAT_MODELS = ("local", "distributed", "central")
@@ -70,6 +77,14 @@ class RunConfig:
     device: str = "auto"
     round_timeout: float = 600.0
     min_nodes: int = 0  # nodes to wait for before round 1 (0 = num_clients)
+    codec: str = "ae"  # what a dr-encoder release encodes with
+    ae_size: str = "tiny"
+    ae_steps: int = 300  # autoencoder training steps on synthetic gradients
+    ae_normalise: str = "image"
+    stats_granularity: str = "matrix"
+    stats_noise_multiplier: float = 0.0  # 0 = statistics in the clear (the paper); > 0 = clipped + noised
+    stats_clip: float = 1.0  # L2 bound on one client's statistics vector when they are noised
+    decode_order: str = "aggregate-first"
     out_dir: str = ""  # "" = runs/<time>-<model>-<dataset>
     resume: bool = False  # continue the run in out_dir from its checkpoint and ledger
 
@@ -123,6 +138,11 @@ class RunConfig:
             ("local-optimizer", self.local_optimizer, LOCAL_OPTIMIZERS),
             ("lora-init", self.lora_init, LORA_INITS),
             ("prism-floor", self.prism_floor, PRISM_FLOORS),
+            ("codec", self.codec, CODECS),
+            ("ae-size", self.ae_size, AE_SIZES),
+            ("ae-normalise", self.ae_normalise, AE_NORMALISATIONS),
+            ("stats-granularity", self.stats_granularity, STATS_GRANULARITIES),
+            ("decode-order", self.decode_order, DECODE_ORDERS),
         ):
             if value and value not in allowed:
                 raise FedloraError(f"unknown {key} '{value}'; choose {', '.join(allowed)}")
@@ -152,18 +172,34 @@ class RunConfig:
             raise FedloraError(f"target epsilon must be >= 0 (0 = no budget), got {self.target_epsilon}")
         if not 0 < self.delta < 1:
             raise FedloraError(f"delta must be in (0, 1), got {self.delta}")
-        if self.release_kind == "gaussian" and not (self.noise_multiplier or self.target_epsilon):
-            raise FedloraError("a gaussian release needs --noise-multiplier or --target-epsilon")
+        if self.release_kind != "none" and not (self.noise_multiplier or self.target_epsilon):
+            raise FedloraError(f"a {self.release_kind} release needs --noise-multiplier or --target-epsilon")
+        if self.release_kind == "dr-encoder":
+            self._check_dr_encoder()
         if self.max_train_examples < 0 or self.round_timeout <= 0 or self.min_nodes < 0:
             raise FedloraError("max-train-examples and min-nodes must be >= 0, round-timeout > 0")
         return self
+
+    def _check_dr_encoder(self) -> None:
+        if self.optimizer_kind != "none":
+            raise FedloraError(
+                f"the dr-encoder release runs its statistics round with non-private local steps; "
+                f"it cannot be combined with the sample-level optimizer {self.optimizer_kind}"
+            )
+        if self.decode_order == "decode-first" and self.threat_model != "local":
+            raise FedloraError(
+                "--decode-order decode-first needs --threat-model local: under distributed or central "
+                "noise a single client's latent is not a private release"
+            )
+        if self.ae_steps < 0 or not (self.stats_noise_multiplier >= 0 and self.stats_clip > 0):
+            raise FedloraError("ae-steps and stats-noise-multiplier must be >= 0, stats-clip > 0")
 
 
 HELP: dict[str, str] = {
     "model": "smollm2-135m, minilm-l6, a Hugging Face id or a local model directory",
     "dataset": "rotten-tomatoes, bbc-news, news-articles (LM) or boolq",
     "mechanism": "local optimizer / release preset: fedavg (no DP), dp-fedavg (client-level Gaussian), "
-    "prism, dp-adamw, ffa (sample-level DP local steps)",
+    "dr-encoder (client-level Gaussian on an autoencoder latent), prism, dp-adamw, ffa (sample-level DP)",
     "local_optimizer": "sample-level local optimizer: none, prism, dp-adamw or ffa (default: the mechanism's)",
     "sample_epsilon": "sample-level epsilon per client over all its planned local steps (PLD-calibrated)",
     "sample_noise_multiplier": "sample-level noise multiplier (instead of --sample-epsilon)",
@@ -171,7 +207,7 @@ HELP: dict[str, str] = {
     "microbatch": "examples per forward/backward within one DP step (memory)",
     "lora_init": "LoRA init: balanced (full rank; default with a DP local optimizer) or peft",
     "prism_floor": "PRISM preconditioner floor: clamp (official code) or ridge (paper Eq. 25)",
-    "release": "client-level release: none or gaussian (default: the mechanism's)",
+    "release": "client-level release: none, gaussian or dr-encoder (default: the mechanism's)",
     "clip": "client-level clip C on the L2 norm of a client's increment",
     "noise_multiplier": "client-level noise multiplier sigma (0 + target epsilon = calibrate)",
     "threat_model": "who adds the client-level noise: local, distributed or central",
@@ -198,6 +234,15 @@ HELP: dict[str, str] = {
     "device": "auto, cpu or cuda",
     "round_timeout": "seconds to wait for replies (and for nodes to connect)",
     "min_nodes": "nodes to wait for before round 1 (0 = num-clients)",
+    "codec": "dr-encoder codec: ae (trained Uformer), identity, constant-mean or random-projection",
+    "ae_size": "autoencoder configuration: tiny (CPU), paper or paper-best (GPU)",
+    "ae_steps": "autoencoder training steps on synthetic gradients",
+    "ae_normalise": "autoencoder input scaling from the statistics: none, image or factor",
+    "stats_granularity": "statistics sent per factor: matrix (2 numbers, the paper's) or column (2 per rank)",
+    "stats_noise_multiplier": "noise on the clipped statistics (0 = sent in the clear, as in the paper)",
+    "stats_clip": "L2 bound on a client's statistics vector when they are noised",
+    "decode_order": "aggregate-first (average latents, decode once; secure aggregation allows it) "
+    "or decode-first (decode each client's latent; local noise only)",
     "resume": "continue the run in --out from its checkpoint and ledger",
 }
 

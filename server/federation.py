@@ -30,6 +30,7 @@ from server import checkpoint
 from server.aggregate import apply_increment, private_mean, weighted_mean
 from server.budget import NoisePlan, budget_stop, plan_noise
 from server.checkpoint import LoopState
+from server.drencoder import ServerCodec, prepare_codec
 from server.evaluation import Evaluator
 from server.report import RunDir, fingerprint, format_summary
 from server.sampling import poisson_sample
@@ -72,6 +73,9 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
         echo(f"round 0: held-out {metric} {loop.before[metric]:.4f} (untrained adapter)")
     first = _reconcile(out, ledger, run_id, loop, echo) + 1
     nodes = wait_for_nodes(grid, cfg.min_nodes or cfg.num_clients, cfg.round_timeout)
+    coder, coder_info = None, None
+    if cfg.release_kind == "dr-encoder":  # statistics round, autoencoder, codec (server/drencoder.py)
+        coder, coder_info = prepare_codec(grid, cfg, out.path, nodes, state, ledger, run_id, out.log, echo)
     rng = np.random.default_rng([cfg.seed, 0x5A3])
     if loop.rng:
         rng.bit_generator.state = loop.rng
@@ -88,7 +92,7 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
         record: dict = {"round": rnd, "sampled": len(sampled)}
         if sampled:
             state, replied = _train_round(
-                grid, cfg, plan, ledger, run_id, rnd, sampled, state, shapes, record
+                grid, cfg, plan, ledger, run_id, rnd, sampled, state, shapes, record, coder
             )
             if replied:
                 loop.after = evaluator(state)
@@ -109,6 +113,9 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
         out.log(record)
         echo(_round_line(record, metric, ledger))
     summary = _summary(cfg, out, evaluator, state, loop, ledger, plan, len(nodes), stopped, start)
+    if coder_info:
+        summary["dr_encoder"] = coder_info
+        out.write_summary(summary)
     echo(format_summary(summary))
     return summary
 
@@ -124,9 +131,11 @@ def _train_round(
     state: AdapterState,
     shapes: dict,
     record: dict,
+    coder: ServerCodec | None = None,
 ) -> tuple[AdapterState, int]:
-    """Send, validate, aggregate and apply one round; fills ``record``; returns (state, replied)."""
-    release = "gaussian" if plan else "none"
+    """Send, validate, aggregate and apply one round; fills ``record``; returns (state, replied).
+    ``coder``: the dr-encoder codec (replies are coded updates, decoded here)."""
+    release = cfg.release_kind if plan else "none"
     std = client_noise_std(plan.threat_model, plan.sigma, plan.clip, len(sampled)) if plan else 0.0
     round_cfg = {
         "local-steps": cfg.local_steps,
@@ -135,18 +144,24 @@ def _train_round(
         "release": release,
         "clip": plan.clip if plan else 0.0,
         "noise-std": std,
+        **(coder.round_config if coder else {}),
     }
     expected = {"mechanism": cfg.mechanism, "release": release, "noise-std": std}
+    if coder:
+        expected["ae-version"] = coder.version
+        shapes = coder.reply_shapes(shapes)
     messages = [
         Message(
-            train_instruction(state, rnd, round_cfg),
+            train_instruction(state, rnd, round_cfg, coder.records if coder else None),
             dst_node_id=node,
             message_type="train",
             group_id=str(rnd),
         )
         for node in sampled
     ]
-    bytes_down = sum(m.content["global"].count_bytes() for m in messages)
+    bytes_down = sum(
+        r.count_bytes() for m in messages for r in m.content.values() if hasattr(r, "count_bytes")
+    )
     increments, weights, losses, rejected, bytes_up = [], [], [], [], 0
     for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
         try:
@@ -167,9 +182,11 @@ def _train_round(
         sigma = effective_sigma(plan.threat_model, plan.sigma, len(sampled), len(increments))
         if ledger and sigma < plan.sigma:  # dropouts took their noise share with them
             ledger.amend_sigma(run_id, rnd, sigma)
-        mean = private_mean(
-            increments, plan.threat_model, plan.sigma, plan.clip, cfg.sample_rate * cfg.num_clients
-        )
+        expected_count = cfg.sample_rate * cfg.num_clients
+        if coder:
+            mean = coder.aggregate(increments, cfg.decode_order, plan, expected_count)
+        else:
+            mean = private_mean(increments, plan.threat_model, plan.sigma, plan.clip, expected_count)
         state = apply_increment(state, mean, cfg.server_lr)
     elif increments:
         state = apply_increment(state, weighted_mean(increments, weights), cfg.server_lr)

@@ -1,0 +1,79 @@
+"""The encoder half of a trained autoencoder, as the server broadcasts it to clients.
+
+Clients only encode, so they get the encoder's parameters (``in_conv``, ``down``, ``enc_blocks`` of
+:class:`Uformer`) and the scale map; the decoder and the prior mean stay on the server. Tensors:
+``encoder.<parameter>`` and ``scale`` ``(num_images, 1, H, W)``. Metadata (strings): ``format``
+(:data:`BROADCAST_FORMAT`), ``ae_version`` (the full autoencoder's content hash, which names it in every
+train round), ``config`` (:class:`AeConfig` JSON), ``layout`` (:class:`Layout` JSON), ``normalise``.
+Everything is checked against the configuration before use; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from autoencoder.codecs import AeCodec
+from autoencoder.layout import Layout
+from autoencoder.train import TrainedAe
+from autoencoder.uformer import AeConfig, Uformer
+from common.errors import FedloraError
+
+BROADCAST_FORMAT = "fedlora-ae-encoder/1"
+ENCODER_MODULES = ("in_conv.", "down.", "enc_blocks.")
+PREFIX = "encoder."
+
+
+def encoder_payload(trained: TrainedAe, version: str) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``(tensors, metadata)`` that :func:`encoder_from_payload` turns back into an encode-only codec."""
+    tensors = {
+        PREFIX + k: v.detach().cpu().float().contiguous()
+        for k, v in trained.model.state_dict().items()
+        if k.startswith(ENCODER_MODULES)
+    }
+    tensors["scale"] = trained.scale.detach().cpu().float().contiguous()
+    meta = {
+        "format": BROADCAST_FORMAT,
+        "ae_version": version,
+        "config": json.dumps(trained.config.to_dict()),
+        "layout": trained.layout.to_json(),
+        "normalise": trained.normalise,
+    }
+    return tensors, meta
+
+
+def encoder_from_payload(
+    tensors: Mapping[str, Tensor], meta: Mapping[str, str], device: torch.device | str = "cpu"
+) -> AeCodec:
+    """An ``ae`` codec that can encode (its ``decode`` refuses); :class:`FedloraError` on any mismatch."""
+    if meta.get("format") != BROADCAST_FORMAT:
+        raise FedloraError(f"not an encoder broadcast (format {meta.get('format')!r})")
+    try:
+        config = AeConfig.from_dict(json.loads(str(meta["config"])))
+        layout = Layout.from_json(str(meta["layout"]))
+        normalise, version = str(meta["normalise"]), str(meta["ae_version"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise FedloraError(f"malformed encoder broadcast: {exc}") from None
+    model = Uformer(config)
+    expected = {k: v.shape for k, v in model.state_dict().items() if k.startswith(ENCODER_MODULES)}
+    got = {k[len(PREFIX) :]: v for k, v in tensors.items() if k.startswith(PREFIX)}
+    if set(got) != set(expected) or set(tensors) != {PREFIX + k for k in expected} | {"scale"}:
+        raise FedloraError("encoder broadcast: parameter names differ from the configured encoder")
+    for name, t in [*got.items(), ("scale", tensors["scale"])]:
+        want = expected.get(name, layout.image_shape)
+        if tuple(t.shape) != tuple(want) or t.dtype != torch.float32 or not torch.isfinite(t).all():
+            raise FedloraError(f"encoder broadcast: '{name}' is not a finite float32 {tuple(want)}")
+    scale = tensors["scale"]
+    if not (scale > 0).all():
+        raise FedloraError("encoder broadcast: the scale map must be positive")
+    model.load_state_dict(got, strict=False)
+    device = torch.device(device)
+    zeros = torch.zeros(layout.image_shape, device=device)
+    trained = TrainedAe(config, layout, model.to(device).eval(), scale.to(device), zeros, normalise)
+    return AeCodec(trained, version=version, can_decode=False)
+
+
+__all__ = ["BROADCAST_FORMAT", "encoder_from_payload", "encoder_payload"]

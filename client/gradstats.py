@@ -1,0 +1,74 @@
+"""DR-Encoder statistics on a client (Algorithm 1), answered to a ``query.gradstats`` message.
+
+The client runs the round's local steps from the global adapter (non-private AdamW, as in a train
+round) and feeds Algorithm 1 (:mod:`autoencoder.synthetic`) after every step with ``X_t`` = each
+factor's increment so far, ``θ_t − θ_0``. The autoencoder encodes round increments, so these are the
+statistics of the object it will see (the paper feeds per-step gradients, whose scale differs from an
+increment's). The exported moments are debiased (Adam's ``1 − β^t``; after a round's few steps the
+raw EMA is shrunk towards 0) and reduced per ``matrix`` or per ``column``.
+
+Privatised statistics: the vector of all exported numbers is clipped to L2 norm ``clip`` and gets
+N(0, std²) per number; stds are then folded to ``|std|`` (post-processing). The paper sends them in
+the clear; that is ``std = 0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from autoencoder.synthetic import export_all, pack_stats, track, update_all
+from client.local_train import train_steps
+from common.models import adapter_state
+from common.privacy.release import add_noise, clip
+from common.tasks import Task
+
+
+def local_stats(
+    model: nn.Module,
+    task: Task,
+    examples: Sequence[dict],
+    *,
+    factors: Sequence[str],
+    granularity: str,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    device: torch.device,
+) -> Tensor:
+    """Moments ``(F, 2, w)`` of ``factors`` in sorted-name order (:func:`autoencoder.synthetic.pack_stats`)
+    after ``steps`` AdamW steps; the model is left trained (a train round reloads the global state)."""
+    names = sorted(factors)
+    start = {k: adapter_state(model)[k].detach().clone() for k in names}
+    stats = track({k: tuple(v.shape) for k, v in start.items()})
+
+    def record() -> None:
+        now = adapter_state(model)
+        update_all(stats, {k: now[k].detach() - start[k] for k in start})
+
+    train_steps(
+        model,
+        task,
+        examples,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        device=device,
+        desc="statistics",
+        after_step=record,
+    )
+    return pack_stats(export_all(stats, granularity, debias=True), names).cpu()
+
+
+def privatise(moments: Tensor, bound: float, std: float) -> Tensor:
+    """``moments (F, 2, w)`` clipped to L2 norm ``bound`` as one vector, plus N(0, std²) on every
+    number; the stds (``[:, 1]``) folded to ``|std|``."""
+    noised = add_noise(clip({"m": moments}, bound)[0], std)["m"]
+    return torch.stack([noised[:, 0], noised[:, 1].abs()], dim=1)
+
+
+__all__ = ["local_stats", "privatise"]

@@ -1,0 +1,305 @@
+"""DR-Encoder on the server (DESIGN §4): statistics round, autoencoder training and versioning, the
+codec each train round names, and decode + aggregate of the clients' latents.
+
+Phases, before round 1 of a ``dr-encoder`` run:
+1. ``query.gradstats`` to every connected node (no sampling: p = 1). Statistics sent in the clear are
+   the paper's setting and are labelled so; with ``stats_noise_multiplier > 0`` every client clips and
+   noises them (local noise) and the server charges one event (σ_s, p = 1) to the client-level ledger
+   as round 0, before the query goes out.
+2. Synthetic Gaussian gradients from the statistics train the autoencoder (codec ``ae`` only); the
+   checkpoint ``autoencoder.safetensors`` in the run directory names its version, and the statistics are
+   kept in ``gradstats.safetensors`` so a resumed run rebuilds the same codec without a new query.
+3. Every train round names the codec (``ae-version``) and carries the encoder; replies are coded updates
+   (autoencoder/coded.py), aggregated then decoded (``aggregate-first``: the mean latent is decoded
+   once, which secure aggregation allows) or decoded then aggregated (``decode-first``, local noise only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from autoencoder.broadcast import encoder_payload
+from autoencoder.checkpoint import load_checkpoint, save_checkpoint
+from autoencoder.codecs import Codec, make_codec
+from autoencoder.coded import coded_shapes, decode_update
+from autoencoder.layout import Layout, is_factor
+from autoencoder.synthetic import Stats, prior_moments, unpack_stats
+from autoencoder.train import TrainConfig, train_autoencoder
+from autoencoder.uformer import AeConfig
+from common.config import RunConfig
+from common.errors import FedloraError
+from common.models import AdapterState
+from common.privacy.ledger import Charge, Ledger
+from common.wire import InvalidReply, parse_stats_reply, stats_query
+from server.aggregate import private_mean
+from server.budget import NoisePlan
+
+log = logging.getLogger("fedlora.server")
+
+AE_FILE = "autoencoder.safetensors"
+STATS_FILE = "gradstats.safetensors"
+AE_CONFIGS: dict[str, Callable[[], AeConfig]] = {
+    "tiny": AeConfig.tiny,
+    "paper": AeConfig.paper,
+    "paper-best": AeConfig.paper_best,
+}
+STATS_ROUND = 0  # the statistics query's row in the client-level ledger
+
+
+class ServerCodec:
+    """The run's codec (it decodes) and what each train round tells clients about it."""
+
+    def __init__(self, codec: Codec, version: str, seed: int, encoder: tuple | None) -> None:
+        self.codec, self.version = codec, version
+        self.round_config = {
+            "codec": codec.name,
+            "ae-version": version,
+            "latent-size": codec.latent_size,
+            "codec-seed": seed,
+            "layout": codec.layout.to_json(),
+        }
+        self.records = {}
+        if encoder is not None:
+            tensors, meta = encoder
+            self.records = {
+                "encoder": ArrayRecord.from_torch_state_dict(tensors),
+                "encoder-meta": ConfigRecord(meta),
+            }
+
+    def reply_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        return coded_shapes(self.codec, shapes)
+
+    def aggregate(
+        self, coded: Sequence[AdapterState], order: str, plan: NoisePlan, expected: float
+    ) -> AdapterState:
+        """The round's decoded mean increment from the clients' (clipped, noised) coded updates."""
+        if order == "decode-first":
+            decoded = [decode_update(self.codec, c) for c in coded]
+            return private_mean(decoded, plan.threat_model, plan.sigma, plan.clip, expected)
+        mean = private_mean(coded, plan.threat_model, plan.sigma, plan.clip, expected)
+        return decode_update(self.codec, mean)
+
+
+def ae_latent_size(config: AeConfig, layout: Layout) -> int:
+    """Numbers in the autoencoder's latent: ``num_images · c_k · (H / 2^k) · (W / 2^k)``."""
+    f = config.downsample
+    return layout.num_images * config.channels[-1] * (layout.height // f) * (layout.width // f)
+
+
+def prepare_codec(
+    grid: Grid,
+    cfg: RunConfig,
+    run_dir: Path,
+    nodes: Sequence[int],
+    state: AdapterState,
+    ledger: Ledger | None,
+    run_id: str,
+    log_record: Callable[[dict], None],
+    echo: Callable[[str], None],
+) -> tuple[ServerCodec, dict]:
+    """Statistics, autoencoder and codec of the run (reused from ``run_dir`` on resume); returns the
+    codec and a summary (payload bytes, AE version, latent size, compression)."""
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    factors = {k: s for k, s in shapes.items() if is_factor(k)}
+    ae_config = AE_CONFIGS[cfg.ae_size]()
+    layout = Layout.from_shapes(factors, ae_config.downsample)
+    stats_path = run_dir / STATS_FILE
+    if stats_path.exists():
+        stats_list, info = load_stats(stats_path, factors), {"stats": "reused from " + str(stats_path)}
+    else:
+        stats_list, info = _stats_round(grid, cfg, nodes, state, factors, ledger, run_id, echo)
+        save_stats(stats_path, stats_list)
+        if ledger and cfg.stats_noise_multiplier > 0:
+            ledger.settle(run_id, STATS_ROUND, "applied", replied=len(stats_list))
+        log_record({"round": STATS_ROUND, "phase": "stats", **info})
+    encoder = None
+    if cfg.codec == "ae":
+        trained, version = _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo)
+        codec = make_codec("ae", trained=trained)
+        encoder = encoder_payload(trained, version)
+    else:
+        mean, _ = prior_moments(stats_list, layout.shapes)
+        latent = ae_latent_size(ae_config, layout)
+        codec = make_codec(cfg.codec, layout=layout, mean=mean, latent_size=latent, seed=cfg.seed)
+        version = cfg.codec
+    raw = 4 * sum(int(np.prod(s)) for s in shapes.values())
+    coded = 4 * sum(int(np.prod(s)) for s in coded_shapes(codec, shapes).values())
+    info.update(
+        codec=cfg.codec,
+        ae_version=version,
+        latent_size=codec.latent_size,
+        increment_bytes=raw,
+        coded_bytes=coded,
+        compression=raw / max(coded, 1),
+    )
+    echo(
+        f"codec {cfg.codec} ({version}): latent {codec.latent_size:,} numbers, "
+        f"{coded / 1e3:.1f} kB per client per round instead of {raw / 1e3:.1f} kB ({raw / max(coded, 1):.1f}x)"
+    )
+    return ServerCodec(codec, version, cfg.seed, encoder), info
+
+
+def _stats_round(
+    grid: Grid,
+    cfg: RunConfig,
+    nodes: Sequence[int],
+    state: AdapterState,
+    factors: Mapping[str, tuple[int, ...]],
+    ledger: Ledger | None,
+    run_id: str,
+    echo: Callable[[str], None],
+) -> tuple[list[Stats], dict]:
+    t0 = time.monotonic()
+    noise_std = cfg.stats_noise_multiplier * cfg.stats_clip
+    if ledger and noise_std > 0:  # committed before the query (and so any release) goes out
+        if ledger.row(run_id, STATS_ROUND) is not None:
+            raise FedloraError(
+                "the statistics round was charged but its statistics were never saved (a crash); "
+                "start a new run"
+            )
+        ledger.charge(
+            Charge(
+                run=run_id,
+                round=STATS_ROUND,
+                sigma=cfg.stats_noise_multiplier,
+                p=1.0,
+                count=1,
+                sample_rate=1.0,
+                sampled=len(nodes),
+                clip=cfg.stats_clip,
+                threat_model="local",
+                mechanism=f"{cfg.mechanism}:statistics",
+            )
+        )
+    query = {
+        "local-steps": cfg.local_steps,
+        "lr": cfg.lr,
+        "seed": cfg.seed,
+        "granularity": cfg.stats_granularity,
+        "stats-clip": cfg.stats_clip,
+        "noise-std": noise_std,
+    }
+    messages = [
+        Message(stats_query(state, query), dst_node_id=n, message_type="query.gradstats", group_id="stats")
+        for n in nodes
+    ]
+    expected = {"granularity": cfg.stats_granularity, "noise-std": noise_std}
+    stats_list, sizes, rejected = [], [], []
+    for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
+        try:
+            if reply.metadata.group_id != "stats":
+                raise InvalidReply(f"reply to {reply.metadata.group_id!r}, not to the statistics query")
+            moments, size = parse_stats_reply(reply, factors, expected)
+            stats = unpack_stats(moments, sorted(factors))
+        except InvalidReply as exc:
+            rejected.append(str(exc))
+            log.warning("statistics: rejected reply from node %s: %s", reply.metadata.src_node_id, exc)
+            continue
+        stats_list.append(stats)
+        sizes.append(size)
+    if not stats_list:
+        raise FedloraError(
+            f"no usable statistics from {len(nodes)} nodes: {'; '.join(rejected) or 'no replies'}"
+        )
+    raw = 4 * sum(int(np.prod(s)) for s in factors.values())
+    per_client = float(np.mean(sizes))
+    privacy = (
+        f"clipped to {cfg.stats_clip:g} + local noise sigma {cfg.stats_noise_multiplier:g} (charged as round 0)"
+        if noise_std > 0
+        else "in the clear (as in the paper; not covered by the client-level guarantee)"
+    )
+    echo(
+        f"statistics: {len(stats_list)}/{len(nodes)} clients, {per_client:,.0f} B per client "
+        f"({100 * per_client / raw:.3f} % of one round's raw factor increment, {raw / 1e6:.2f} MB), {privacy}"
+    )
+    info = {
+        "replied": len(stats_list),
+        "sampled": len(nodes),
+        "rejected": rejected,
+        "stats_bytes_per_client": per_client,
+        "stats_fraction_of_increment": per_client / raw,
+        "stats_granularity": cfg.stats_granularity,
+        "stats_privacy": privacy,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    return stats_list, info
+
+
+def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
+    """Load the run's autoencoder, or train and save it; ``(trained, version)``."""
+    path = run_dir / AE_FILE
+    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    if path.exists():
+        trained, version = load_checkpoint(path, device)
+        if trained.layout != layout or trained.config != ae_config:
+            raise FedloraError(f"{path} was trained for another model or autoencoder size")
+        echo(f"autoencoder {version}: reused from {path}")
+        return trained, version
+    t0 = time.monotonic()
+    train = TrainConfig(steps=cfg.ae_steps, normalise=cfg.ae_normalise, seed=cfg.seed)
+    trained = train_autoencoder(ae_config, layout, stats_list, train, device)
+    version = save_checkpoint(path, trained)
+    losses = trained.history["loss"]
+    seconds = time.monotonic() - t0
+    final = float(np.mean(losses[-10:])) if losses else float("nan")
+    log_record(
+        {
+            "round": STATS_ROUND,
+            "phase": "autoencoder",
+            "ae_version": version,
+            "ae_size": cfg.ae_size,
+            "steps": cfg.ae_steps,
+            "first_loss": losses[0] if losses else None,
+            "final_loss": final,
+            "seconds": round(seconds, 3),
+        }
+    )
+    echo(f"autoencoder {version}: {cfg.ae_size}, {cfg.ae_steps} steps in {seconds:.0f} s, loss {final:.4g}")
+    return trained, version
+
+
+def save_stats(path: Path, stats_list: Sequence[Stats]) -> None:
+    """Statistics as ``<client>|<factor>|mean`` / ``|std`` tensors; atomic, never overwrites."""
+    if path.exists():
+        raise FedloraError(f"'{path}' exists; refusing to overwrite it")
+    tensors = {
+        f"{i}|{name}|{part}": t.contiguous()
+        for i, stats in enumerate(stats_list)
+        for name, pair in stats.items()
+        for part, t in zip(("mean", "std"), pair, strict=True)
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_stats(path: Path, factors: Mapping[str, tuple[int, ...]]) -> list[dict[str, tuple[Tensor, Tensor]]]:
+    """Inverse of :func:`save_stats`, checked against ``factors``."""
+    tensors = load_file(path)
+    count = 1 + max((int(k.split("|")[0]) for k in tensors), default=-1)
+    try:
+        out = [
+            {n: (tensors[f"{i}|{n}|mean"], tensors[f"{i}|{n}|std"]) for n in factors} for i in range(count)
+        ]
+    except KeyError as exc:
+        raise FedloraError(f"{path} does not match the model's factors: missing {exc}") from None
+    if not out:
+        raise FedloraError(f"{path} holds no statistics")
+    return out
+
+
+__all__ = ["AE_CONFIGS", "ServerCodec", "ae_latent_size", "prepare_codec"]
