@@ -1,0 +1,255 @@
+"""DR-Encoder wired into the federation: configuration, statistics on the wire, the client's latent
+release, the server's decode + aggregate, and one federation end to end with its failure paths."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, Context, Message, RecordDict
+
+from autoencoder.codecs import CODECS, make_codec
+from autoencoder.layout import Layout
+from autoencoder.normalise import NORMALISATIONS
+from autoencoder.synthetic import GRANULARITIES, pack_stats, unpack_stats
+from client.gradstats import privatise
+from common import config
+from common.config import preset, to_flat
+from common.errors import FedloraError
+from common.privacy.ledger import Ledger
+from common.wire import InvalidReply, parse_stats_reply, stats_reply
+from server.budget import NoisePlan
+from server.drencoder import AE_CONFIGS, AE_FILE, ServerCodec, ae_latent_size
+from server.inprocess import InProcessGrid, load_component
+from server.simulate import CLIENT_APP, SERVER_APP
+
+TINY = dict(
+    num_clients=2, rounds=1, local_steps=2, batch_size=8, max_train_examples=200, eval_examples=40, seed=5
+)
+DR = dict(mechanism="dr-encoder", noise_multiplier=1.0, clip=0.5, ae_steps=2)
+
+
+# -- configuration ------------------------------------------------------------------------------------------
+
+
+def test_config_lists_match_the_implementations():
+    assert config.CODECS == CODECS
+    assert config.AE_NORMALISATIONS == NORMALISATIONS
+    assert tuple(AE_CONFIGS) == config.AE_SIZES
+    assert set(config.STATS_GRANULARITIES) <= set(GRANULARITIES)
+    assert config.MECHANISMS["dr-encoder"] == ("none", "dr-encoder")
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(noise_multiplier=0.0), "needs --noise-multiplier or --target-epsilon"),
+        (dict(decode_order="decode-first", threat_model="distributed"), "decode-first needs"),
+        (dict(local_optimizer="prism", sample_epsilon=4.0), "cannot be combined"),
+        (dict(codec="pca"), "unknown codec"),
+        (dict(stats_granularity="element"), "unknown stats-granularity"),
+        (dict(stats_clip=0.0), "stats-clip > 0"),
+    ],
+)
+def test_bad_dr_encoder_configs_fail_with_one_line(changes, message):
+    with pytest.raises(FedloraError, match=message):
+        preset("minilm-rt", **{**TINY, **DR, **changes}).check()
+
+
+# -- statistics on the wire ---------------------------------------------------------------------------------
+
+
+def _stats_msg(moments, granularity="matrix", noise=0.0) -> Message:
+    InProcessGrid(lambda m, c: m, 0, {})  # sets Flower's TaskIdentity for Message construction
+    query = Message(RecordDict(), dst_node_id=1001, message_type="query.gradstats", group_id="stats")
+    query.metadata.__dict__["_message_id"] = "q"
+    content = stats_reply(moments, {"granularity": granularity, "noise-std": noise})
+    return Message(content, reply_to=query)
+
+
+def test_packed_statistics_round_trip_and_parse():
+    shapes = {"a.A": (6, 3), "a.B": (5, 3)}
+    stats = {n: (torch.randn(1, 3), torch.rand(1, 3)) for n in shapes}
+    moments = pack_stats(stats, sorted(shapes))
+    assert moments.shape == (2, 2, 3)
+    parsed, size = parse_stats_reply(
+        _stats_msg(moments, "column"), shapes, {"granularity": "column", "noise-std": 0.0}
+    )
+    for name, (mean, std) in unpack_stats(parsed, sorted(shapes)).items():
+        torch.testing.assert_close(mean, stats[name][0])
+        torch.testing.assert_close(std, stats[name][1])
+    assert 0 < size < 1000
+
+
+@pytest.mark.parametrize(
+    "moments, expected, reason",
+    [
+        (
+            torch.ones(2, 2, 3),
+            {"granularity": "matrix", "noise-std": 0.0},
+            "float32",
+        ),  # column sent, matrix asked
+        (-torch.ones(2, 2, 1), {"granularity": "matrix", "noise-std": 0.0}, "negative std"),
+        (torch.full((2, 2, 1), float("nan")), {"granularity": "matrix", "noise-std": 0.0}, "non-finite"),
+        (torch.ones(2, 2, 1), {"granularity": "matrix", "noise-std": 0.5}, "noise-std"),
+    ],
+)
+def test_bad_statistics_are_rejected(moments, expected, reason):
+    with pytest.raises(InvalidReply, match=reason):
+        parse_stats_reply(_stats_msg(moments), {"a.A": (6, 3), "a.B": (5, 3)}, expected)
+
+
+def test_privatised_statistics_are_clipped_and_noised_with_the_configured_std():
+    moments = torch.rand(40, 2, 8) * 3
+    clipped = privatise(moments, 1.5, 0.0)
+    assert float(clipped.norm()) == pytest.approx(1.5, rel=1e-5)
+    assert (privatise(moments, 1.5, 0.2)[:, 1] >= 0).all()
+    # The means get clipped value + N(0, 0.2²): the empirical std over 40·8·50 draws is within 3 %.
+    draws = torch.stack([privatise(moments, 1.5, 0.2)[:, 0] - clipped[:, 0] for _ in range(50)])
+    assert float(draws.std()) == pytest.approx(0.2, rel=0.03)
+
+
+# -- server decode + aggregate ------------------------------------------------------------------------------
+
+
+def _codec(name):
+    layout = Layout.from_shapes({"m.A": (12, 2), "m.B": (10, 2)}, multiple=4)
+    mean = {n: torch.zeros(s) for n, s in layout.shapes.items()}
+    return ServerCodec(make_codec(name, layout=layout, mean=mean, latent_size=11, seed=1), name, 1, None)
+
+
+@pytest.mark.parametrize("threat", ["local", "distributed"])
+def test_linear_codecs_decode_the_same_mean_in_both_orders(threat):
+    coder = _codec("random-projection")
+    plan = NoisePlan(1.0, 1.0, 1.0, threat, 0.0, 1e-5, False)
+    coded = [{"latent": torch.randn(11), "head": torch.randn(3)} for _ in range(3)]
+    first = coder.aggregate(coded, "aggregate-first", plan, 3.0)
+    second = coder.aggregate(coded, "decode-first", plan, 3.0)
+    assert set(first) == {"m.A", "m.B", "head"}
+    for name in first:
+        torch.testing.assert_close(first[name], second[name])
+
+
+def test_ae_latent_size_matches_the_model():
+    from autoencoder.uformer import Uformer
+
+    cfg = AE_CONFIGS["tiny"]()
+    layout = Layout.from_shapes({"m.A": (40, 4), "m.B": (24, 4)}, multiple=cfg.downsample)
+    H, W = layout.height, layout.width
+    assert ae_latent_size(cfg, layout) == layout.num_images * math.prod(Uformer(cfg).latent_shape(H, W))
+
+
+# -- one federation end to end ------------------------------------------------------------------------------
+
+
+def _records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _federate(cfg, wrap=None, num_nodes=None):
+    """The real ServerApp over an in-process grid; ``wrap(client, msg, ctx)`` may alter a node's reply."""
+    client = load_component(CLIENT_APP)
+    app = client if wrap is None else (lambda msg, ctx: wrap(client, msg, ctx))
+    grid = InProcessGrid(app, num_nodes or cfg.num_clients, to_flat(cfg), state_root=None)
+    load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
+
+
+@pytest.fixture(scope="module")
+def dr_run(tmp_path_factory):
+    """One dr-encoder round, privatised statistics; node 0's train message is also answered a second
+    time (same local training, fresh noise) so the test can see the noise alone."""
+    run_dir = tmp_path_factory.mktemp("dr") / "r"
+    cfg = preset("minilm-rt", **TINY, **DR, stats_noise_multiplier=2.0, out_dir=str(run_dir)).check()
+    seen = {}
+
+    def twice(client, msg, ctx):
+        reply = client(msg, ctx)
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 0:
+            again = client(msg, ctx)
+            seen["pair"] = [r.content["increment"].to_torch_state_dict()["latent"] for r in (reply, again)]
+            seen["std"] = msg.content["config"]["noise-std"]
+            seen["bytes"] = msg.content["encoder"].count_bytes()
+        return reply
+
+    _federate(cfg, twice)
+    return run_dir, seen
+
+
+def test_dr_encoder_round_end_to_end_with_client_level_ledger(dr_run):
+    run_dir, _ = dr_run
+    recs = _records(run_dir)
+    stats = next(r for r in recs if r.get("phase") == "stats")
+    assert stats["replied"] == 2 and stats["rejected"] == []
+    assert stats["stats_bytes_per_client"] > 0 and stats["stats_fraction_of_increment"] <= 0.01
+    assert any(r.get("phase") == "autoencoder" for r in recs)
+    train = [r for r in recs if r.get("phase") == "train"]
+    assert len(train) == 1 and train[0]["replied"] == 2 and train[0]["rejected"] == []
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["dr_encoder"]["codec"] == "ae" and summary["dr_encoder"]["compression"] > 1
+    assert summary["dr_encoder"]["ae_version"].startswith("ae-") and (run_dir / AE_FILE).exists()
+    rows = Ledger.open(run_dir / "ledger.sqlite", "client-level").rows()
+    assert [(r["round"], r["sigma"], r["status"]) for r in rows] == [(0, 2.0, "applied"), (1, 1.0, "applied")]
+    assert (
+        summary["client_privacy"]["mu"] == pytest.approx(rows[-1]["mu"])
+        and summary["client_privacy"]["eps_gdp"] > 0
+    )
+
+
+def test_latent_noise_has_the_configured_std(dr_run):
+    """Same training, two releases: their difference is N(0, 2·std²) per latent coordinate."""
+    _, seen = dr_run
+    z1, z2 = seen["pair"]
+    assert seen["std"] == pytest.approx(1.0 * 0.5)  # local threat model: σ·C
+    diff = (z1 - z2) / math.sqrt(2)
+    assert diff.numel() > 1000
+    assert float(diff.std()) == pytest.approx(seen["std"], rel=0.05)
+    assert abs(float(diff.mean())) < 4 * seen["std"] / math.sqrt(diff.numel())
+
+
+def _corrupt(kind):
+    def change(content):
+        record = content["increment"]
+        latent = record["latent"].numpy()
+        if kind == "shape":
+            bad = np.zeros(latent.size + 1, np.float32)
+        elif kind == "dtype":
+            bad = latent.astype(np.float64)
+        elif kind == "nan":
+            bad = latent.copy()
+            bad[3] = np.nan
+        else:
+            content["meta"]["ae-version"] = "ae-0000000000000000"
+            return
+        arrays = {k: torch.from_numpy(v.numpy()) for k, v in record.items() if k != "latent"}
+        content["increment"] = ArrayRecord.from_numpy_ndarrays([bad], keep_input=True)
+        content["increment"] = ArrayRecord(
+            {"latent": _array(bad), **{k: _array(v.numpy()) for k, v in arrays.items()}}
+        )
+
+    return change
+
+
+def _array(x):
+    from flwr.app import Array
+
+    return Array(np.ascontiguousarray(x))
+
+
+def test_server_rejects_bad_latents_and_continues_with_the_others(tmp_path):
+    kinds = ["shape", "dtype", "nan", "version"]
+    cfg = preset("minilm-rt", **{**TINY, "num_clients": 5}, **DR, out_dir=str(tmp_path / "r")).check()
+
+    def corrupting(client, msg, ctx):
+        reply = client(msg, ctx)
+        pid = ctx.node_config["partition-id"]
+        if msg.metadata.message_type == "train" and pid > 0:
+            _corrupt(kinds[pid - 1])(reply.content)
+        return reply
+
+    _federate(cfg, corrupting)
+    (train,) = [r for r in _records(tmp_path / "r") if r.get("phase") == "train"]
+    assert train["replied"] == 1 and len(train["rejected"]) == 4
+    reasons = " | ".join(train["rejected"])
+    for needle in ("latent: float32", "float64", "non-finite", "ae-version 'ae-0000000000000000'"):
+        assert needle in reasons, reasons
