@@ -99,7 +99,8 @@ def train(msg: Message, context: Context) -> Message:
     noise_std = float(round_cfg["noise-std"])
     meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": noise_std}
     if release == "dr-encoder":  # encode; the latent (and any dense entries) is what is released
-        increment = encode_update(round_codec(msg.content, shard.bundle.device), increment)
+        cache = node_state_dir(dict(context.node_config))
+        increment = encode_update(round_codec(msg.content, shard.bundle.device, cache), increment)
         meta["ae-version"] = str(round_cfg["ae-version"])
     if release in ("gaussian", "dr-encoder"):  # client-level DP: clip, add this client's noise share
         increment = add_noise(clip(increment, float(round_cfg["clip"]))[0], noise_std)

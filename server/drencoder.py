@@ -76,6 +76,15 @@ class ServerCodec:
                 "encoder": ArrayRecord.from_torch_state_dict(tensors),
                 "encoder-meta": ConfigRecord(meta),
             }
+        self.holders: set[int] = set()  # nodes that answered a round with this encoder
+
+    def records_for(self, node: int) -> dict:
+        """The encoder broadcast for ``node`` until it has used it (then nothing: it keeps a copy)."""
+        return {} if node in self.holders else self.records
+
+    def replied(self, node: int, ok: bool) -> None:
+        """Record whether ``node`` answered with a usable coded update (else it gets the encoder again)."""
+        (self.holders.add if ok else self.holders.discard)(node)
 
     def reply_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         return coded_shapes(self.codec, shapes)

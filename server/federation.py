@@ -152,7 +152,7 @@ def _train_round(
         shapes = coder.reply_shapes(shapes)
     messages = [
         Message(
-            train_instruction(state, rnd, round_cfg, coder.records if coder else None),
+            train_instruction(state, rnd, round_cfg, coder.records_for(node) if coder else None),
             dst_node_id=node,
             message_type="train",
             group_id=str(rnd),
@@ -173,7 +173,11 @@ def _train_round(
         except InvalidReply as exc:
             rejected.append(str(exc))
             log.warning("round %d: rejected reply from node %s: %s", rnd, reply.metadata.src_node_id, exc)
+            if coder:
+                coder.replied(reply.metadata.src_node_id, False)
             continue
+        if coder:
+            coder.replied(reply.metadata.src_node_id, True)
         bytes_up += reply.content["increment"].count_bytes()
         increments.append(inc)
         weights.append(weight)

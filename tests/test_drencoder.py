@@ -3,12 +3,14 @@ release, the server's decode + aggregate, and one federation end to end with its
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from autoencoder.checkpoint import load_checkpoint
 from autoencoder.codecs import CODECS, make_codec
 from autoencoder.layout import Layout
 from autoencoder.normalise import NORMALISATIONS
@@ -147,11 +149,12 @@ def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _federate(cfg, wrap=None, num_nodes=None):
+def _federate(cfg, wrap=None):
     """The real ServerApp over an in-process grid; ``wrap(client, msg, ctx)`` may alter a node's reply."""
     client = load_component(CLIENT_APP)
     app = client if wrap is None else (lambda msg, ctx: wrap(client, msg, ctx))
-    grid = InProcessGrid(app, num_nodes or cfg.num_clients, to_flat(cfg), state_root=None)
+    nodes = Path(cfg.out_dir).parent / "nodes"
+    grid = InProcessGrid(app, cfg.num_clients, to_flat(cfg), state_root=nodes)
     load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
 
 
@@ -160,16 +163,19 @@ def dr_run(tmp_path_factory):
     """One dr-encoder round, privatised statistics; node 0's train message is also answered a second
     time (same local training, fresh noise) so the test can see the noise alone."""
     run_dir = tmp_path_factory.mktemp("dr") / "r"
-    cfg = preset("minilm-rt", **TINY, **DR, stats_noise_multiplier=2.0, out_dir=str(run_dir)).check()
-    seen = {}
+    cfg = preset(
+        "minilm-rt", **{**TINY, "rounds": 2}, **DR, stats_noise_multiplier=2.0, out_dir=str(run_dir)
+    ).check()
+    seen = {"encoder": []}
 
     def twice(client, msg, ctx):
         reply = client(msg, ctx)
+        if msg.metadata.message_type == "train":
+            seen["encoder"].append((msg.content["config"]["round"], "encoder" in msg.content))
         if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 0:
             again = client(msg, ctx)
             seen["pair"] = [r.content["increment"].to_torch_state_dict()["latent"] for r in (reply, again)]
             seen["std"] = msg.content["config"]["noise-std"]
-            seen["bytes"] = msg.content["encoder"].count_bytes()
         return reply
 
     _federate(cfg, twice)
@@ -184,16 +190,41 @@ def test_dr_encoder_round_end_to_end_with_client_level_ledger(dr_run):
     assert stats["stats_bytes_per_client"] > 0 and stats["stats_fraction_of_increment"] <= 0.01
     assert any(r.get("phase") == "autoencoder" for r in recs)
     train = [r for r in recs if r.get("phase") == "train"]
-    assert len(train) == 1 and train[0]["replied"] == 2 and train[0]["rejected"] == []
+    assert [(r["replied"], r["rejected"]) for r in train] == [(2, []), (2, [])]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["dr_encoder"]["codec"] == "ae" and summary["dr_encoder"]["compression"] > 1
     assert summary["dr_encoder"]["ae_version"].startswith("ae-") and (run_dir / AE_FILE).exists()
     rows = Ledger.open(run_dir / "ledger.sqlite", "client-level").rows()
-    assert [(r["round"], r["sigma"], r["status"]) for r in rows] == [(0, 2.0, "applied"), (1, 1.0, "applied")]
+    assert [(r["round"], r["sigma"], r["status"]) for r in rows] == [
+        (0, 2.0, "applied"),
+        (1, 1.0, "applied"),
+        (2, 1.0, "applied"),
+    ]
     assert (
         summary["client_privacy"]["mu"] == pytest.approx(rows[-1]["mu"])
         and summary["client_privacy"]["eps_gdp"] > 0
     )
+
+
+def test_encoder_goes_to_each_node_once_and_stays_in_its_state_dir(dr_run):
+    run_dir, seen = dr_run
+    assert seen["encoder"] == [(1, True), (1, True), (2, False), (2, False)]
+    version = json.loads((run_dir / "summary.json").read_text())["dr_encoder"]["ae_version"]
+    cached = run_dir.parent / "nodes" / "node-1" / "encoders" / f"{version}.safetensors"
+    assert cached.is_file()
+    # A restarted node (empty memory) encodes from its state dir alone; without it, a clear error.
+    from client import codec as client_codec
+
+    client_codec._ENCODERS.clear()
+    layout = load_checkpoint(run_dir / AE_FILE)[0].layout
+    content = RecordDict(
+        {"config": ConfigRecord({"codec": "ae", "ae-version": version, "layout": layout.to_json()})}
+    )
+    codec = client_codec.round_codec(content, torch.device("cpu"), cached.parent.parent)
+    assert codec.version == version and codec.latent_size > 0
+    client_codec._ENCODERS.clear()
+    with pytest.raises(FedloraError, match="not cached on this node"):
+        client_codec.round_codec(content, torch.device("cpu"), run_dir)
 
 
 def test_latent_noise_has_the_configured_std(dr_run):
@@ -221,19 +252,10 @@ def _corrupt(kind):
         else:
             content["meta"]["ae-version"] = "ae-0000000000000000"
             return
-        arrays = {k: torch.from_numpy(v.numpy()) for k, v in record.items() if k != "latent"}
-        content["increment"] = ArrayRecord.from_numpy_ndarrays([bad], keep_input=True)
-        content["increment"] = ArrayRecord(
-            {"latent": _array(bad), **{k: _array(v.numpy()) for k, v in arrays.items()}}
-        )
+        dense = {k: Array(v.numpy()) for k, v in record.items() if k != "latent"}
+        content["increment"] = ArrayRecord({"latent": Array(np.ascontiguousarray(bad)), **dense})
 
     return change
-
-
-def _array(x):
-    from flwr.app import Array
-
-    return Array(np.ascontiguousarray(x))
 
 
 def test_server_rejects_bad_latents_and_continues_with_the_others(tmp_path):
