@@ -8,7 +8,7 @@ export FEDLORA_CACHE ?= $(CURDIR)/.cache
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-all lint format clean
+.PHONY: install run test test-all lint format clean compose-install compose-check
 
 install: $(STAMP)
 
@@ -20,13 +20,45 @@ $(STAMP): pyproject.toml constraints.txt requirements-assets.txt
 	$(PIP) install --no-deps -r requirements-assets.txt
 	touch $@
 
+# docker-compose v1 (1.29.2, the release Debian bookworm packages as `docker-compose`) validates
+# docker-compose*.yml offline: `config -q` needs no Docker engine. It gets its own venv inside
+# .venv (so `make clean` removes it and ruff/git ignore it). PyPI's 1.29.2 pins PyYAML<6, whose
+# sdists no longer build (Cython 3), so it is installed --no-deps with every dependency pinned
+# to the versions Debian's package runs on (python3-yaml 6.0, python3-docker 5.0.3,
+# python3-jsonschema 4.10.3, ...; PyYAML 6.0.1 is 6.0's bugfix with wheels); setuptools supplies
+# `distutils` (compose imports it) on Python >= 3.12, and a one-line `pipes` module (compose only
+# calls pipes.quote) stands in on Python >= 3.13. Rename the stamp when the pins change.
+COMPOSE_VENV  := $(VENV)/compose-v1
+COMPOSE       := $(COMPOSE_VENV)/bin/docker-compose
+COMPOSE_STAMP := $(COMPOSE_VENV)/.installed-1.29.2-a
+COMPOSE_PINS  := docker-compose==1.29.2 PyYAML==6.0.1 docker==5.0.3 jsonschema==4.10.3 \
+	attrs==23.2.0 pyrsistent==0.20.0 python-dotenv==0.21.0 texttable==1.6.7 websocket-client==1.2.3 \
+	dockerpty==0.4.1 docopt==0.6.2 distro==1.8.0 six==1.16.0 requests==2.28.1 urllib3==1.26.20 \
+	idna==3.10 charset-normalizer==2.1.1 certifi==2024.8.30 setuptools==75.8.0
+
+compose-install: $(COMPOSE_STAMP)
+
+$(COMPOSE_STAMP):
+	rm -rf $(COMPOSE_VENV)
+	$(PYTHON) -m venv $(COMPOSE_VENV)
+	$(COMPOSE_VENV)/bin/python -m pip --disable-pip-version-check -q install --no-deps $(COMPOSE_PINS)
+	$(COMPOSE_VENV)/bin/python -c 'import pipes' 2>/dev/null || echo 'from shlex import quote' \
+		>"$$($(COMPOSE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/pipes.py"
+	$(COMPOSE) version
+	touch $@
+
+# The checks that tests/test_compose.py runs, by hand.
+compose-check: $(COMPOSE_STAMP)
+	$(COMPOSE) -f docker-compose.yml config -q
+	$(COMPOSE) -f docker-compose.yml -f docker-compose.tls.yml config -q
+
 run: $(STAMP)
 	$(VENV)/bin/fedlora simulate --preset default
 
-test: $(STAMP)
+test: $(STAMP) $(COMPOSE_STAMP)
 	$(PY) -m pytest -q
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(COMPOSE_STAMP)
 	$(PY) -m pytest -q -m ''
 
 lint: $(STAMP)
