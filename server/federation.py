@@ -165,11 +165,7 @@ def _train_round(
     increments, weights, losses, rejected, bytes_up = [], [], [], [], 0
     for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
         try:
-            if reply.metadata.group_id != str(rnd):
-                raise InvalidReply(f"late reply from round {reply.metadata.group_id}")
-            inc, weight, extra = parse_train_reply(reply, rnd, shapes, expected)
-            if plan and plan.threat_model == "central" and global_norm(inc) > plan.clip * (1 + 1e-4):
-                raise InvalidReply(f"increment norm {global_norm(inc):.4g} exceeds the clip {plan.clip:g}")
+            inc, weight, extra = accept_reply(reply, rnd, shapes, expected, plan)
         except InvalidReply as exc:
             rejected.append(str(exc))
             log.warning("round %d: rejected reply from node %s: %s", rnd, reply.metadata.src_node_id, exc)
@@ -204,6 +200,19 @@ def _train_round(
         bytes_up=bytes_up,
     )
     return state, len(increments)
+
+
+def accept_reply(
+    reply: Message, rnd: int, shapes: dict, expected: dict, plan: NoisePlan | None
+) -> tuple[AdapterState, int, dict[str, float]]:
+    """One train reply, validated for round ``rnd`` (common.wire.parse_train_reply, plus: not late, and
+    within the clip under central noise); :class:`InvalidReply` says why it must not be used."""
+    if reply.metadata.group_id != str(rnd):
+        raise InvalidReply(f"late reply from round {reply.metadata.group_id}")
+    inc, weight, extra = parse_train_reply(reply, rnd, shapes, expected)
+    if plan and plan.threat_model == "central" and global_norm(inc) > plan.clip * (1 + 1e-4):
+        raise InvalidReply(f"increment norm {global_norm(inc):.4g} exceeds the clip {plan.clip:g}")
+    return inc, weight, extra
 
 
 def _charge(cfg: RunConfig, plan: NoisePlan, run_id: str, rnd: int, sampled: int) -> Charge:
@@ -308,4 +317,4 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
     return summary
 
 
-__all__ = ["run_federation", "wait_for_nodes"]
+__all__ = ["accept_reply", "run_federation", "wait_for_nodes"]
