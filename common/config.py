@@ -77,6 +77,7 @@ class RunConfig:
     device: str = "auto"
     round_timeout: float = 600.0
     min_nodes: int = 0  # nodes to wait for before round 1 (0 = num_clients)
+    min_replies: int = 1  # usable replies a round needs for its aggregate to be applied
     codec: str = "ae"  # what a dr-encoder release encodes with
     ae_size: str = "tiny"
     ae_steps: int = 300  # autoencoder training steps on synthetic gradients
@@ -178,6 +179,8 @@ class RunConfig:
             self._check_dr_encoder()
         if self.max_train_examples < 0 or self.round_timeout <= 0 or self.min_nodes < 0:
             raise FedloraError("max-train-examples and min-nodes must be >= 0, round-timeout > 0")
+        if self.min_replies < 1:
+            raise FedloraError(f"min-replies must be >= 1, got {self.min_replies}")
         return self
 
     def _check_dr_encoder(self) -> None:
@@ -234,6 +237,7 @@ HELP: dict[str, str] = {
     "device": "auto, cpu or cuda",
     "round_timeout": "seconds to wait for replies (and for nodes to connect)",
     "min_nodes": "nodes to wait for before round 1 (0 = num-clients)",
+    "min_replies": "usable replies a round needs to be applied (fewer: withheld, its privacy charge stands)",
     "codec": "dr-encoder codec: ae (trained Uformer), identity, constant-mean or random-projection",
     "ae_size": "autoencoder configuration: tiny (CPU), paper or paper-best (GPU)",
     "ae_steps": "autoencoder training steps on synthetic gradients",

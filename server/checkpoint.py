@@ -35,6 +35,8 @@ class LoopState:
     before: dict = field(default_factory=dict)  # held-out metrics of the initial adapter
     after: dict = field(default_factory=dict)  # held-out metrics after the last applied round
     record: dict = field(default_factory=dict)  # the metrics line of the last committed round
+    withheld: int = 0  # rounds whose aggregate was not applied (fewer than min-replies usable replies)
+    dropouts: list = field(default_factory=list)  # [{"round": r, "nodes": [ids]}]: sampled, never answered
 
 
 def save(path: Path, state: AdapterState, loop: LoopState) -> None:

@@ -97,6 +97,10 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
             if replied:
                 loop.after = evaluator(state)
                 loop.completed += 1
+            elif record["replied"]:
+                loop.withheld += 1
+            if record["dropouts"]:
+                loop.dropouts.append({"round": rnd, "nodes": record["dropouts"]})
         else:
             loop.skipped += 1
             record.update(phase="skipped", replied=0)
@@ -109,7 +113,8 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
         loop.round, loop.rng, loop.record = rnd, rng.bit_generator.state, record
         checkpoint.save(out.checkpoint_path, state, loop)
         if ledger:
-            ledger.settle(run_id, rnd, "applied", replied=record["replied"])
+            status = "withheld" if record.get("applied") is False else "applied"
+            ledger.settle(run_id, rnd, status, replied=record["replied"])
         out.log(record)
         echo(_round_line(record, metric, ledger))
     summary = _summary(cfg, out, evaluator, state, loop, ledger, plan, len(nodes), stopped, start)
@@ -163,7 +168,10 @@ def _train_round(
         r.count_bytes() for m in messages for r in m.content.values() if hasattr(r, "count_bytes")
     )
     increments, weights, losses, rejected, bytes_up = [], [], [], [], 0
+    answered = set()
     for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
+        if reply.metadata.group_id == str(rnd):
+            answered.add(reply.metadata.src_node_id)
         try:
             inc, weight, extra = accept_reply(reply, rnd, shapes, expected, plan)
         except InvalidReply as exc:
@@ -178,28 +186,39 @@ def _train_round(
         increments.append(inc)
         weights.append(weight)
         losses.append(extra.get("train-loss", float("nan")))
-    if increments and plan:
+    dropouts = sorted(set(sampled) - answered)
+    if dropouts:
+        log.warning("round %d: no reply from sampled node(s) %s", rnd, dropouts)
+    usable = len(increments) >= cfg.min_replies
+    if increments and not usable:
+        log.warning(
+            "round %d: %d usable replies < min-replies %d: withheld", rnd, len(increments), cfg.min_replies
+        )
+    if increments and plan:  # releases arrived (used or withheld): the charge follows their noise
         sigma = effective_sigma(plan.threat_model, plan.sigma, len(sampled), len(increments))
         if ledger and sigma < plan.sigma:  # dropouts took their noise share with them
             ledger.amend_sigma(run_id, rnd, sigma)
+    if usable and plan:
         expected_count = cfg.sample_rate * cfg.num_clients
         if coder:
             mean = coder.aggregate(increments, cfg.decode_order, plan, expected_count)
         else:
             mean = private_mean(increments, plan.threat_model, plan.sigma, plan.clip, expected_count)
         state = apply_increment(state, mean, cfg.server_lr)
-    elif increments:
+    elif usable:
         state = apply_increment(state, weighted_mean(increments, weights), cfg.server_lr)
     finite = [x for x in losses if np.isfinite(x)]
     record.update(
         phase="train",
         replied=len(increments),
         rejected=rejected,
+        dropouts=dropouts,
+        applied=usable,
         train_loss=float(np.mean(finite)) if finite else None,
         bytes_down=bytes_down,
         bytes_up=bytes_up,
     )
-    return state, len(increments)
+    return state, len(increments) if usable else 0
 
 
 def accept_reply(
@@ -286,6 +305,8 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
         "sample_rate": cfg.sample_rate,
         "rounds_completed": loop.completed,
         "rounds_skipped": loop.skipped,
+        "rounds_withheld": loop.withheld,
+        "dropouts": loop.dropouts,
         "stopped": stopped,
         "before": loop.before,
         "after": loop.after,

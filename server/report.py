@@ -106,7 +106,22 @@ def format_summary(s: dict) -> str:
         f"fedlora run summary  ({s['model']} on {s['dataset']}, mechanism {s['mechanism']})",
         f"  rounds             {s['rounds_completed']} completed, {s['rounds_skipped']} skipped (nobody sampled)"
         + (f", interrupted by a crash: {s['rounds_interrupted']}" if s.get("rounds_interrupted") else ""),
+        *(
+            [f"  withheld           {s['rounds_withheld']} round(s) with too few usable replies"]
+            if s.get("rounds_withheld")
+            else []
+        ),
         f"  clients            {s['num_clients']} nodes, sample rate p = {s['sample_rate']}",
+        *(
+            [
+                "  dropouts           "
+                + "; ".join(
+                    f"round {d['round']}: node(s) {', '.join(map(str, d['nodes']))}" for d in s["dropouts"]
+                )
+            ]
+            if s.get("dropouts")
+            else []
+        ),
         f"  held-out {metric:<9} {s['before'][metric]:.4f} before -> {s['after'][metric]:.4f} after"
         f"  ({s['eval_examples']} examples)",
         f"  bytes per round    {s['bytes_down_per_round'] / 1e6:.2f} MB down, "

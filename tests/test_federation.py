@@ -139,3 +139,42 @@ def test_prism_local_steps_compose_with_client_level_release(tmp_path):
         assert rows[-1]["mechanism"] == "prism" and 0 < rows[-1]["eps_tight"] <= 8.0
     client_level = Ledger.open(run_dir / "ledger.sqlite", "client-level").rows()
     assert [r["round"] for r in client_level] == [1, 2]
+
+
+def _run_with_node_dying(cfg, dying_partition: int = 2) -> None:
+    """The federation where node ``dying_partition`` answers its first message, then never again."""
+    client = load_component(CLIENT_APP)
+    grid = None
+
+    def dies_after_one_reply(msg: Message, ctx):
+        reply = client(msg, ctx)
+        if ctx.node_config["partition-id"] == dying_partition:
+            grid.offline.add(ctx.node_id)
+        return reply
+
+    grid = InProcessGrid(dies_after_one_reply, cfg.num_clients, to_flat(cfg))
+    load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
+
+
+def test_a_node_lost_mid_run_is_listed_as_a_dropout_and_the_run_finishes(tmp_path):
+    cfg = preset("minilm-rt", **{**TINY, "num_clients": 3, "rounds": 2}).replace(out_dir=str(tmp_path / "r"))
+    _run_with_node_dying(cfg.check())
+    recs = _records(tmp_path / "r")
+    assert [(r["round"], r["replied"], r["dropouts"]) for r in recs[1:]] == [(1, 3, []), (2, 2, [1003])]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2 and summary["dropouts"] == [{"round": 2, "nodes": [1003]}]
+
+
+def test_too_few_replies_withhold_the_round_but_keep_its_charge(tmp_path):
+    dp = dict(mechanism="dp-fedavg", noise_multiplier=2.0, clip=0.5, min_replies=3)
+    cfg = preset("minilm-rt", **{**TINY, "num_clients": 3, "rounds": 2}, **dp).replace(
+        out_dir=str(tmp_path / "r")
+    )
+    _run_with_node_dying(cfg.check())
+    recs = _records(tmp_path / "r")
+    assert [(r["replied"], r["applied"]) for r in recs[1:]] == [(3, True), (2, False)]
+    assert recs[2]["accuracy"] == recs[1]["accuracy"]  # nothing applied in round 2
+    rows = Ledger.open(tmp_path / "r" / "ledger.sqlite", "client-level").rows()
+    assert [(r["round"], r["status"]) for r in rows] == [(1, "applied"), (2, "withheld")]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["rounds_completed"] == 1 and summary["rounds_withheld"] == 1
