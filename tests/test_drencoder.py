@@ -275,3 +275,30 @@ def test_server_rejects_bad_latents_and_continues_with_the_others(tmp_path):
     reasons = " | ".join(train["rejected"])
     for needle in ("latent: float32", "float64", "non-finite", "ae-version 'ae-0000000000000000'"):
         assert needle in reasons, reasons
+
+
+def test_a_crashed_dr_encoder_run_resumes_with_its_statistics_and_autoencoder(tmp_path):
+    """The server dies in round 2; the resumed run reuses the saved statistics and autoencoder (no new
+    query, same version), and round 2 stays charged once, as interrupted."""
+    cfg = preset("minilm-rt", **{**TINY, "rounds": 2}, **DR, out_dir=str(tmp_path / "r")).check()
+
+    def crash_in_round_2(client, msg, ctx):
+        if msg.metadata.message_type == "train" and msg.content["config"]["round"] == 2:
+            raise RuntimeError("server machine lost")
+        return client(msg, ctx)
+
+    with pytest.raises(RuntimeError, match="server machine lost"):
+        _federate(cfg, crash_in_round_2)
+    ae_bytes = (tmp_path / "r" / AE_FILE).read_bytes()
+    queries = []
+
+    def count_queries(client, msg, ctx):
+        queries.append(msg.metadata.message_type)
+        return client(msg, ctx)
+
+    _federate(cfg.replace(resume=True), count_queries)
+    assert "query.gradstats" not in queries and (tmp_path / "r" / AE_FILE).read_bytes() == ae_bytes
+    recs = _records(tmp_path / "r")
+    assert [r["phase"] for r in recs if r["round"] == 0].count("stats") == 1
+    rows = Ledger.open(tmp_path / "r" / "ledger.sqlite", "client-level").rows()
+    assert [(r["round"], r["status"]) for r in rows] == [(1, "applied"), (2, "interrupted")]
