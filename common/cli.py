@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "train one client centrally with a local (DP) optimizer; held-out accuracy and sample-level epsilon",
     ),
     "bench": ("client.bench.cli", "mechanism measurements (gauge, prism-step)"),
+    "deploy": ("server.deploy", "run a real deployment: flower-superlink + N flower-supernodes + flwr run"),
 }
 
 

@@ -1,0 +1,226 @@
+"""``fedlora deploy up`` (server/deploy.py) with real Flower 1.41 processes on loopback.
+
+Default suite: the pure helpers, argument errors, the shutdown of a process tree that ignores
+SIGTERM, and SuperNode authentication (a TLS SuperLink with --enable-supernode-auth accepts a
+registered key and refuses an unregistered one) -- no model is trained there.
+
+Slow (``make test-all``): a DP federation (dp-fedavg, 3 SuperNodes, 2 rounds) through
+``flwr run``, in plain HTTP via :func:`deploy_up` and with TLS + node authentication plus an
+unregistered fourth node. Each starts ~10 Python processes and a fresh ClientApp process per node
+and round, so it takes minutes on 2 busy cores."""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from pathlib import Path
+
+import psutil
+import pytest
+
+from common.errors import FedloraError
+from server import deploy
+from server.deploy import (
+    Options,
+    bring_up,
+    deploy_up,
+    free_port,
+    generate_certs,
+    leftovers,
+    list_nodes,
+    prepare,
+    register_node,
+    resolve_run_config,
+    run_and_wait,
+    shutdown,
+    spawn,
+    start_superlink,
+    start_supernode,
+    toml_quote,
+    wait_for_nodes,
+)
+from tests.conftest import run_cli
+
+# tests/test_federation.py's tiny configuration, client-level DP, 3 nodes and 2 rounds.
+DP_RUN = (
+    "preset='minilm-rt' rounds=2 local-steps=2 batch-size=8 max-train-examples=200 eval-examples=40 "
+    "seed=5 mechanism='dp-fedavg' noise-multiplier=1.0",
+)
+NODES = 3
+
+
+def _opts(tmp_path: Path, **kw) -> Options:
+    base = dict(nodes=NODES, work_dir=tmp_path / "work", port=free_port(), timeout=900.0, grace=10.0)
+    return Options(**{**base, **kw})
+
+
+def _assert_all_gone(dep) -> None:
+    """No process this deployment started (or any descendant) is alive, zombies aside."""
+    deadline = time.monotonic() + 10
+    while (stray := leftovers(dep)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert stray == [], [psutil.Process(p).cmdline() for p in stray if psutil.pid_exists(p)]
+    assert dep.seen_pids, "shutdown saw no processes"
+    for pid in dep.seen_pids:
+        if psutil.pid_exists(pid):
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+
+
+def _check_dp_run(run_dir: Path, dep) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2 and summary["num_clients"] == NODES
+    assert summary["client_privacy"]["eps_gdp"] > 0
+    rounds = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rounds if r["phase"] == "train"]
+    assert [(r["round"], r["sampled"], r["replied"]) for r in trained] == [(1, 3, 3), (2, 3, 3)]
+    for k in range(NODES):  # every real SuperNode answered both rounds
+        log = (dep.logs / f"node-{k}.log").read_text()
+        assert log.count("Sending: train message") == 2, k
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def test_toml_quote_keeps_values_whole():
+    assert toml_quote("/a b/c") == "'/a b/c'"
+    assert toml_quote("/it's") == '"/it\'s"'
+    with pytest.raises(FedloraError):
+        toml_quote("""/a'b"c""")
+
+
+def test_run_config_gets_node_count_and_absolute_out_dir(tmp_path):
+    flat = resolve_run_config(("preset='minilm-rt' rounds=2",), 3, tmp_path)
+    assert flat["num-clients"] == 3 and flat["out-dir"] == str(tmp_path.resolve() / "run")
+    assert flat["preset"] == "minilm-rt" and flat["rounds"] == 2
+    own = resolve_run_config(("num-clients=3 out-dir='elsewhere'",), 3, tmp_path)
+    assert Path(own["out-dir"]).is_absolute() and own["out-dir"].endswith("elsewhere")
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (("num-clients=2",), "must agree"),
+        (("bogus=1",), "unknown config key"),
+        (("rounds=0",), "rounds"),
+        (("rounds=",), "cannot read 'rounds='"),
+        (("rounds=2 oops",), "cannot read 'oops'"),
+        (("rounds=x y",), "bad --run-config"),
+        (("cfg.toml",), "not a TOML file"),
+    ],
+)
+def test_bad_run_config_fails_before_anything_starts(tmp_path, items, message):
+    with pytest.raises(FedloraError, match=message):
+        resolve_run_config(items, 3, tmp_path)
+
+
+def test_existing_run_directory_is_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    with pytest.raises(FedloraError, match="already holds a run"):
+        resolve_run_config((), 3, tmp_path)
+
+
+def test_cli_errors_are_one_line_and_start_nothing(tmp_path, capsys):
+    work = tmp_path / "w"
+    assert (
+        run_cli(["deploy", "up", "--nodes", "2", "--work-dir", str(work), "--run-config", "num-clients=3"])
+        == 2
+    )
+    assert "must agree" in capsys.readouterr().err
+    assert not work.exists()
+    assert run_cli(["deploy"]) == 2
+
+
+def test_prepare_writes_the_connection(tmp_path):
+    plain = prepare(_opts(tmp_path, port=8123), echo=lambda _: None)
+    conf = tomllib.loads((plain.flwr_home / "config.toml").read_text())
+    assert conf["superlink"]["default"] == "fedlora-deploy"
+    assert conf["superlink"]["fedlora-deploy"] == {"address": "127.0.0.1:8123", "insecure": True}
+    assert plain.env["FLWR_HOME"] == str(plain.flwr_home)
+
+
+def test_shutdown_kills_a_tree_that_ignores_sigterm(tmp_path):
+    dep = prepare(_opts(tmp_path, grace=1.0), echo=lambda _: None)
+    # SIG_IGN is inherited: the child sleep ignores SIGTERM too, so only SIGKILL ends them.
+    proc = spawn(dep, "stubborn", ["bash", "-c", "trap '' TERM; sleep 300 & echo ready; wait"])
+    while "ready" not in proc.tail():
+        time.sleep(0.1)
+    child = psutil.Process(proc.pid).children()
+    assert child
+    start = time.monotonic()
+    shutdown(dep)
+    assert time.monotonic() - start >= 1.0  # SIGTERM was ignored: it waited out the grace period
+    assert proc.poll() is not None
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in child)
+    assert {proc.pid, child[0].pid} <= dep.seen_pids
+
+
+def test_a_failed_run_is_reported_with_flowers_details(tmp_path, monkeypatch):
+    dep = prepare(_opts(tmp_path), echo=lambda _: None)
+    monkeypatch.setattr(deploy, "follow_run", lambda d, run_id: spawn(d, "run", ["true"], critical=False))
+    monkeypatch.setattr(deploy, "run_status", lambda d, run_id: ("finished:failed", "ServerApp failed: boom"))
+    try:
+        with pytest.raises(deploy.RunFailed, match="run 7 finished:failed: ServerApp failed: boom") as err:
+            deploy.wait_for_run(dep, 7, time.monotonic() + 60)
+        assert err.value.exit_code == 1
+    finally:
+        shutdown(dep)
+
+
+# --- real processes ------------------------------------------------------------------------------
+
+
+def test_unregistered_supernode_is_refused(tmp_path):
+    """TLS + --enable-supernode-auth: the registered key connects; an unregistered one exits
+    (code 1, Flower exit code 305) and `flwr supernode list` shows only the registered node."""
+    dep = prepare(_opts(tmp_path, nodes=1, tls=True), echo=lambda _: None)
+    rogue = generate_certs(tmp_path / "rogue", 1)
+    try:
+        start_superlink(dep)
+        registered = register_node(dep, dep.tls.node_pub(1))
+        assert register_node(dep, dep.tls.node_pub(1)) is None  # "already in use": a reused work dir
+        node = start_supernode(dep, 0, 1)
+        stranger = start_supernode(dep, 0, 1, key=rogue.node_key(1), name="rogue", critical=False)
+        assert wait_for_nodes(dep, [node], time.monotonic() + 240) == [registered]
+        assert stranger.popen.wait(timeout=240) != 0
+        assert stranger.flower_exit_code() == 305
+        assert "Failed to activate SuperNode" in stranger.tail(40)
+        assert [int(n["node-id"]) for n in list_nodes(dep)] == [registered]
+    finally:
+        shutdown(dep)
+    _assert_all_gone(dep)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_deploy_up_runs_a_dp_federation(tmp_path):
+    lines: list[str] = []
+    result = deploy_up(_opts(tmp_path, run_config=DP_RUN), echo=lines.append)
+    assert result.status == "finished:completed"
+    assert result.run_dir == (tmp_path / "work" / "run").resolve()
+    _check_dp_run(result.run_dir, result.deployment)
+    assert any(ln.startswith("[run] fedlora run summary") for ln in lines)
+    assert any("summary.json" in ln for ln in lines)
+    _assert_all_gone(result.deployment)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_tls_deployment_with_node_auth_refuses_an_unregistered_node(tmp_path):
+    opts = _opts(tmp_path, tls=True, run_config=DP_RUN)
+    flat = resolve_run_config(opts.run_config, NODES, opts.work_dir.resolve())
+    dep = prepare(opts, echo=lambda _: None)
+    rogue = generate_certs(tmp_path / "rogue", 1)
+    try:
+        nodes = bring_up(dep)  # SuperLink with TLS + auth, 3 keys registered, 3 nodes connected
+        stranger = start_supernode(dep, 0, NODES, key=rogue.node_key(1), name="rogue", critical=False)
+        assert stranger.popen.wait(timeout=240) != 0 and stranger.flower_exit_code() == 305
+        listed = {int(n["node-id"]) for n in list_nodes(dep)}
+        assert listed == {p.node_id for p in nodes}
+        result = run_and_wait(dep, flat)
+    finally:
+        shutdown(dep)
+    assert result.status == "finished:completed"
+    _check_dp_run(result.run_dir, dep)
+    _assert_all_gone(dep)
