@@ -13,12 +13,13 @@ from autoencoder.layout import is_factor
 from client.codec import round_codec
 from client.gradstats import local_stats, privatise
 from client.local_train import local_update
+from client.node import NodePolicy
 from client.sample_privacy import SamplePlan, plan_sample_noise
-from client.shard import Shard, load_shard, partition_of
+from client.shard import MODEL_PATH, Shard, load_global, node_shard
 from client.state import node_state_dir, sample_ledger
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
-from common.models import AdapterState, adapter_state, load_adapter_state
+from common.models import AdapterState, adapter_state
 from common.privacy.ledger import Ledger
 from common.privacy.release import add_noise, clip
 from common.wire import from_record, stats_reply, train_reply
@@ -27,12 +28,25 @@ app = ClientApp()
 
 
 def _start(msg: Message, context: Context) -> tuple[RunConfig, int, int, Shard, AdapterState]:
-    """``(cfg, partition id, partitions, shard, global state)`` with the global adapter loaded."""
+    """``(cfg, partition id, partitions, shard, global state)`` with the global adapter loaded.
+
+    The node config says where the data and model come from (client/shard.py) and what the node
+    accepts (client/node.py): a run its policy refuses raises before any training."""
+    node = dict(context.node_config)
     cfg = from_flat(dict(context.run_config)).check()
-    pid, parts = partition_of(dict(context.node_config), cfg)
-    shard = load_shard(cfg, pid, parts)
+    policy = NodePolicy.from_node_config(node)
+    policy.check_run(cfg)
+    pid, parts, shard = node_shard(node, cfg)
+    if policy.sample_epsilon and cfg.optimizer_kind != "none":
+        plan = _sample_plan(cfg, len(shard.examples))
+        # the ledger train() charges (same owner name)
+        ledger = sample_ledger(node_state_dir(node), f"{cfg.dataset}/{pid}-of-{parts}", cfg.delta)
+        try:
+            policy.check_sample_budget(ledger, plan.sigma, plan.sample_rate, plan.steps, str(context.run_id))
+        finally:
+            ledger.close()
     global_state = from_record(msg.content["global"])
-    load_adapter_state(shard.bundle.model, global_state)
+    load_global(shard, global_state, cfg, str(node.get(MODEL_PATH) or ""))
     return cfg, pid, parts, shard, global_state
 
 

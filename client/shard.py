@@ -1,15 +1,30 @@
-"""A node's local view: its model (with LoRA) and its tokenised training shard, cached per process."""
+"""A node's local view: its model (with LoRA) and its tokenised training shard, cached per process.
+
+Where they come from is the node's choice (its node config, set by ``flower-supernode --node-config``
+or ``fedlora node``): by default the run's seeded partition ``partition-id`` of ``num-partitions``;
+with ``data-path`` a data owner's own JSONL file (common/data/owner.py), labelled in the run
+dataset's label space; with ``model-path`` the run's base model is loaded from a local directory or
+Hugging Face id of the node's choosing, which must have the run model's architecture (the global
+adapter must fit it exactly, see :func:`load_global`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from common.config import RunConfig
+from common.data import load_corpus
+from common.data.owner import owner_corpus, read_jsonl
+from common.device import resolve_device
 from common.errors import FedloraError
-from common.models import ModelBundle
-from common.runtime import open_model, open_split
+from common.models import AdapterState, LoraSpec, ModelBundle, load_adapter_state, load_model
+from common.models.registry import MODELS
+from common.runtime import lora_spec, open_model, open_split
 from common.tasks import Task, make_task
+
+DATA_PATH, MODEL_PATH = "data-path", "model-path"
 
 
 @dataclass
@@ -20,7 +35,10 @@ class Shard:
 
 
 def partition_of(node_config: dict, cfg: RunConfig) -> tuple[int, int]:
-    """``(partition-id, num-partitions)`` from the node config (Flower sets both in simulation)."""
+    """``(partition-id, num-partitions)`` from the node config (Flower sets both in simulation).
+    A node with its own data (``data-path``) is ``(0, 1)``: the whole of its data is its shard."""
+    if node_config.get(DATA_PATH):
+        return 0, 1
     try:
         pid = int(node_config.get("partition-id", 0))
         parts = int(node_config.get("num-partitions", cfg.num_clients))
@@ -31,11 +49,65 @@ def partition_of(node_config: dict, cfg: RunConfig) -> tuple[int, int]:
     return pid, parts
 
 
+def node_shard(node_config: dict, cfg: RunConfig) -> tuple[int, int, Shard]:
+    """``(partition id, partitions, shard)`` for this node: its own data and model where its node
+    config names them, else the run's partition and model."""
+    pid, parts = partition_of(node_config, cfg)
+    data_path = str(node_config.get(DATA_PATH) or "")
+    model_path = str(node_config.get(MODEL_PATH) or "")
+    if data_path:
+        return pid, parts, load_own_shard(cfg, data_path, model_path)
+    return pid, parts, load_shard(cfg, pid, parts, model_path)
+
+
 @lru_cache(maxsize=4)
-def load_shard(cfg: RunConfig, partition_id: int, num_partitions: int) -> Shard:
+def load_shard(cfg: RunConfig, partition_id: int, num_partitions: int, model_path: str = "") -> Shard:
     """Model + this node's tokenised examples (the same seeded split the server computes)."""
     split = open_split(cfg, num_partitions)
-    bundle = open_model(cfg, split)
+    bundle = (
+        node_model(cfg, len(split.corpus.label_names), model_path) if model_path else open_model(cfg, split)
+    )
     idx = split.clients[partition_id]
     task = make_task(bundle.kind, split.corpus, bundle.tokenizer, cfg.max_length)
     return Shard(bundle, task, task.encode(split.texts(idx), split.labels(idx)))
+
+
+@lru_cache(maxsize=4)
+def load_own_shard(cfg: RunConfig, data_path: str, model_path: str = "") -> Shard:
+    """Model + the data owner's JSONL examples, whose labels must be classes of the run's dataset."""
+    if not Path(data_path).is_absolute():
+        raise FedloraError(f"node config {DATA_PATH} must be an absolute path, got '{data_path}'")
+    base = load_corpus(cfg.dataset)
+    corpus = owner_corpus(read_jsonl(data_path, base.label_names), base)
+    bundle = node_model(cfg, len(base.label_names), model_path)
+    task = make_task(bundle.kind, corpus, bundle.tokenizer, cfg.max_length)
+    examples = task.encode(corpus.texts, corpus.labels)
+    if not examples:
+        raise FedloraError(f"{data_path}: no training examples after tokenisation (texts too short?)")
+    return Shard(bundle, task, examples)
+
+
+def node_model(cfg: RunConfig, label_count: int, model_path: str = "") -> ModelBundle:
+    """The run's model with LoRA, loaded from ``model_path`` when given (with the run model's LoRA
+    targets, so that the adapters line up), else from the run's own model name."""
+    name = model_path or cfg.model
+    spec = lora_spec(cfg)
+    if model_path and spec.targets is None and cfg.model in MODELS:
+        spec = LoraSpec(spec.rank, spec.alpha, spec.dropout, MODELS[cfg.model].default_targets or None)
+    return load_model(name, spec, resolve_device(cfg.device), max(2, label_count), cfg.seed)
+
+
+def load_global(shard: Shard, state: AdapterState, cfg: RunConfig, model_path: str = "") -> None:
+    """Load the server's global adapter into the node's model; a model that it does not fit (another
+    architecture: other hidden size, layers, targets or head) is a clear error."""
+    try:
+        load_adapter_state(shard.bundle.model, state)
+    except ValueError as exc:
+        source = f"this node's model-path '{model_path}'" if model_path else f"model '{shard.bundle.name}'"
+        raise FedloraError(
+            f"the run's adapter for model '{cfg.model}' does not fit {source}: "
+            f"not the same architecture ({str(exc).splitlines()[0][:160]})"
+        ) from None
+
+
+__all__ = ["DATA_PATH", "MODEL_PATH", "Shard", "load_global", "load_own_shard", "load_shard", "node_shard"]

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": ("client.bench.cli", "mechanism measurements (gauge, prism-step)"),
     "deploy": ("server.deploy", "run a real deployment: flower-superlink + N flower-supernodes + flwr run"),
+    "node": ("client.node", "join a federation as a data owner: a flower-supernode over your own data"),
 }
 
 

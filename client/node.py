@@ -1,0 +1,187 @@
+"""A data owner's node: the privacy policy its ClientApp enforces, and ``fedlora node``.
+
+The policy lives in the node config (``flower-supernode --node-config``, written by client/sdk.py):
+
+``mechanism``        the only mechanism the node takes part in (as the preset defines it: a run
+                     that overrides its local optimizer or release is another mechanism)
+``dataset``          the dataset the node's labels belong to
+``delta``            the largest δ the node accepts
+``sample-epsilon``   sample-level budget: the node's whole history in its sample-level ledger
+                     (state directory) plus what the run still plans must stay within it (PLD ε)
+``client-epsilon``   client-level budget: the run's planned client-level ε must stay within it
+
+A key that is absent imposes nothing (simulation nodes have none). A refused run gets an error
+reply starting ``node policy:``, which the server records as a rejected reply.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from functools import lru_cache
+
+from common.config import MECHANISMS, RunConfig
+from common.errors import FedloraError
+from common.privacy.accountants import Event
+from common.privacy.calibration import epsilon_for
+from common.privacy.ledger import Ledger
+
+#: accountants whose larger ε a client-level plan is judged by (as server/budget.py does)
+CLIENT_ACCOUNTANTS = ("gdp", "pld")
+TOLERANCE = 1e-6  # relative: a calibrated plan lands on its target up to round-off
+
+
+@dataclass(frozen=True)
+class NodePolicy:
+    """What this node accepts; empty / 0 fields impose nothing."""
+
+    mechanism: str = ""
+    dataset: str = ""
+    delta: float = 0.0
+    sample_epsilon: float = 0.0
+    client_epsilon: float = 0.0
+
+    @classmethod
+    def from_node_config(cls, node_config: dict) -> NodePolicy:
+        try:
+            policy = cls(
+                mechanism=str(node_config.get("mechanism", "")),
+                dataset=str(node_config.get("dataset", "")),
+                delta=float(node_config.get("delta", 0.0)),
+                sample_epsilon=float(node_config.get("sample-epsilon", 0.0)),
+                client_epsilon=float(node_config.get("client-epsilon", 0.0)),
+            )
+        except (TypeError, ValueError):
+            raise FedloraError(
+                "node config delta / sample-epsilon / client-epsilon must be numbers"
+            ) from None
+        if policy.mechanism and policy.mechanism not in MECHANISMS:
+            raise FedloraError(f"node config: unknown mechanism '{policy.mechanism}'")
+        if min(policy.delta, policy.sample_epsilon, policy.client_epsilon) < 0:
+            raise FedloraError("node config delta / sample-epsilon / client-epsilon must be >= 0")
+        return policy
+
+    def check_run(self, cfg: RunConfig) -> None:
+        """Refuse a run this node does not take part in (everything but the sample-level history)."""
+        if self.mechanism:
+            self._check_mechanism(cfg)
+        if self.dataset and cfg.dataset != self.dataset:
+            raise FedloraError(
+                f"node policy: this node's data is for {self.dataset}; the run is on {cfg.dataset}"
+            )
+        if self.delta and cfg.delta > self.delta * (1 + TOLERANCE):
+            raise FedloraError(
+                f"node policy: the run's delta {cfg.delta:g} exceeds this node's {self.delta:g}"
+            )
+        if self.sample_epsilon and cfg.optimizer_kind == "none":
+            raise FedloraError(
+                f"node policy: this node needs sample-level DP; mechanism {cfg.mechanism} has none"
+            )
+        if self.client_epsilon:
+            self._check_client_budget(cfg)
+
+    def _check_mechanism(self, cfg: RunConfig) -> None:
+        if cfg.mechanism != self.mechanism:
+            raise FedloraError(
+                f"node policy: this node joins only {self.mechanism} runs; this run is {cfg.mechanism}"
+            )
+        if (cfg.optimizer_kind, cfg.release_kind) != MECHANISMS[self.mechanism]:
+            raise FedloraError(
+                f"node policy: the run changes {self.mechanism} (local optimizer {cfg.optimizer_kind}, "
+                f"release {cfg.release_kind}); this node joins only {self.mechanism} as defined"
+            )
+
+    def _check_client_budget(self, cfg: RunConfig) -> None:
+        if cfg.release_kind == "none":
+            raise FedloraError(
+                f"node policy: this node needs client-level DP; mechanism {cfg.mechanism} has none"
+            )
+        planned = planned_client_epsilon(cfg)
+        if planned > self.client_epsilon * (1 + TOLERANCE):
+            raise FedloraError(
+                f"node policy: the run plans client-level epsilon {planned:.4g} > this node's budget "
+                f"{self.client_epsilon:g} (delta {cfg.delta:g})"
+            )
+
+    def check_sample_budget(self, ledger: Ledger, sigma: float, rate: float, steps: int, run: str) -> None:
+        """Refuse when the node's sample-level history plus the steps this run still plans (``steps``
+        in all, at noise ``sigma`` and rate ``rate``; its charged rounds are in the history already)
+        would exceed ``sample_epsilon`` (PLD ε at the ledger's δ)."""
+        if not self.sample_epsilon:
+            return
+        rows = ledger.rows()
+        charged = sum(r["count"] for r in rows if r["run"] == run or r["run"].startswith(f"{run}#"))
+        remaining = max(steps - charged, 0)
+        before = ledger.spent()["eps_tight"]
+        after = ledger.spent(Event(sigma, rate, remaining))["eps_tight"] if remaining else before
+        if after > self.sample_epsilon * (1 + TOLERANCE):
+            raise FedloraError(
+                f"node policy: sample-level budget {self.sample_epsilon:g} exceeded: this run would bring "
+                f"epsilon to {after:.4g} ({before:.4g} spent before it; delta {ledger.delta:g})"
+            )
+
+
+@lru_cache(maxsize=8)
+def planned_client_epsilon(cfg: RunConfig) -> float:
+    """The client-level ε a run plans: its target when σ is calibrated for it, else the ε of its σ
+    over all rounds (capped by its target, where the server stops); p as in server/budget.py."""
+    if cfg.noise_multiplier == 0:
+        return cfg.target_epsilon
+    p = 1.0 if cfg.threat_model == "local" else cfg.sample_rate
+    eps = max(epsilon_for(a, cfg.noise_multiplier, p, cfg.rounds, cfg.delta) for a in CLIENT_ACCOUNTANTS)
+    return min(eps, cfg.target_epsilon) if cfg.target_epsilon > 0 else eps
+
+
+# --- fedlora node ----------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the federation's SuperLink")
+    parser.add_argument("--data", required=True, metavar="PATH", help="your examples: JSONL of {text, label}")
+    parser.add_argument(
+        "--mechanism", required=True, choices=list(MECHANISMS), help="the only mechanism this node joins"
+    )
+    parser.add_argument(
+        "--epsilon", type=float, help="your privacy budget for that mechanism (not with fedavg)"
+    )
+    parser.add_argument("--delta", type=float, default=1e-5, help="the largest delta you accept (1e-5)")
+    parser.add_argument(
+        "--dataset", help="the federation dataset your labels belong to (labels may be names)"
+    )
+    parser.add_argument("--model", help="load the base model from here (local directory or Hugging Face id)")
+    parser.add_argument(
+        "--state-dir", default="~/.fedlora/node", help="persistent node state (ledger, encoders)"
+    )
+    parser.add_argument("--root-certificates", metavar="CA.crt", help="CA certificate of the SuperLink's TLS")
+    parser.add_argument(
+        "--auth-key", metavar="KEY", help="this node's private key (SuperNode authentication)"
+    )
+    parser.add_argument("--insecure", action="store_true", help="plain HTTP, no TLS (your own machine only)")
+    parser.add_argument(
+        "--port", type=int, help="local port for the node's ClientApp process (default: free)"
+    )
+    parser.add_argument(
+        "--print-command", action="store_true", help="print the flower-supernode command, run nothing"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from client import sdk
+
+    options = {
+        "delta": args.delta,
+        "dataset": args.dataset,
+        "model": args.model,
+        "state_dir": args.state_dir,
+        "root_certificates": args.root_certificates,
+        "auth_key": args.auth_key,
+        "insecure": args.insecure,
+        "port": args.port,
+    }
+    if args.print_command:
+        import shlex
+
+        print(shlex.join(sdk.command(args.superlink, args.data, args.mechanism, args.epsilon, **options)))
+        return 0
+    return sdk.join(args.superlink, args.data, args.mechanism, args.epsilon, **options)
+
+
+__all__ = ["NodePolicy", "add_arguments", "planned_client_epsilon", "run"]

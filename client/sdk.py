@@ -1,0 +1,411 @@
+"""Join a fedlora federation as a data owner, from Python.
+
+You keep your data and your model; the federation's server sees only the LoRA adapter increments
+your node sends back, released under the privacy mechanism *you* choose. Three calls::
+
+    from client import sdk
+
+    data = sdk.prepare_data(my_examples, "my-node/data.jsonl", dataset="rotten-tomatoes")
+    sdk.command(superlink="fl.example.org:8000", data=data, mechanism="dp-adamw", epsilon=8.0,
+                root_certificates="ca.crt")   # the flower-supernode command line, not run
+    sdk.join(superlink="fl.example.org:8000", data=data, mechanism="dp-adamw", epsilon=8.0,
+             root_certificates="ca.crt")      # runs the node until you stop it (Ctrl-C)
+
+**Data.** :func:`prepare_data` takes a list of ``(text, label)`` pairs, a list of texts with
+``labels=``, a list of ``{"text": ..., "label": ...}`` dicts, a Hugging Face ``datasets.Dataset``
+(columns ``text`` and ``label``), or a JSONL file, and writes the canonical JSONL file the node
+reads. A label is a class index of the federation's dataset, or its name (``"positive"``) when
+you name the dataset.
+
+**Privacy policy.** ``mechanism`` is the one mechanism your node takes part in (``fedavg``: no
+privacy; ``prism``, ``dp-adamw``, ``ffa``: sample-level DP of your examples; ``dp-fedavg``,
+``dr-encoder``: client-level DP of your whole contribution) and ``epsilon`` is your budget for
+its guarantee at ``delta``. Your node refuses a run with another mechanism, a larger δ, another
+dataset than ``dataset``, or a plan that would take you over budget: for sample-level mechanisms
+the budget covers your node's whole history, kept in the sample-level privacy ledger in
+``state_dir`` (so a restart, or a second federation, adds to it rather than starting afresh).
+
+**State.** ``state_dir`` (default ``~/.fedlora/node``) holds that ledger, the encoders a
+DR-Encoder run sends, and Flower's own node files; keep it across restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from common.config import MECHANISMS
+from common.data.owner import LABEL, TEXT, OwnerData, owner_data, read_jsonl, write_jsonl
+from common.errors import FedloraError
+
+#: mechanisms whose guarantee is per example (sample-level) and per node (client-level)
+SAMPLE_LEVEL = tuple(m for m, (opt, _) in MECHANISMS.items() if opt != "none")
+CLIENT_LEVEL = tuple(m for m, (_, rel) in MECHANISMS.items() if rel != "none")
+DEFAULT_STATE_DIR = Path("~/.fedlora/node")
+DATA_FILE = "data.jsonl"  # where join() writes in-memory data, inside the state directory
+SUPERNODE = "flower-supernode"
+
+Data = str | os.PathLike | Sequence | Mapping | object
+
+
+# --- data ----------------------------------------------------------------------------------------
+def prepare_data(
+    data: Data,
+    out_path: str | os.PathLike,
+    *,
+    labels: Sequence[object] | None = None,
+    dataset: str | None = None,
+    text_column: str = TEXT,
+    label_column: str = LABEL,
+) -> Path:
+    """Validate your examples and write them to ``out_path`` as JSONL (one ``{"text", "label"}``
+    object per line), the file a node reads. Returns the absolute path.
+
+    ``data`` is one of: a list of ``(text, label)`` pairs; a list of texts, with ``labels=`` the
+    list of their labels; a list of ``{"text": ..., "label": ...}`` dicts; a dict of columns; a
+    Hugging Face ``datasets.Dataset`` (or any table with ``text_column`` and ``label_column``
+    columns); or the path of a JSONL file. With ``dataset`` (e.g. ``"rotten-tomatoes"``) labels
+    are checked against that dataset's classes and may be given by name (``"positive"``).
+
+    An existing ``out_path`` is never overwritten: the same content is accepted (running your
+    script twice is fine), anything else is an error.
+    """
+    examples = load_data(
+        data, labels=labels, dataset=dataset, text_column=text_column, label_column=label_column
+    )
+    return write_jsonl(examples, out_path).resolve()
+
+
+def load_data(
+    data: Data,
+    *,
+    labels: Sequence[object] | None = None,
+    dataset: str | None = None,
+    text_column: str = TEXT,
+    label_column: str = LABEL,
+) -> OwnerData:
+    """:func:`prepare_data` without writing: the validated examples."""
+    names, corpus = _label_space(dataset)
+    if isinstance(data, str | os.PathLike):
+        if labels is not None:
+            raise FedloraError("labels= goes with a list of texts, not with a file")
+        examples = read_jsonl(data, names)
+    else:
+        texts, raw_labels = _columns(data, labels, text_column, label_column)
+        examples = owner_data(texts, raw_labels, names)
+    if corpus is not None:
+        from common.data.owner import check_labels
+
+        check_labels(examples, corpus)
+    return examples
+
+
+def _label_space(dataset: str | None):
+    """``(label names, corpus)`` of ``dataset``, or ``((), None)``."""
+    if dataset is None:
+        return (), None
+    from common.data import load_corpus
+
+    corpus = load_corpus(dataset)
+    return corpus.label_names, corpus
+
+
+def _columns(
+    data: object, labels: Sequence[object] | None, text_column: str, label_column: str
+) -> tuple[list, list]:
+    """``(texts, labels)`` from any in-memory form :func:`prepare_data` accepts."""
+    if labels is not None:
+        return _as_list(data, "texts"), _as_list(labels, "labels")
+    if isinstance(data, Mapping) or hasattr(data, "column_names") or hasattr(data, "columns"):
+        return _table_columns(data, text_column, label_column)
+    rows = _as_list(data, "data")
+    if rows and all(isinstance(r, Mapping) for r in rows):
+        return _record_columns(rows, text_column, label_column)
+    if rows and all(isinstance(r, Sequence) and not isinstance(r, str) and len(r) == 2 for r in rows):
+        return [r[0] for r in rows], [r[1] for r in rows]
+    if rows and all(isinstance(r, str) for r in rows):
+        raise FedloraError("data is a list of texts: give their labels too, labels=[...]")
+    if not rows:
+        raise FedloraError("data: no examples")
+    raise FedloraError("data must be (text, label) pairs, {'text', 'label'} dicts, a table or a JSONL path")
+
+
+def _table_columns(data, text_column: str, label_column: str) -> tuple[list, list]:
+    if hasattr(data, "column_names"):  # datasets.Dataset
+        present = list(data.column_names)
+    elif hasattr(data, "columns"):  # a pandas DataFrame
+        present = list(data.columns)
+    else:
+        present = list(data.keys())
+    for column in (text_column, label_column):
+        if column not in present:
+            raise FedloraError(f"data has no column '{column}' (columns: {', '.join(map(str, present))})")
+    return _as_list(data[text_column], "texts"), _as_list(data[label_column], "labels")
+
+
+def _record_columns(rows: list[Mapping], text_column: str, label_column: str) -> tuple[list, list]:
+    for i, row in enumerate(rows, start=1):
+        if text_column not in row or label_column not in row:
+            raise FedloraError(f"data: record {i} lacks '{text_column}' or '{label_column}'")
+    return [r[text_column] for r in rows], [r[label_column] for r in rows]
+
+
+def _as_list(values: object, what: str) -> list:
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise FedloraError(f"{what} must be a list, got {type(values).__name__}")
+    out = list(values)
+    return [v.item() if hasattr(v, "item") and not isinstance(v, str) else v for v in out]  # numpy scalars
+
+
+# --- the node ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a data owner's node needs. See :func:`join` for the meaning of each field."""
+
+    superlink: str
+    data: str | os.PathLike
+    mechanism: str
+    epsilon: float | None = None
+    delta: float = 1e-5
+    dataset: str | None = None
+    model: str | None = None
+    state_dir: str | os.PathLike = DEFAULT_STATE_DIR
+    root_certificates: str | os.PathLike | None = None
+    auth_key: str | os.PathLike | None = None
+    insecure: bool = False
+    port: int | None = None
+
+    def checked(self) -> NodeConfig:
+        """Validated, with absolute paths and a runtime port; raises :class:`FedloraError`."""
+        _check_address(self.superlink)
+        _check_policy(self.mechanism, self.epsilon, self.delta)
+        _check_transport(self.insecure, self.root_certificates, self.auth_key)
+        if self.model is not None:
+            from common.models import resolve_model
+
+            resolve_model(self.model)  # a registry name, local model directory or Hugging Face id
+        data = Path(self.data).expanduser().resolve()
+        load_data(data, dataset=self.dataset)  # fail here, not in the first round
+        return replace(
+            self,
+            data=data,
+            state_dir=Path(self.state_dir).expanduser().resolve(),
+            root_certificates=_existing(self.root_certificates, "root certificates"),
+            auth_key=_existing(self.auth_key, "authentication key"),
+            model=_model_ref(self.model),
+            port=self.port if self.port is not None else free_port(),
+        )
+
+    def node_config(self) -> dict[str, str | float]:
+        """The ``--node-config`` keys the ClientApp reads (client/node.py, client/shard.py)."""
+        values: dict[str, str | float] = {
+            "data-path": str(self.data),
+            "state-dir": str(self.state_dir),
+            "mechanism": self.mechanism,
+            "delta": float(self.delta),
+        }
+        if self.epsilon is not None:
+            key = "sample-epsilon" if self.mechanism in SAMPLE_LEVEL else "client-epsilon"
+            values[key] = float(self.epsilon)
+        if self.dataset:
+            values["dataset"] = self.dataset
+        if self.model:
+            values["model-path"] = self.model
+        return values
+
+    def command(self) -> list[str]:
+        """The ``flower-supernode`` argv for this (checked) configuration."""
+        argv = [supernode_executable(), "--superlink", self.superlink]
+        if self.insecure:
+            argv.append("--insecure")
+        if self.root_certificates:
+            argv += ["--root-certificates", str(self.root_certificates)]
+        if self.auth_key:
+            argv += ["--auth-supernode-private-key", str(self.auth_key)]
+        argv += ["--host", "127.0.0.1", "--port", str(self.port)]
+        return [*argv, "--node-config", toml_pairs(self.node_config())]
+
+    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The node's environment: Flower's files under the state directory, and this Python's
+        scripts first on ``PATH`` (the SuperNode starts ``flower-superexec`` from ``PATH``)."""
+        env = dict(os.environ if base is None else base)
+        scripts = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([scripts, env.get("PATH", "")]).rstrip(os.pathsep)
+        env["FLWR_HOME"] = str(Path(self.state_dir) / "flower")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        return env
+
+
+def command(
+    superlink: str,
+    data: Data,
+    mechanism: str,
+    epsilon: float | None = None,
+    **options: object,
+) -> list[str]:
+    """The ``flower-supernode`` command line that :func:`join` would run (nothing is started).
+    Same arguments as :func:`join`; in-memory data is written to ``<state_dir>/data.jsonl``."""
+    return _configure(superlink, data, mechanism, epsilon, **options).command()
+
+
+def join(
+    superlink: str,
+    data: Data,
+    mechanism: str,
+    epsilon: float | None = None,
+    **options: object,
+) -> int:
+    """Run your node: a ``flower-supernode`` serving the federation at ``superlink`` with your data,
+    until it stops or you press Ctrl-C (returns its exit code).
+
+    Args:
+        superlink: the federation's SuperLink, ``HOST:PORT`` (no ``https://``).
+        data: a JSONL file written by :func:`prepare_data`, or anything :func:`prepare_data`
+            accepts (then written to ``<state_dir>/data.jsonl``).
+        mechanism: the only mechanism your node takes part in: ``fedavg`` (no DP), ``prism``,
+            ``dp-adamw``, ``ffa`` (sample-level DP), ``dp-fedavg``, ``dr-encoder`` (client-level DP).
+        epsilon: your privacy budget for that mechanism's guarantee (required unless ``fedavg``):
+            the whole sample-level history of your data, or the run's client-level plan.
+
+    Keyword options:
+        delta: the largest δ you accept (default 1e-5).
+        dataset: the federation dataset your labels belong to (``rotten-tomatoes``, ...): labels may
+            then be names, and your node refuses runs on another dataset.
+        model: where your node loads the base model from (a local directory or Hugging Face id);
+            it must be the federation model's architecture. Default: the run's model name.
+        state_dir: your node's persistent directory (default ``~/.fedlora/node``).
+        root_certificates: the CA certificate (PEM) that signed the SuperLink's TLS certificate.
+        auth_key: your node's private key, registered by the federation operator with
+            ``flwr supernode register`` (SuperNode authentication; needs TLS).
+        insecure: plain HTTP, without TLS: only for a SuperLink on your own machine or network.
+        port: the local port for the node's own ClientApp process (default: a free one).
+    """
+    cfg = _configure(superlink, data, mechanism, epsilon, **options)
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    return run_supernode(cfg.command(), cfg.environment())
+
+
+def _configure(superlink: str, data: Data, mechanism: str, epsilon: float | None, **options) -> NodeConfig:
+    unknown = (
+        set(options) - set(NodeConfig.__dataclass_fields__) - {"superlink", "data", "mechanism", "epsilon"}
+    )
+    if unknown:
+        raise FedloraError(f"unknown option(s) {', '.join(sorted(unknown))}")
+    state_dir = Path(options.get("state_dir") or DEFAULT_STATE_DIR).expanduser().resolve()
+    if not isinstance(data, str | os.PathLike):  # in-memory data: written into the state directory
+        data = prepare_data(data, state_dir / DATA_FILE, dataset=options.get("dataset"))
+    options = {**options, "state_dir": state_dir}
+    return NodeConfig(superlink, data, mechanism, epsilon, **options).checked()
+
+
+def run_supernode(argv: list[str], env: Mapping[str, str]) -> int:
+    """Run ``argv`` in the foreground; SIGTERM and Ctrl-C stop it cleanly. Returns its exit code."""
+    proc = subprocess.Popen(argv, env=dict(env))
+    previous = None
+    with contextlib.suppress(ValueError):  # not the main thread: the caller handles signals
+        previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # the SuperNode got the Ctrl-C too (same process group)
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def supernode_executable() -> str:
+    """``flower-supernode`` next to this Python (a virtual environment), else from ``PATH``."""
+    local = Path(sys.executable).parent / SUPERNODE
+    found = str(local) if local.exists() else shutil.which(SUPERNODE)
+    if not found:
+        raise FedloraError(f"{SUPERNODE} not found: install flwr 1.41 (pip install 'flwr==1.41.0')")
+    return found
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_pairs(values: Mapping[str, str | float | int | bool]) -> str:
+    """``key=value`` pairs as Flower's ``--node-config`` parses them (TOML values, strings quoted)."""
+    return " ".join(f"{key}={_toml_value(key, value)}" for key, value in values.items())
+
+
+def _toml_value(key: str, value: str | float | int | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(float(value)) if isinstance(value, float) else str(value)
+    if '"' not in value and "\\" not in value and "\n" not in value:
+        return f'"{value}"'  # TOML basic string (no escapes needed)
+    if "'" not in value and "\n" not in value:
+        return f"'{value}'"  # TOML literal string
+    raise FedloraError(f"{key} {value!r} cannot go into --node-config (both quote kinds, or a newline)")
+
+
+_ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def _check_address(address: str) -> None:
+    if "://" in str(address):
+        raise FedloraError(f"superlink '{address}': give HOST:PORT without a URL prefix")
+    match = _ADDRESS.match(str(address))
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise FedloraError(f"superlink must be HOST:PORT (e.g. 127.0.0.1:8000), got '{address}'")
+
+
+def _check_policy(mechanism: str, epsilon: float | None, delta: float) -> None:
+    if mechanism not in MECHANISMS:
+        raise FedloraError(f"unknown mechanism '{mechanism}'; available: {', '.join(MECHANISMS)}")
+    if mechanism == "fedavg" and epsilon is not None:
+        raise FedloraError("mechanism fedavg has no privacy guarantee: epsilon does not apply to it")
+    if mechanism != "fedavg" and (
+        epsilon is None or not float(epsilon) > 0 or float(epsilon) == float("inf")
+    ):
+        raise FedloraError(f"mechanism {mechanism} needs your privacy budget: a finite epsilon > 0")
+    if not 0 < float(delta) < 1:
+        raise FedloraError(f"delta must be in (0, 1), got {delta}")
+
+
+def _check_transport(insecure: bool, root_certificates: object, auth_key: object) -> None:
+    if insecure and root_certificates:
+        raise FedloraError("choose either insecure (plain HTTP) or root certificates (TLS), not both")
+    if insecure and auth_key:
+        raise FedloraError("SuperNode authentication needs TLS: give root certificates instead of insecure")
+
+
+def _existing(path: str | os.PathLike | None, what: str) -> Path | None:
+    if path is None:
+        return None
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_file():
+        raise FedloraError(f"{what} file not found: {path}")
+    return resolved
+
+
+def _model_ref(model: str | None) -> str | None:
+    """A local model directory as an absolute path (the ClientApp runs elsewhere); names and ids as given."""
+    if model is None:
+        return None
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.is_dir() else model
+
+
+__all__ = ["NodeConfig", "command", "free_port", "join", "load_data", "prepare_data", "toml_pairs"]

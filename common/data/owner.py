@@ -1,0 +1,152 @@
+"""A data owner's own examples, in their canonical on-disk form: a JSONL file with one
+``{"text": "...", "label": 0}`` object per line.
+
+``label`` is an integer class index of the run's dataset (its ``label_names``), or a label name when
+the names are known; a language-modelling dataset uses label 0. Extra keys in a record are ignored.
+Every check fails with a one-line :class:`FedloraError`, and :func:`write_jsonl` never overwrites.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.data.corpora import Corpus
+from common.errors import FedloraError
+
+TEXT, LABEL = "text", "label"
+
+
+@dataclass(frozen=True)
+class OwnerData:
+    """Validated texts (non-blank strings) with integer labels (>= 0), same length, non-empty."""
+
+    texts: tuple[str, ...]
+    labels: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def owner_data(
+    texts: Sequence[object], labels: Sequence[object], label_names: Sequence[str] = (), source: str = "data"
+) -> OwnerData:
+    """Validate ``texts`` and ``labels``; label names are mapped to indices with ``label_names``."""
+    texts, labels = list(texts), list(labels)
+    if len(texts) != len(labels):
+        raise FedloraError(f"{source}: {len(texts)} texts but {len(labels)} labels")
+    if not texts:
+        raise FedloraError(f"{source}: no examples")
+    names = {name: i for i, name in enumerate(label_names)}
+    out_texts, out_labels = [], []
+    for i, (text, label) in enumerate(zip(texts, labels, strict=True), start=1):
+        if not isinstance(text, str) or not text.strip():
+            raise FedloraError(f"{source}: example {i}: text must be a non-empty string, got {text!r:.60}")
+        out_texts.append(text)
+        out_labels.append(_label(label, names, f"{source}: example {i}"))
+    return OwnerData(tuple(out_texts), tuple(out_labels))
+
+
+def _label(value: object, names: dict[str, int], where: str) -> int:
+    if isinstance(value, str):
+        if value in names:
+            return names[value]
+        known = f"; known names: {', '.join(names)}" if names else " (give the dataset to use label names)"
+        raise FedloraError(f"{where}: unknown label name {value!r}{known}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise FedloraError(f"{where}: label must be an integer class index or a label name, got {value!r}")
+    if int(value) < 0:
+        raise FedloraError(f"{where}: label must be >= 0, got {value}")
+    return int(value)
+
+
+def check_labels(data: OwnerData, corpus: Corpus, source: str = "data") -> None:
+    """Every label is a class of ``corpus`` (label 0 only, for a language-modelling corpus)."""
+    classes = len(corpus.label_names) if corpus.task == "classification" else 1
+    for i, label in enumerate(data.labels, start=1):
+        if label >= classes:
+            valid = f"0..{classes - 1} ({', '.join(corpus.label_names)})" if corpus.label_names else "0"
+            raise FedloraError(
+                f"{source}: example {i}: label {label} is not a class of {corpus.name}; valid labels: {valid}"
+            )
+
+
+def owner_corpus(data: OwnerData, base: Corpus) -> Corpus:
+    """``data`` as a corpus with ``base``'s name, label names and task (checked against them)."""
+    check_labels(data, base)
+    return Corpus(base.name, data.texts, data.labels, base.label_names, base.task)
+
+
+def read_jsonl(path: str | os.PathLike, label_names: Sequence[str] = ()) -> OwnerData:
+    """Read and validate a JSONL file of ``{"text": ..., "label": ...}`` records (blank lines skipped)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FedloraError(f"cannot read data file {path}: {exc}") from None
+    texts, labels = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        record = _record(line, f"{path}:{number}")
+        texts.append(record[TEXT])
+        labels.append(record[LABEL])
+    return owner_data(texts, labels, label_names, source=str(path))
+
+
+def _record(line: str, where: str) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise FedloraError(f"{where}: not a JSON object ({exc.msg})") from None
+    if not isinstance(record, dict) or TEXT not in record or LABEL not in record:
+        raise FedloraError(f'{where}: expected an object with "{TEXT}" and "{LABEL}" keys')
+    return record
+
+
+def to_jsonl(data: OwnerData) -> bytes:
+    """The canonical JSONL bytes of ``data``."""
+    lines = (
+        json.dumps({TEXT: t, LABEL: y}, ensure_ascii=False)
+        for t, y in zip(data.texts, data.labels, strict=True)
+    )
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def write_jsonl(data: OwnerData, path: str | os.PathLike) -> Path:
+    """Write ``data`` to ``path`` (parents created). A file already there is left as it is: the same
+    data is accepted (writing twice is harmless), other content is an error."""
+    path = Path(path)
+    content = to_jsonl(data)
+    if path.exists():
+        if path.is_file() and path.read_bytes() == content:
+            return path
+        raise FedloraError(f"{path} already exists with other content; it is never overwritten")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content)
+        os.link(tmp, path)  # fails if the path appeared meanwhile: still nothing overwritten
+    except FileExistsError:
+        raise FedloraError(f"{path} already exists; it is never overwritten") from None
+    finally:
+        os.unlink(tmp)
+    return path
+
+
+__all__ = [
+    "LABEL",
+    "TEXT",
+    "OwnerData",
+    "check_labels",
+    "owner_corpus",
+    "owner_data",
+    "read_jsonl",
+    "write_jsonl",
+]

@@ -1,0 +1,530 @@
+"""The client SDK (client/sdk.py), the node's policy (client/node.py), a node's own data and model
+(client/shard.py), and the README's SDK example run as a new user would, against a real
+flower-superlink (slow)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Context, Message, RecordDict
+
+from client import sdk
+from client.node import NodePolicy, planned_client_epsilon
+from client.shard import load_own_shard, node_shard
+from client.state import sample_ledger
+from common.config import preset
+from common.data.owner import read_jsonl
+from common.errors import FedloraError
+from common.models import adapter_state
+from common.privacy.ledger import Charge
+from common.wire import train_instruction
+from server.inprocess import InProcessGrid, load_component
+from tests.conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+README_DRAFT = Path("/tmp/sdk_readme.md")  # until the section is pasted into README.md
+PAIRS = [("A warm, funny film.", 1), ("Tedious and far too long.", 0)] * 6
+RUN = dict(max_train_examples=200, eval_examples=40, local_steps=2, batch_size=8, rounds=1, num_clients=1)
+
+
+def _jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+class FakeDataset:
+    """What the SDK uses of a Hugging Face ``datasets.Dataset``: ``column_names`` and column access."""
+
+    def __init__(self, columns: dict[str, list]) -> None:
+        self._columns = columns
+        self.column_names = list(columns)
+
+    def __getitem__(self, key: str) -> list:
+        return self._columns[key]
+
+
+class _Index(list):
+    def __bool__(self) -> bool:  # like a pandas Index: no truth value
+        raise ValueError("ambiguous")
+
+
+class FakeFrame(FakeDataset):
+    """A pandas-like table: ``columns`` instead of ``column_names``."""
+
+    def __init__(self, columns: dict[str, list]) -> None:
+        super().__init__(columns)
+        del self.column_names
+        self.columns = _Index(columns)
+
+
+# --- data preparation ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "data, kwargs",
+    [
+        (PAIRS, {}),
+        ([t for t, _ in PAIRS], {"labels": [y for _, y in PAIRS]}),
+        ([{"text": t, "label": y, "id": i} for i, (t, y) in enumerate(PAIRS)], {}),
+        ({"text": [t for t, _ in PAIRS], "label": [y for _, y in PAIRS]}, {}),
+        (FakeDataset({"text": [t for t, _ in PAIRS], "label": [y for _, y in PAIRS]}), {}),
+        (
+            FakeDataset({"review": [t for t, _ in PAIRS], "y": [y for _, y in PAIRS]}),
+            {"text_column": "review", "label_column": "y"},
+        ),
+        ([(t, ("negative", "positive")[y]) for t, y in PAIRS], {"dataset": "rotten-tomatoes"}),
+        (FakeFrame({"text": [t for t, _ in PAIRS], "label": [y for _, y in PAIRS]}), {}),
+    ],
+    ids=["pairs", "two-lists", "records", "columns", "dataset", "dataset-columns", "label-names", "frame"],
+)
+def test_prepare_data_accepts_every_form(tmp_path, data, kwargs):
+    out = sdk.prepare_data(data, tmp_path / "sub" / "data.jsonl", **kwargs)
+    assert out.is_absolute() and out.parent.name == "sub"
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines == [{"text": t, "label": y} for t, y in PAIRS]
+    again = sdk.prepare_data(out, tmp_path / "copy.jsonl")  # a JSONL file is an input too
+    assert again.read_bytes() == out.read_bytes()
+    assert sdk.prepare_data(data, out, **kwargs) == out  # the same content again: accepted
+
+
+@pytest.mark.parametrize(
+    "data, kwargs, message",
+    [
+        ([], {}, "no examples"),
+        ([("fine", 2)], {"dataset": "rotten-tomatoes"}, "label 2 is not a class of rotten-tomatoes"),
+        ([("fine", -1)], {}, "label must be >= 0"),
+        ([("fine", 1.5)], {}, "integer class index"),
+        ([("fine", "great")], {"dataset": "rotten-tomatoes"}, "unknown label name 'great'"),
+        ([("fine", "positive")], {}, "give the dataset"),
+        ([("  ", 1)], {}, "non-empty string"),
+        (["a", "b"], {}, "give their labels too"),
+        (["a", "b"], {"labels": [1]}, "2 texts but 1 labels"),
+        ({"text": ["a"]}, {}, "no column 'label'"),
+        ([("fine", 1)], {"dataset": "imdb"}, "unknown dataset"),
+    ],
+)
+def test_prepare_data_refuses_bad_input_and_writes_nothing(tmp_path, data, kwargs, message):
+    out = tmp_path / "data.jsonl"
+    with pytest.raises(FedloraError, match=re.escape(message)):
+        sdk.prepare_data(data, out, **kwargs)
+    assert not out.exists()
+
+
+def test_bad_jsonl_lines_name_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok", "label": 1}\n\n{"text": "no label"}\n')
+    with pytest.raises(FedloraError, match=r"bad\.jsonl:3: expected an object"):
+        read_jsonl(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(FedloraError, match=r"bad\.jsonl:1: not a JSON object"):
+        read_jsonl(bad)
+
+
+def test_existing_file_with_other_content_is_never_overwritten(tmp_path):
+    out = tmp_path / "data.jsonl"
+    out.write_text("precious\n")
+    with pytest.raises(FedloraError, match="never overwritten"):
+        sdk.prepare_data(PAIRS, out)
+    assert out.read_text() == "precious\n"
+
+
+# --- the node's command line -----------------------------------------------------------------------
+@pytest.fixture()
+def data_file(tmp_path) -> Path:
+    return sdk.prepare_data(PAIRS, tmp_path / "mine.jsonl")
+
+
+def test_command_builds_the_supernode_argv(tmp_path, data_file):
+    ca, key = tmp_path / "ca.crt", tmp_path / "node.key"
+    ca.write_text("x")
+    key.write_text("x")
+    argv = sdk.command(
+        "fl.example.org:8000",
+        data_file,
+        "dp-adamw",
+        8.0,
+        dataset="rotten-tomatoes",
+        state_dir=tmp_path / "state dir",
+        root_certificates=ca,
+        auth_key=key,
+        port=9123,
+    )
+    assert Path(argv[0]).name == "flower-supernode"
+    flags = argv[1:-2]
+    assert flags == [
+        "--superlink",
+        "fl.example.org:8000",
+        "--root-certificates",
+        str(ca),
+        "--auth-supernode-private-key",
+        str(key),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9123",
+    ]
+    assert argv[-2] == "--node-config"
+    from flwr.common.config import parse_config_args  # parsed exactly as flower-supernode does
+
+    assert parse_config_args([argv[-1]]) == {
+        "data-path": str(data_file),
+        "state-dir": str(tmp_path / "state dir"),
+        "mechanism": "dp-adamw",
+        "delta": 1e-5,
+        "sample-epsilon": 8.0,
+        "dataset": "rotten-tomatoes",
+    }
+
+
+def test_command_insecure_client_level_and_in_memory_data(tmp_path):
+    argv = sdk.command(
+        "127.0.0.1:8000", PAIRS, "dp-fedavg", 3.0, state_dir=tmp_path / "st", insecure=True, model="minilm-l6"
+    )
+    assert "--insecure" in argv and "--root-certificates" not in argv
+    port = int(argv[argv.index("--port") + 1])
+    assert 0 < port < 65536
+    from flwr.common.config import parse_config_args
+
+    cfg = parse_config_args([argv[-1]])
+    assert cfg["client-epsilon"] == 3.0 and "sample-epsilon" not in cfg and cfg["model-path"] == "minilm-l6"
+    assert cfg["data-path"] == str(tmp_path / "st" / "data.jsonl")
+    assert len(read_jsonl(cfg["data-path"])) == len(PAIRS)
+    env = sdk.NodeConfig("127.0.0.1:8000", cfg["data-path"], "fedavg", state_dir=tmp_path / "st").environment(
+        {}
+    )
+    assert env["FLWR_HOME"] == str(tmp_path / "st" / "flower")
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+
+
+@pytest.mark.parametrize(
+    "path", ["/tmp/a b/data.jsonl", "/tmp/it's.jsonl", '/tmp/say "hi".jsonl', "/tmp/back\\slash"]
+)
+def test_node_config_values_survive_flowers_parser(path):
+    from flwr.common.config import parse_config_args
+
+    values = {"data-path": path, "delta": 1e-05, "sample-epsilon": 8.0}
+    assert parse_config_args([sdk.toml_pairs(values)]) == values
+
+
+def test_node_config_refuses_unquotable_values():
+    with pytest.raises(FedloraError, match="cannot go into --node-config"):
+        sdk.toml_pairs({"data-path": '/tmp/it\'s "x"'})
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        (("localhost", "fedavg", None), {}, "HOST:PORT"),
+        (("https://fl.org:8000", "fedavg", None), {}, "without a URL prefix"),
+        (("h:8000", "sgd", None), {}, "unknown mechanism 'sgd'"),
+        (("h:8000", "prism", None), {}, "needs your privacy budget"),
+        (("h:8000", "prism", -1.0), {}, "needs your privacy budget"),
+        (("h:8000", "fedavg", 1.0), {}, "epsilon does not apply"),
+        (("h:8000", "fedavg", None), {"insecure": True, "root_certificates": "ca.crt"}, "not both"),
+        (("h:8000", "fedavg", None), {"insecure": True, "auth_key": "k"}, "needs TLS"),
+        (
+            ("h:8000", "fedavg", None),
+            {"root_certificates": "missing.crt"},
+            "root certificates file not found",
+        ),
+        (("h:8000", "fedavg", None), {"delta": 2.0}, "delta must be in (0, 1)"),
+        (("h:8000", "fedavg", None), {"model": "no-such-model"}, "unknown model"),
+        (("h:8000", "fedavg", None), {"colour": "red"}, "unknown option(s) colour"),
+    ],
+)
+def test_command_refuses_bad_configuration(tmp_path, data_file, args, kwargs, message):
+    superlink, mechanism, epsilon = args
+    with pytest.raises(FedloraError, match=re.escape(message)):
+        sdk.command(superlink, data_file, mechanism, epsilon, state_dir=tmp_path / "st", **kwargs)
+
+
+def test_command_refuses_a_missing_or_bad_data_file(tmp_path):
+    with pytest.raises(FedloraError, match="cannot read data file"):
+        sdk.command("h:8000", tmp_path / "nope.jsonl", "fedavg", state_dir=tmp_path / "st")
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"text": "fine", "label": 7}])
+    with pytest.raises(FedloraError, match="not a class of rotten-tomatoes"):
+        sdk.command("h:8000", bad, "fedavg", state_dir=tmp_path / "st", dataset="rotten-tomatoes")
+
+
+def test_fedlora_node_cli_prints_the_command_or_fails_in_one_line(tmp_path, data_file, capsys):
+    base = ["node", "--superlink", "127.0.0.1:8000", "--data", str(data_file), "--state-dir", str(tmp_path)]
+    assert run_cli([*base, "--mechanism", "prism", "--epsilon", "4", "--insecure", "--print-command"]) == 0
+    argv = shlex.split(capsys.readouterr().out)
+    assert Path(argv[0]).name == "flower-supernode" and "--insecure" in argv
+    assert "sample-epsilon=4.0" in argv[-1] and 'mechanism="prism"' in argv[-1]
+    assert run_cli([*base, "--mechanism", "prism", "--print-command"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("fedlora: error: mechanism prism needs your privacy budget") and err.count("\n") == 1
+    )
+
+
+# --- the node's policy -----------------------------------------------------------------------------
+def test_policy_refuses_other_mechanisms_datasets_and_deltas():
+    policy = NodePolicy.from_node_config(
+        {"mechanism": "dp-adamw", "dataset": "rotten-tomatoes", "delta": 1e-5, "sample-epsilon": 8.0}
+    )
+    ok = preset("minilm-rt", mechanism="dp-adamw", sample_epsilon=4.0).check()
+    policy.check_run(ok)
+    for bad, message in [
+        (
+            ok.replace(mechanism="fedavg", sample_epsilon=0.0),
+            "this node joins only dp-adamw runs; this run is fedavg",
+        ),
+        (ok.replace(local_optimizer="ffa"), "the run changes dp-adamw"),
+        (ok.replace(dataset="bbc-news"), "this node's data is for rotten-tomatoes; the run is on bbc-news"),
+        (ok.replace(delta=1e-3), "the run's delta 0.001 exceeds this node's 1e-05"),
+    ]:
+        with pytest.raises(FedloraError, match=re.escape(f"node policy: {message}")):
+            policy.check_run(bad.check())
+    with pytest.raises(FedloraError, match="needs sample-level DP"):
+        NodePolicy(sample_epsilon=1.0).check_run(preset("minilm-rt").check())
+    NodePolicy().check_run(preset("minilm-rt").check())  # no policy: everything goes (simulation)
+    with pytest.raises(FedloraError, match="must be numbers"):
+        NodePolicy.from_node_config({"sample-epsilon": "lots"})
+
+
+def test_policy_client_level_budget_uses_the_run_plan():
+    cfg = preset("minilm-rt", mechanism="dp-fedavg", target_epsilon=3.0).check()
+    assert planned_client_epsilon(cfg) == 3.0
+    NodePolicy(client_epsilon=3.0).check_run(cfg)
+    with pytest.raises(FedloraError, match="plans client-level epsilon 3 > this node's budget 2"):
+        NodePolicy(client_epsilon=2.0).check_run(cfg)
+    noisy = preset("minilm-rt", mechanism="dp-fedavg", noise_multiplier=1.0, rounds=5).check()
+    assert planned_client_epsilon(noisy) > 2.0  # sigma 1, 5 rounds at p = 1 (local noise)
+    with pytest.raises(FedloraError, match="client-level epsilon"):
+        NodePolicy(client_epsilon=2.0).check_run(noisy)
+
+
+def _steps(run: str, rnd: int, steps: int) -> Charge:
+    return Charge(run, rnd, 3.0, 0.25, steps, 0.25, 40, 1.0, "local", "dp-adamw")
+
+
+def test_sample_budget_counts_the_ledger_history_across_restarts(tmp_path):
+    policy = NodePolicy(sample_epsilon=4.0)
+    ledger = sample_ledger(tmp_path, "rotten-tomatoes/0-of-1", 1e-5)
+    policy.check_sample_budget(ledger, 3.0, 0.25, 10, run="7")  # a fresh node: the plan alone fits
+    ledger.charge(_steps("old-run", 1, 100))  # an earlier federation spent most of the budget
+    ledger.close()
+    restarted = sample_ledger(tmp_path, "rotten-tomatoes/0-of-1", 1e-5)
+    spent = restarted.spent()["eps_tight"]
+    assert 0 < spent < 4.0
+    with pytest.raises(
+        FedloraError, match=r"node policy: sample-level budget 4 exceeded: .* spent before it"
+    ):
+        policy.check_sample_budget(restarted, 3.0, 0.25, 100, run="7")
+    # the run's own charged rounds are not counted twice: once its 100 planned steps are charged,
+    # the check at its next round (a retry) is about the history alone
+    restarted.charge(_steps("7", 1, 100))
+    total = restarted.spent()["eps_tight"]
+    assert total > 4.0
+    NodePolicy(sample_epsilon=total * 1.0000001).check_sample_budget(restarted, 3.0, 0.25, 100, run="7")
+    with pytest.raises(FedloraError, match="exceeded"):  # another run of 10 steps does not fit
+        NodePolicy(sample_epsilon=total * 1.0000001).check_sample_budget(restarted, 3.0, 0.25, 10, run="8")
+    restarted.close()
+
+
+# --- the node's own data and model in the ClientApp --------------------------------------------------
+def _message(state, rnd: int = 1) -> Message:
+    InProcessGrid(lambda m, c: m, 0, {})  # sets Flower's TaskIdentity for Message construction
+    round_cfg = {"local-steps": 2, "lr": 1e-3, "seed": 0, "release": "none", "clip": 0.0, "noise-std": 0.0}
+    return Message(
+        train_instruction(state, rnd, round_cfg), dst_node_id=1001, message_type="train", group_id="1"
+    )
+
+
+def _context(cfg, node_config: dict, run_id: int = 42) -> Context:
+    from common.config import to_flat
+
+    return Context(
+        run_id=run_id, node_id=1001, node_config=node_config, state=RecordDict(), run_config=to_flat(cfg)
+    )
+
+
+@pytest.fixture(scope="module")
+def own_data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("owner") / "reviews.jsonl"
+    return _jsonl(path, [{"text": t, "label": y} for t, y in PAIRS * 2])
+
+
+def test_shard_comes_from_data_path(own_data):
+    cfg = preset("minilm-rt", **RUN).check()
+    pid, parts, shard = node_shard({"data-path": str(own_data), "partition-id": 3, "num-partitions": 9}, cfg)
+    assert (pid, parts) == (0, 1) and len(shard.examples) == 2 * len(PAIRS)
+    assert [ex["label"] for ex in shard.examples] == [y for _, y in PAIRS * 2]
+    with pytest.raises(FedloraError, match="absolute path"):
+        load_own_shard(cfg, "reviews.jsonl")
+
+
+def test_data_path_labels_must_fit_the_run_dataset(tmp_path):
+    bad = _jsonl(tmp_path / "five.jsonl", [{"text": "a business story", "label": 4}])
+    cfg = preset("minilm-rt", **RUN).check()
+    with pytest.raises(FedloraError, match="label 4 is not a class of rotten-tomatoes"):
+        node_shard({"data-path": str(bad)}, cfg)
+
+
+def test_client_app_trains_on_own_data_and_charges_its_ledger(tmp_path, own_data):
+    cfg = preset("minilm-rt", **RUN, mechanism="dp-adamw", sample_epsilon=4.0).check()
+    node = {
+        "data-path": str(own_data),
+        "state-dir": str(tmp_path / "st"),
+        "mechanism": "dp-adamw",
+        "sample-epsilon": 8.0,
+        "dataset": "rotten-tomatoes",
+        "delta": 1e-5,
+    }
+    _, _, shard = node_shard(node, cfg)
+    app = load_component("client.app:app")
+    reply = app(_message(shard.bundle.initial), _context(cfg, node))
+    assert not reply.has_error() and "increment" in reply.content
+    rows = sample_ledger(tmp_path / "st", "rotten-tomatoes/0-of-1", 1e-5).rows()
+    assert [(r["run"], r["round"], r["count"], r["status"]) for r in rows] == [("42", 1, 2, "applied")]
+
+
+def test_client_app_refuses_a_run_against_its_policy(tmp_path, own_data):
+    cfg = preset("minilm-rt", **RUN, mechanism="dp-adamw", sample_epsilon=4.0).check()
+    node = {
+        "data-path": str(own_data),
+        "state-dir": str(tmp_path / "st"),
+        "mechanism": "dp-adamw",
+        "sample-epsilon": 2.0,
+    }
+    _, _, shard = node_shard(node, cfg)
+    app = load_component("client.app:app")
+    with pytest.raises(FedloraError, match="node policy: sample-level budget 2 exceeded"):
+        app(_message(shard.bundle.initial), _context(cfg, node))
+    with pytest.raises(FedloraError, match="node policy: this node joins only dp-adamw runs"):
+        app(_message(shard.bundle.initial), _context(preset("minilm-rt", **RUN).check(), node))
+    assert sample_ledger(tmp_path / "st", "rotten-tomatoes/0-of-1", 1e-5).rows() == []  # nothing charged
+
+
+def test_model_path_must_fit_the_run_model(own_data):
+    cfg = preset("minilm-rt", **RUN).check()
+    node = {"data-path": str(own_data), "model-path": "minilm-l6"}
+    _, _, shard = node_shard(node, cfg)
+    app = load_component("client.app:app")
+    state = adapter_state(shard.bundle.model)
+    reply = app(_message(state), _context(cfg, node))
+    assert not reply.has_error()
+    wrong = {k: torch.zeros(v.shape[0] + 1, *v.shape[1:]) for k, v in state.items()}  # another hidden size
+    with pytest.raises(FedloraError, match="does not fit this node's model-path 'minilm-l6': not the same"):
+        app(_message(wrong), _context(cfg, node))
+
+
+# --- the README example, end to end ------------------------------------------------------------------
+def readme_example() -> str:
+    """The first ```python block of README.md's "## Client SDK" section (else of the draft)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"^## Client SDK\n(.*?)(?=^## |\Z)", readme, re.S | re.M)
+    section = match.group(1) if match else README_DRAFT.read_text(encoding="utf-8")
+    block = re.search(r"^```python\n(.*?)^```", section, re.S | re.M)
+    assert block, "no ```python block in the Client SDK section"
+    return block.group(1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(argv: list[str], log: Path, **kwargs) -> subprocess.Popen:
+    """A process in its own session (so that it and its children are stopped together)."""
+    return subprocess.Popen(
+        argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, **kwargs
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group of ``proc`` (which we started), SIGKILL if it lingers."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived the group leader
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"nothing listens on {port} after {timeout} s: {log.read_text()[-3000:]}")
+
+
+@pytest.mark.slow
+def test_readme_sdk_example_joins_a_real_federation(tmp_path):
+    scripts = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT),
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "HF_HUB_OFFLINE": "1",
+        "FEDLORA_CACHE": os.environ.get("FEDLORA_CACHE", str(ROOT / ".cache")),
+    }
+    port = _free_port()
+    link_home, cli_home, owner = tmp_path / "link", tmp_path / "cli", tmp_path / "owner"
+    for d in (link_home, cli_home, owner):
+        d.mkdir()
+    (cli_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "e2e"\n\n[superlink.e2e]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    (owner / "example.py").write_text(readme_example(), encoding="utf-8")
+    link = _start(
+        [str(scripts / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
+         "--database", str(tmp_path / "state.db"), "--disable-runtime-dependency-installation"],
+        tmp_path / "superlink.log", env={**env, "FLWR_HOME": str(link_home)}, cwd=tmp_path,
+    )  # fmt: skip
+    node = None
+    try:
+        _wait_for_port(port, link, tmp_path / "superlink.log")
+        node = _start(
+            [sys.executable, "example.py"], tmp_path / "node.log", env={**env, "SUPERLINK": f"127.0.0.1:{port}"},
+            cwd=owner,
+        )  # fmt: skip
+        run_dir = tmp_path / "run"
+        overrides = (
+            "preset='minilm-rt' num-clients=1 rounds=1 local-steps=2 batch-size=8 max-train-examples=200 "
+            f"eval-examples=40 mechanism='dp-adamw' sample-epsilon=4.0 round-timeout=300 out-dir='{run_dir}'"
+        )
+        proc = subprocess.run(
+            [str(scripts / "flwr"), "run", str(ROOT), "e2e", "--stream", "--run-config", overrides],
+            env={**env, "FLWR_HOME": str(cli_home)}, cwd=tmp_path, capture_output=True, text=True, timeout=480,
+        )  # fmt: skip
+        logs = proc.stdout[-3000:] + proc.stderr[-2000:] + (tmp_path / "node.log").read_text()[-3000:]
+        assert proc.returncode == 0, logs
+        assert node.poll() is None, logs  # the node is still serving: join() blocks
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["rounds_completed"] == 1 and summary["mechanism"] == "dp-adamw", summary
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert records[-1]["replied"] == 1 and not records[-1]["rejected"], records
+        node_log = (tmp_path / "node.log").read_text()
+        assert "flower-supernode" in node_log.splitlines()[0]  # the example printed its command line
+        data = owner / "my-node" / "reviews.jsonl"
+        assert len(read_jsonl(data)) >= 8
+        ledger = sample_ledger(owner / "my-node" / "state", "rotten-tomatoes/0-of-1", 1e-5)
+        assert [(r["round"], r["count"], r["status"]) for r in ledger.rows()] == [(1, 2, "applied")]
+        ledger.close()
+    finally:
+        for p in (node, link):
+            if p is not None:
+                _stop(p)
