@@ -27,16 +27,23 @@ F factors in sorted-name order, ``w = 1`` (``matrix``) or r (``column``); ``meta
 
 from __future__ import annotations
 
+import io
+import math
 from collections.abc import Mapping
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from numpy.lib import format as npy
 
 from common.models.lora import AdapterState
 
 SCHEMA = "fedlora/1"
 MAX_REPLY_BYTES = 512 * 2**20
+MAX_NUM_EXAMPLES = 2**63 - 1  # the wire's sint64
+_NUMPY_STYPE = "numpy.ndarray"  # flwr.common.constant.SType.NUMPY
+_FLOAT32 = np.dtype("<f4")
+_NPY_HEADERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
 
 
 class InvalidReply(ValueError):
@@ -107,7 +114,9 @@ def parse_train_reply(
 
     Checks, in order: error reply, records present, schema, round, the ``expected`` meta values
     (mechanism and release parameters), names, declared dtype and shape (before decoding), byte
-    size, decoded shape, finiteness, weight.
+    size, the ``.npy`` header's dtype, shape and data length (before allocating), finiteness,
+    weight (a positive int64) and metrics (numbers a float can hold). Anything malformed raises
+    :class:`InvalidReply` with a one-line reason, never another exception.
     """
     values = _parse_arrays(msg, "increment", shapes, expected, server_round)
     try:
@@ -117,9 +126,16 @@ def parse_train_reply(
     if not isinstance(metrics, MetricRecord):
         raise InvalidReply("wrong record types")
     weight = metrics.get("num-examples")
-    if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
-        raise InvalidReply(f"num-examples must be a positive int, got {weight!r}")
-    extra = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and k != "num-examples"}
+    if not _is_int(weight) or not 1 <= weight <= MAX_NUM_EXAMPLES:
+        raise InvalidReply(f"num-examples must be a positive int, got {_short(weight)}")
+    extra = {}
+    for name, value in metrics.items():
+        if name == "num-examples" or isinstance(value, bool) or not isinstance(value, int | float):
+            continue  # lists (and anything else) are not used
+        try:
+            extra[name] = float(value)
+        except OverflowError:  # an int beyond float range
+            raise InvalidReply(f"metric {_short(name)}: {_short(value)} is out of range") from None
     return values, weight, extra
 
 
@@ -133,38 +149,104 @@ def _parse_arrays(
     """The float32 tensors of record ``key``, exactly ``shapes``, after the checks of
     :func:`parse_train_reply` (``server_round`` None: the message carries no round)."""
     if msg.has_error():
-        raise InvalidReply(f"client error: {msg.error.reason[:200]}")
+        reason = msg.error.reason
+        text = " ".join(reason.split()) if isinstance(reason, str) else repr(reason)
+        raise InvalidReply(f"client error: {text[:200]}")
     content = msg.content
+    if not isinstance(content, RecordDict):
+        raise InvalidReply(f"content is {type(content).__name__}, not a RecordDict")
     try:
         record, meta = content[key], content["meta"]
     except KeyError as exc:
         raise InvalidReply(f"missing record {exc}") from None
     if not isinstance(record, ArrayRecord) or not isinstance(meta, ConfigRecord):
         raise InvalidReply("wrong record types")
-    if meta.get("schema") != SCHEMA:
-        raise InvalidReply(f"schema {meta.get('schema')!r} != {SCHEMA!r}")
-    if server_round is not None and meta.get("round") != server_round:
-        raise InvalidReply(f"reply for round {meta.get('round')!r}, expected {server_round}")
+    if not isinstance(meta.get("schema"), str) or meta.get("schema") != SCHEMA:
+        raise InvalidReply(f"schema {_short(meta.get('schema'))} != {SCHEMA!r}")
+    if server_round is not None and not (_is_int(meta.get("round")) and meta.get("round") == server_round):
+        raise InvalidReply(f"reply for round {_short(meta.get('round'))}, expected {server_round}")
     for name, value in expected.items():
-        if meta.get(name) != value:
-            raise InvalidReply(f"{name} {meta.get(name)!r} != {value!r}")
+        if not _matches(meta.get(name), value):
+            raise InvalidReply(f"{name} {_short(meta.get(name))} != {value!r}")
     if set(record.keys()) != set(shapes):
         raise InvalidReply(f"tensor names differ from the expected ({len(record)} vs {len(shapes)})")
     total = 0
     state: dict[str, torch.Tensor] = {}
     for name, arr in record.items():
-        if arr.dtype != "float32" or tuple(arr.shape) != tuple(shapes[name]):
-            raise InvalidReply(f"{name}: {arr.dtype}{tuple(arr.shape)} != float32{shapes[name]}")
+        if not isinstance(arr, Array):
+            raise InvalidReply(f"{name}: {type(arr).__name__}, not an Array")
+        want = tuple(int(s) for s in shapes[name])
+        dtype, declared = arr.dtype, arr.shape
+        if not isinstance(dtype, str) or dtype != "float32" or not _same_shape(declared, want):
+            dtype = dtype if isinstance(dtype, str) and len(dtype) <= 20 else _short(dtype, 20)
+            raise InvalidReply(f"{name}: {dtype}{_shape_text(declared)} != float32{want}")
+        if not isinstance(arr.stype, str) or arr.stype != _NUMPY_STYPE:
+            raise InvalidReply(f"{name}: undecodable array (stype {_short(arr.stype, 40)})")
+        if not isinstance(arr.data, bytes):
+            raise InvalidReply(f"{name}: undecodable array (data is {type(arr.data).__name__})")
         total += len(arr.data)
         if total > MAX_REPLY_BYTES:
             raise InvalidReply(f"reply larger than {MAX_REPLY_BYTES} bytes")
-        try:
-            value = arr.numpy()
-        except (ValueError, TypeError, OSError) as exc:
-            raise InvalidReply(f"{name}: undecodable array ({exc})") from None
-        if value.shape != tuple(shapes[name]) or value.dtype != np.float32:
-            raise InvalidReply(f"{name}: payload does not match its declared shape/dtype")
+        value = _decode_float32(name, arr.data, want)
         if not np.isfinite(value).all():
             raise InvalidReply(f"{name}: non-finite values")
-        state[name] = torch.from_numpy(value.copy())
+        state[name] = torch.from_numpy(value)
     return state
+
+
+def _decode_float32(name: str, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
+    """A writable C-ordered copy of the ``.npy`` payload ``data``, which must hold exactly a
+    little-endian float32 array of ``shape``. The header is read (bounded by numpy's header size
+    limit) and checked before any array is allocated, so a header that lies costs nothing."""
+    stream = io.BytesIO(data)
+    try:
+        read_header = _NPY_HEADERS[npy.read_magic(stream)]
+        header_shape, fortran, dtype = read_header(stream)
+    except Exception as exc:  # anything the parser raises means the bytes are not a .npy payload
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise InvalidReply(f"{name}: undecodable array ({why[:100]})") from None
+    if dtype != _FLOAT32 or not _same_shape(header_shape, shape) or not isinstance(fortran, bool):
+        held = f"{dtype.str}{_shape_text(header_shape)}"
+        raise InvalidReply(f"{name}: payload holds {held}, not its declared float32{shape}")
+    offset, count = stream.tell(), math.prod(shape)
+    if len(data) - offset != count * _FLOAT32.itemsize:
+        raise InvalidReply(
+            f"{name}: payload has {len(data) - offset} data bytes, {count * _FLOAT32.itemsize} declared"
+        )
+    flat = np.frombuffer(data, dtype=_FLOAT32, count=count, offset=offset)
+    return np.array(flat.reshape(shape, order="F" if fortran else "C"), dtype=np.float32, order="C")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _same_shape(shape: object, want: tuple[int, ...]) -> bool:
+    """``shape`` is exactly ``want``: a tuple or list of ints (no bools), compared without allocating."""
+    return (
+        isinstance(shape, tuple | list)
+        and len(shape) == len(want)
+        and all(_is_int(s) and s == w for s, w in zip(shape, want, strict=True))
+    )
+
+
+def _matches(got: object, want: object) -> bool:
+    """A meta value equals the round's: numbers compare as numbers (``0 == 0.0``) but never as
+    bools; anything else must have the same type."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(want, int | float):
+        return isinstance(got, int | float) and got == want
+    return type(got) is type(want) and got == want
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (reasons go to logs, one line each)."""
+    text = repr(value[:limit] if isinstance(value, str | bytes) else value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shape_text(shape: object) -> str:
+    if isinstance(shape, tuple | list) and len(shape) <= 8:
+        return _short(tuple(shape))
+    return f"(<{len(shape)} dims>)" if isinstance(shape, tuple | list) else _short(shape)

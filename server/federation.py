@@ -227,7 +227,7 @@ def accept_reply(
     """One train reply, validated for round ``rnd`` (common.wire.parse_train_reply, plus: not late, and
     within the clip under central noise); :class:`InvalidReply` says why it must not be used."""
     if reply.metadata.group_id != str(rnd):
-        raise InvalidReply(f"late reply from round {reply.metadata.group_id}")
+        raise InvalidReply(f"late reply from round {reply.metadata.group_id!r}")
     inc, weight, extra = parse_train_reply(reply, rnd, shapes, expected)
     if plan and plan.threat_model == "central" and global_norm(inc) > plan.clip * (1 + 1e-4):
         raise InvalidReply(f"increment norm {global_norm(inc):.4g} exceeds the clip {plan.clip:g}")
