@@ -9,6 +9,10 @@ import importlib
 BENCHES: dict[str, tuple[str, str]] = {
     "gauge": ("client.bench.gauge", "noise energy of factor-space DP vs PRISM along (cA, B/c)"),
     "prism-step": ("client.bench.prism_step", "step time and peak memory of PRISM vs dp-adamw"),
+    "codec": (
+        "client.bench.codec",
+        "DR-Encoder codecs on real client increments: error, bytes, with/without DP",
+    ),
 }
 
 

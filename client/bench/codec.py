@@ -1,0 +1,377 @@
+"""``fedlora bench codec``: how well each DR-Encoder codec reconstructs REAL client increments.
+
+A short federation on :class:`server.inprocess.InProcessGrid` with the real ClientApp: the server's
+statistics round (``server/drencoder.py``: one ``query.gradstats`` to every node), the autoencoder trained
+on those statistics, then ONE train round (release ``none``) from the initial global adapter, whose
+replies (validated by ``common.wire.parse_train_reply``) are every client's true increment.
+
+Each codec (``ae``, ``identity``, ``constant-mean``, ``random-projection`` at the ``ae`` latent size) encodes
+every increment into a coded update ``{"latent": (k,), **dense}`` (autoencoder/coded.py), which is decoded in
+three orders and compared with the true increments:
+
+- ``client``: each client's decoded increment vs its own (the mean of the per-client metrics);
+- ``decode-then-aggregate``: the mean of the decoded increments vs the mean true increment (the server's
+  ``decode-first``);
+- ``aggregate-then-decode``: the decoded mean coded update vs the mean true increment (``aggregate-first``).
+
+Means are unweighted over clients (as the server's ``local`` release averages). Noise settings: ``none``
+(the codec alone, no clipping) and ``eps=<ε>``: client-level DP under the ``local`` threat model, each
+coded update (latent and dense entries together) clipped to L2 norm ``C = --clip`` and N(0, σ²C²) added
+to every number, σ calibrated so that ``--rounds`` such rounds (p = 1) meet (ε, δ) under both the gdp and
+pld accountants (the larger σ, :func:`server.budget.plan_noise`); the noise is OS-seeded as in a real
+release, so noisy records vary between runs. Errors are always against the TRUE (unclipped) increment.
+
+Metrics over the LoRA factor entries only (dense entries such as a classification head are sent as they
+are by every codec and are not compared): ``cosine`` and ``rel_l2 = ‖x̂ − x‖ / ‖x‖``. ``bytes``: float32
+latent bytes per client per round, ``4 · k`` (the coded factors only); ``compression``: raw factor bytes
+``4 · D`` over ``bytes`` (JSON ``null``, table ``inf``, for ``constant-mean``, which sends nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from autoencoder.codecs import CODECS, RandomProjectionCodec
+from autoencoder.coded import decode_update, encode_update
+from autoencoder.layout import Layout
+from autoencoder.synthetic import prior_moments
+from common.config import RunConfig, to_flat
+from common.errors import FedloraError
+from common.models import AdapterState
+from common.privacy.release import add_noise, client_noise_std, clip, global_norm
+from common.wire import InvalidReply, parse_train_reply, train_instruction
+from server.aggregate import private_mean, weighted_mean
+from server.budget import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
+from server.drencoder import STATS_FILE, ServerCodec, load_stats, prepare_codec
+from server.evaluation import Evaluator
+from server.inprocess import InProcessGrid, load_component
+from server.simulate import CLIENT_APP, add_config_arguments, config_from_args
+
+ORDERS = ("client", "decode-then-aggregate", "aggregate-then-decode")
+#: RunConfig options the bench sets itself (it runs every codec and order, noise from --epsilon)
+FIXED = (
+    "mechanism",
+    "release",
+    "threat_model",
+    "target_epsilon",
+    "noise_multiplier",
+    "codec",
+    "decode_order",
+    "out_dir",
+    "resume",
+)
+TRAIN_ROUND = 1
+
+
+def bench_config(args: argparse.Namespace) -> RunConfig:
+    """The options as a checked ``dr-encoder`` config under local noise at ``--epsilon`` (σ calibrated)."""
+    given = [f"--{name.replace('_', '-')}" for name in FIXED if getattr(args, name, None) is not None]
+    if given:
+        raise FedloraError(
+            f"{', '.join(given)}: set by the bench (every codec and order, local noise at --epsilon)"
+        )
+    if not (args.epsilon > 0 and math.isfinite(args.epsilon)):
+        raise FedloraError(f"--epsilon must be finite and > 0, got {args.epsilon}")
+    cfg = config_from_args(args)
+    return cfg.replace(
+        mechanism="dr-encoder",
+        release="",
+        threat_model="local",
+        target_epsilon=args.epsilon,
+        noise_multiplier=0.0,
+    ).check()
+
+
+def collect_increments(
+    grid: Grid, cfg: RunConfig, nodes: Sequence[int], state: AdapterState
+) -> list[AdapterState]:
+    """One train round (release ``none``) from ``state`` to every node; each client's true increment
+    (same names and shapes as ``state``), validated as the server validates it."""
+    round_cfg = {"local-steps": cfg.local_steps, "lr": cfg.lr, "seed": cfg.seed}
+    round_cfg |= {"release": "none", "clip": 0.0, "noise-std": 0.0}
+    expected = {"mechanism": cfg.mechanism, "release": "none", "noise-std": 0.0}
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    messages = [
+        Message(
+            train_instruction(state, TRAIN_ROUND, round_cfg),
+            dst_node_id=node,
+            message_type="train",
+            group_id=str(TRAIN_ROUND),
+        )
+        for node in nodes
+    ]
+    increments = []
+    for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
+        try:
+            increments.append(parse_train_reply(reply, TRAIN_ROUND, shapes, expected)[0])
+        except InvalidReply as exc:
+            raise FedloraError(f"node {reply.metadata.src_node_id}: invalid train reply: {exc}") from None
+    if len(increments) != len(nodes):
+        raise FedloraError(f"only {len(increments)} of {len(nodes)} nodes replied to the train round")
+    return increments
+
+
+def build_coders(
+    grid: Grid,
+    cfg: RunConfig,
+    run_dir: Path,
+    nodes: Sequence[int],
+    state: AdapterState,
+    echo: Callable[[str], None],
+) -> tuple[dict[str, ServerCodec], list[dict]]:
+    """Every codec as the server builds it (``ae`` first: its call runs the statistics round and trains
+    the autoencoder; the others reuse the statistics saved in ``run_dir``); with the phase records."""
+    records: list[dict] = []
+    coders = {
+        name: prepare_codec(
+            grid, cfg.replace(codec=name), run_dir, nodes, state, None, "bench", records.append, echo
+        )[0]
+        for name in sorted(CODECS, key=lambda n: n != "ae")
+    }
+    coders["random-projection"] = cached_projection(coders["random-projection"])
+    return coders, records
+
+
+def cached_projection(coder: ServerCodec) -> ServerCodec:
+    """The same random projection (same layout, size and seed, so the same bases) with every basis kept
+    in memory: above 2^24 floats :class:`RandomProjectionCodec` rebuilds its ~D/4096 QR bases on every
+    encode and decode (MiniLM r = 8: 18 QRs of 4096 x 256, 10-30 s per call on 2 busy cores)."""
+    codec = coder.codec
+    size = codec.layout.num_coords * codec.latent_size  # an upper bound on the floats it keeps
+    same = RandomProjectionCodec(codec.layout, codec.latent_size, codec.seed, cache_floats=size)
+    return ServerCodec(same, coder.version, codec.seed, None)
+
+
+def errors(layout: Layout, estimate: Mapping[str, torch.Tensor], truth: Mapping[str, torch.Tensor]) -> dict:
+    """``cosine`` and ``rel_l2 = ‖x̂ − x‖ / ‖x‖`` over the factor entries of ``layout`` (float64);
+    the cosine is 0 when either vector is 0."""
+    x, xh = layout.to_vector(truth).double(), layout.to_vector(estimate).double()
+    denominator = float(x.norm() * xh.norm())
+    return {
+        "cosine": float(x @ xh) / denominator if denominator > 0 else 0.0,
+        "rel_l2": float((xh - x).norm() / x.norm()),
+    }
+
+
+def release(coded: AdapterState, plan: NoisePlan, clients: int) -> AdapterState:
+    """A client's local-DP release of its coded update: clipped to ``plan.clip``, plus N(0, σ²C²)."""
+    std = client_noise_std(plan.threat_model, plan.sigma, plan.clip, clients)
+    return add_noise(clip(coded, plan.clip)[0], std)
+
+
+def order_errors(
+    coder: ServerCodec, coded: Sequence[AdapterState], truths: Sequence[AdapterState], plan: NoisePlan
+) -> dict[str, dict[str, float]]:
+    """``{order: {"cosine", "rel_l2"}}`` of the clients' coded updates against their true increments.
+
+    Each coded update is decoded once: ``decode-then-aggregate`` is the server's ``private_mean`` of those
+    decodes (what ``ServerCodec.aggregate`` does for ``decode-first``, without decoding again), under
+    ``plan``'s threat model (``local``: the unweighted mean)."""
+    layout, n = coder.codec.layout, len(coded)
+    decoded = [decode_update(coder.codec, c) for c in coded]
+    per_client = [errors(layout, d, t) for d, t in zip(decoded, truths, strict=True)]
+    mean = weighted_mean(truths, [1.0] * n)
+    first = private_mean(decoded, plan.threat_model, plan.sigma, plan.clip, float(n))
+    return {
+        "client": {k: sum(e[k] for e in per_client) / n for k in ("cosine", "rel_l2")},
+        "decode-then-aggregate": errors(layout, first, mean),
+        "aggregate-then-decode": errors(
+            layout, coder.aggregate(coded, "aggregate-first", plan, float(n)), mean
+        ),
+    }
+
+
+def codec_records(
+    name: str,
+    coder: ServerCodec,
+    coded: Sequence[AdapterState],
+    increments: Sequence[AdapterState],
+    plan: NoisePlan,
+    noise: str,
+) -> list[dict]:
+    """One record per order for codec ``name`` from the clients' noiseless coded updates ``coded``;
+    ``noise``: ``none`` (no clip, no noise) or the label of ``plan``'s local release."""
+    if noise != "none":
+        coded = [release(c, plan, len(coded)) for c in coded]
+    size, raw = 4 * coder.codec.latent_size, 4 * coder.codec.layout.num_coords
+    cost = {"bytes": size, "compression": raw / size if size else None}
+    return [
+        {"codec": name, "order": order, "noise": noise, **errs, **cost}
+        for order, errs in order_errors(coder, coded, increments, plan).items()
+    ]
+
+
+def scales(layout: Layout, run_dir: Path, increments: Sequence[AdapterState]) -> dict[str, dict[str, float]]:
+    """Per-coordinate RMS over all factor entries, the ``A`` and the ``B`` factors: the statistics' prior
+    (``sqrt(mean E[X²])``; ``prior_mean``: of ``E[X]``, what ``constant-mean`` decodes to), the clients'
+    true increments (``increment``) and their mean (``mean_increment``)."""
+    first, second = prior_moments(load_stats(run_dir / STATS_FILE, layout.shapes), layout.shapes)
+    n = len(increments)
+    squares = {
+        "prior": second,
+        "prior_mean": {k: v.pow(2) for k, v in first.items()},
+        "increment": {k: sum(inc[k].double().pow(2) for inc in increments) / n for k in layout.names},
+        "mean_increment": {k: (sum(inc[k].double() for inc in increments) / n).pow(2) for k in layout.names},
+    }
+    groups = {
+        "all": layout.names,
+        **{kind: [k for k in layout.names if k.endswith("." + kind)] for kind in "AB"},
+    }
+    return {what: {group: _rms(sq, names) for group, names in groups.items()} for what, sq in squares.items()}
+
+
+def _rms(squares: Mapping[str, torch.Tensor], names: Sequence[str]) -> float:
+    """``sqrt`` of the mean of ``squares`` over every entry of ``names``."""
+    total = sum(float(squares[k].double().sum()) for k in names)
+    return math.sqrt(total / max(sum(squares[k].numel() for k in names), 1))
+
+
+def norms(layout: Layout, increments: Sequence[AdapterState], coded: Mapping[str, list]) -> dict:
+    """Mean L2 norms over clients: factor entries, dense entries, and each codec's coded update (latent +
+    dense: what the noisy release clips)."""
+    n = len(increments)
+    dense = [{k: v for k, v in inc.items() if k not in layout.shapes} for inc in increments]
+    return {
+        "factors": sum(float(layout.to_vector(inc).norm()) for inc in increments) / n,
+        "dense": sum(global_norm(d) for d in dense) / n,
+        "coded": {name: sum(global_norm(c) for c in updates) / n for name, updates in coded.items()},
+    }
+
+
+def setup(cfg: RunConfig, plan: NoisePlan, coders: Mapping[str, ServerCodec], phases: Sequence[dict]) -> dict:
+    """What the records were measured on (JSON-serialisable)."""
+    layout = coders["identity"].codec.layout
+    ae = next(p for p in phases if p.get("phase") == "autoencoder")
+    stats = next(p for p in phases if p.get("phase") == "stats")
+    return {
+        "model": cfg.model,
+        "dataset": cfg.dataset,
+        "clients": cfg.num_clients,
+        "local_steps": cfg.local_steps,
+        "lr": cfg.lr,
+        "factor_coords": layout.num_coords,
+        "latent_size": coders["ae"].codec.latent_size,
+        "raw_factor_bytes": 4 * layout.num_coords,
+        "stats_granularity": cfg.stats_granularity,
+        "stats_bytes_per_client": stats["stats_bytes_per_client"],
+        "ae_size": cfg.ae_size,
+        "ae_steps": cfg.ae_steps,
+        "ae_normalise": cfg.ae_normalise,
+        "ae_first_loss": ae["first_loss"],
+        "ae_final_loss": ae["final_loss"],
+        "stats_seconds": stats["seconds"],
+        "ae_seconds": ae["seconds"],
+        "unit": "client-level",
+        "threat_model": plan.threat_model,
+        "epsilon": plan.target_epsilon,
+        "delta": plan.delta,
+        "rounds": cfg.rounds,
+        "accountant": "max sigma of " + ", ".join(BUDGET_ACCOUNTANTS),
+        "sigma": plan.sigma,
+        "clip": plan.clip,
+        "noise_std": plan.sigma * plan.clip,
+        "compared": "LoRA factor entries only (dense entries, e.g. a classifier head, are not coded)",
+        "mean": "unweighted over clients",
+    }
+
+
+def bench_codecs(cfg: RunConfig, echo: Callable[[str], None]) -> dict:
+    """The setup and one record per (codec, order, noise); see the module docstring."""
+    start = time.monotonic()
+    plan = plan_noise(cfg)
+    noisy = f"eps={plan.target_epsilon:g}"
+    evaluator = Evaluator(cfg)
+    state = evaluator.initial_state()
+    with tempfile.TemporaryDirectory(prefix="fedlora-bench-codec-") as tmp:
+        run_dir = Path(tmp)
+        grid = InProcessGrid(
+            load_component(CLIENT_APP), cfg.num_clients, to_flat(cfg), state_root=run_dir / "nodes"
+        )
+        nodes = sorted(grid.get_node_ids())
+        coders, phases = build_coders(grid, cfg, run_dir, nodes, state, echo)
+        t0 = time.monotonic()
+        increments = collect_increments(grid, cfg, nodes, state)
+        train_seconds = time.monotonic() - t0
+        echo(f"train round: {len(increments)} increments in {train_seconds:.0f} s")
+        layout = coders["identity"].codec.layout
+        info = {**setup(cfg, plan, coders, phases), "rms": scales(layout, run_dir, increments)}
+    t0 = time.monotonic()
+    coded = {name: [encode_update(c.codec, inc) for inc in increments] for name, c in coders.items()}
+    info["norms"] = norms(layout, increments, coded)
+    records = [
+        rec
+        for name, coder in coders.items()
+        for noise in ("none", noisy)
+        for rec in codec_records(name, coder, coded[name], increments, plan, noise)
+    ]
+    info["train_seconds"] = round(train_seconds, 1)
+    info["codec_seconds"] = round(time.monotonic() - t0, 1)
+    info["seconds"] = round(time.monotonic() - start, 1)
+    return {**info, "records": records}
+
+
+def format_table(result: Mapping) -> str:
+    """The setup in a few lines, then one row per record."""
+    norms_ = result["norms"]
+    coded = ", ".join(f"{k} {v:.3g}" for k, v in norms_["coded"].items())
+    lines = [
+        f"codecs on real increments: {result['model']} / {result['dataset']}, {result['clients']} clients, "
+        f"one round of {result['local_steps']} local steps at lr {result['lr']:g}; {result['seconds']:.0f} s "
+        f"(statistics round {result['stats_seconds']:.0f}, autoencoder {result['ae_seconds']:.0f}, train round "
+        f"{result['train_seconds']:.0f}, codecs {result['codec_seconds']:.0f})",
+        f"factors: D = {result['factor_coords']:,} coordinates ({result['raw_factor_bytes']:,} B), "
+        f"latent k = {result['latent_size']:,}; compared on {result['compared']}",
+        f"statistics: {result['stats_granularity']}, {result['stats_bytes_per_client']:,.0f} B per client; "
+        f"autoencoder {result['ae_size']}, {result['ae_steps']} steps ({result['ae_normalise']} scaling), "
+        f"loss {_g(result['ae_first_loss'])} -> {_g(result['ae_final_loss'])}",
+        "per-coordinate RMS (all / A / B factors): "
+        + "; ".join(f"{k} {v['all']:.3g} / {v['A']:.3g} / {v['B']:.3g}" for k, v in result["rms"].items()),
+        f"mean norms: factor increment {norms_['factors']:.3g}, dense {norms_['dense']:.3g}; "
+        f"coded update {coded}",
+        f"noise eps={result['epsilon']:g}: {result['unit']}, {result['threat_model']} threat model, delta "
+        f"{result['delta']:g}, {result['rounds']} rounds, sigma {result['sigma']:.4g} ({result['accountant']}); "
+        f"each coded update (latent + dense) clipped to C = {result['clip']:g}, N(0, (sigma C)^2) per number",
+        f"means {result['mean']}; rel_l2 = |x_hat - x| / |x| against the true (unclipped) increment",
+        "",
+        f"{'codec':18s} {'order':22s} {'noise':8s} {'cosine':>8s} {'rel_l2':>10s} {'bytes':>9s} {'compression':>11s}",
+    ]
+    for r in result["records"]:
+        ratio = "inf" if r["compression"] is None else f"{r['compression']:.1f}x"
+        lines.append(
+            f"{r['codec']:18s} {r['order']:22s} {r['noise']:8s} {r['cosine']:8.4f} {r['rel_l2']:10.4g} "
+            f"{r['bytes']:9,d} {ratio:>11s}"
+        )
+    return "\n".join(lines)
+
+
+def _g(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.set_defaults(preset="minilm-rt")
+    parser.add_argument(
+        "--epsilon",
+        type=float,
+        default=8.0,
+        help="client-level epsilon of the noisy setting (delta: --delta)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object: the setup and its records")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = bench_codecs(bench_config(args), echo=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(result) if args.json else format_table(result))
+    return 0

@@ -1,0 +1,107 @@
+"""``fedlora bench codec``: every codec on real MiniLM increments from a 2-client in-process round."""
+
+import contextlib
+import io
+import itertools
+import json
+import math
+
+import pytest
+
+from client.bench.codec import ORDERS
+from tests.conftest import run_cli
+
+TINY = [
+    "--preset",
+    "minilm-rt",
+    "--num-clients",
+    "2",
+    "--local-steps",
+    "2",
+    "--batch-size",
+    "8",
+    "--max-train-examples",
+    "200",
+    "--eval-examples",
+    "40",
+    "--ae-steps",
+    "2",
+    "--rank",
+    "2",  # D = 18,432: the random projection's bases stay cheap on 2 cores
+]
+CODECS = ("ae", "identity", "constant-mean", "random-projection")
+
+
+@pytest.fixture(scope="module")
+def result():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert run_cli(["bench", "codec", *TINY, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def by_key(result):
+    return {(r["codec"], r["order"], r["noise"]): r for r in result["records"]}
+
+
+def test_one_record_per_codec_order_noise(result, by_key):
+    assert len(result["records"]) == 4 * 3 * 2
+    assert set(by_key) == set(itertools.product(CODECS, ORDERS, ("none", "eps=8")))
+    assert all(
+        set(r) >= {"codec", "order", "noise", "cosine", "rel_l2", "bytes", "compression"}
+        for r in by_key.values()
+    )
+    assert result["unit"] == "client-level" and result["threat_model"] == "local"
+    assert result["epsilon"] == 8 and result["delta"] == 1e-5 and result["sigma"] > 0
+    assert result["clients"] == 2 and result["ae_steps"] == 2 and result["ae_first_loss"] > 0
+
+
+def test_identity_is_exact_without_noise(by_key):
+    for order in ORDERS:
+        rec = by_key[("identity", order, "none")]
+        assert rec["cosine"] == pytest.approx(1, abs=1e-6) and rec["rel_l2"] < 1e-6
+        assert rec["compression"] == 1
+
+
+def test_bytes_and_compression(result, by_key):
+    k, D = result["latent_size"], result["factor_coords"]
+    for order, noise in itertools.product(ORDERS, ("none", "eps=8")):
+        assert by_key[("constant-mean", order, noise)]["bytes"] == 0
+        assert by_key[("constant-mean", order, noise)]["compression"] is None  # JSON null: nothing sent
+        for codec in ("ae", "random-projection"):
+            assert by_key[(codec, order, noise)]["bytes"] == 4 * k
+            assert by_key[(codec, order, noise)]["compression"] == pytest.approx(D / k)
+        assert by_key[("identity", order, noise)]["bytes"] == 4 * D
+
+
+def test_random_projection_keeps_a_random_subspace_share(result, by_key):
+    """A random k-dimensional projection of a fixed x: E‖x − Px‖²/‖x‖² = 1 − k/D, E cos² = k/D."""
+    share = result["latent_size"] / result["factor_coords"]
+    rec = by_key[("random-projection", "client", "none")]
+    assert rec["rel_l2"] == pytest.approx(math.sqrt(1 - share), abs=0.02)
+    assert rec["cosine"] == pytest.approx(math.sqrt(share), abs=0.05)
+
+
+def test_noise_changes_the_coded_codecs_only(by_key):
+    for order in ORDERS:
+        for codec in ("identity", "random-projection"):
+            assert (
+                by_key[(codec, order, "eps=8")]["rel_l2"] > 2 * by_key[(codec, order, "none")]["rel_l2"] + 1
+            )
+        assert by_key[("ae", order, "eps=8")]["rel_l2"] != by_key[("ae", order, "none")]["rel_l2"]
+        # constant-mean decodes its prior mean whatever arrives: the noise only touches dense entries
+        assert (
+            by_key[("constant-mean", order, "eps=8")]["rel_l2"]
+            == by_key[("constant-mean", order, "none")]["rel_l2"]
+        )
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [(["--epsilon", "0"], "--epsilon"), (["--epsilon", "nan"], "--epsilon"), (["--codec", "ae"], "--codec")],
+)
+def test_bad_input_is_one_line_exit_2(capsys, argv, word):
+    assert run_cli(["bench", "codec", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fedlora: error:") and word in err
