@@ -146,7 +146,7 @@ class RandomProjectionCodec:
     name = "random-projection"
 
     def __init__(
-        self, layout: Layout, latent_size: int, seed: int = 0, block: int = 4096, cache_floats: int = 2**24
+        self, layout: Layout, latent_size: int, seed: int = 0, block: int = 4096, cache_floats: int = 2**25
     ) -> None:
         D, k = layout.num_coords, latent_size
         if not 1 <= k <= D:

@@ -12,6 +12,7 @@ from autoencoder.coded import encode_update
 from autoencoder.layout import is_factor
 from client.codec import round_codec
 from client.gradstats import local_stats, privatise
+from client.increment import increment as local_increment
 from client.local_train import local_update
 from client.node import NodePolicy
 from client.sample_privacy import SamplePlan, plan_sample_noise
@@ -62,6 +63,7 @@ def gradstats(msg: Message, context: Context) -> Message:
         shard.examples,
         factors=[k for k in global_state if is_factor(k)],
         granularity=granularity,
+        form=cfg.increment_form,
         steps=int(query["local-steps"]),
         batch_size=cfg.batch_size,
         lr=float(query["lr"]),
@@ -108,7 +110,7 @@ def train(msg: Message, context: Context) -> Message:
     if plan is not None:
         metrics = {}  # counts of Poisson-sampled examples are not private
     local = adapter_state(model)
-    increment = {k: local[k] - global_state[k] for k in global_state}
+    increment = local_increment(local, global_state, cfg.increment_form)
     release = str(round_cfg["release"])
     noise_std = float(round_cfg["noise-std"])
     meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": noise_std}

@@ -2,7 +2,7 @@
 
 The client runs the round's local steps from the global adapter (non-private AdamW, as in a train
 round) and feeds Algorithm 1 (:mod:`autoencoder.synthetic`) after every step with ``X_t`` = each
-factor's increment so far, ``θ_t − θ_0``. The autoencoder encodes round increments, so these are the
+factor's increment so far, ``θ_t − θ_0`` in the run's increment form (client/increment.py). The autoencoder encodes round increments, so these are the
 statistics of the object it will see (the paper feeds per-step gradients, whose scale differs from an
 increment's). The exported moments are debiased (Adam's ``1 − β^t``; after a round's few steps the
 raw EMA is shrunk towards 0) and reduced per ``matrix`` or per ``column``.
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from autoencoder.synthetic import export_all, pack_stats, track, update_all
+from client.increment import increment
 from client.local_train import train_steps
 from common.models import adapter_state
 from common.privacy.release import add_noise, clip
@@ -33,13 +34,14 @@ def local_stats(
     *,
     factors: Sequence[str],
     granularity: str,
+    form: str = "raw",
     steps: int,
     batch_size: int,
     lr: float,
     seed: int,
     device: torch.device,
 ) -> Tensor:
-    """Moments ``(F, 2, w)`` of ``factors`` in sorted-name order (:func:`autoencoder.synthetic.pack_stats`)
+    """Moments ``(F, 2, w)`` of ``factors`` (increments in ``form``) in sorted-name order (:func:`autoencoder.synthetic.pack_stats`)
     after ``steps`` AdamW steps; the model is left trained (a train round reloads the global state)."""
     names = sorted(factors)
     start = {k: adapter_state(model)[k].detach().clone() for k in names}
@@ -47,7 +49,7 @@ def local_stats(
 
     def record() -> None:
         now = adapter_state(model)
-        update_all(stats, {k: now[k].detach() - start[k] for k in start})
+        update_all(stats, increment({k: now[k].detach() for k in start}, start, form))
 
     train_steps(
         model,

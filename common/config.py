@@ -30,6 +30,7 @@ AE_SIZES = ("tiny", "paper", "paper-best")
 AE_NORMALISATIONS = ("none", "image", "factor")
 STATS_GRANULARITIES = ("matrix", "column")  # per-row or per-entry statistics exceed the 1 % payload bound
 DECODE_ORDERS = ("aggregate-first", "decode-first")
+INCREMENT_FORMS = ("raw", "horizontal")  # client/increment.py
 LORA_INITS = ("balanced", "peft")  # common/models/lora_init.py
 PRISM_FLOORS = ("clamp", "ridge")
 THREAT_MODELS = ("local", "distributed", "central")
@@ -86,6 +87,7 @@ class RunConfig:
     stats_noise_multiplier: float = 0.0  # 0 = statistics in the clear (the paper); > 0 = clipped + noised
     stats_clip: float = 1.0  # L2 bound on one client's statistics vector when they are noised
     decode_order: str = "aggregate-first"
+    increment_form: str = "raw"  # what a client sends: raw factor change or its horizontal (gauge-fixed) lift
     out_dir: str = ""  # "" = runs/<time>-<model>-<dataset>
     resume: bool = False  # continue the run in out_dir from its checkpoint and ledger
 
@@ -144,6 +146,7 @@ class RunConfig:
             ("ae-normalise", self.ae_normalise, AE_NORMALISATIONS),
             ("stats-granularity", self.stats_granularity, STATS_GRANULARITIES),
             ("decode-order", self.decode_order, DECODE_ORDERS),
+            ("increment-form", self.increment_form, INCREMENT_FORMS),
         ):
             if value and value not in allowed:
                 raise FedloraError(f"unknown {key} '{value}'; choose {', '.join(allowed)}")
@@ -247,6 +250,8 @@ HELP: dict[str, str] = {
     "stats_clip": "L2 bound on a client's statistics vector when they are noised",
     "decode_order": "aggregate-first (average latents, decode once; secure aggregation allows it) "
     "or decode-first (decode each client's latent; local noise only)",
+    "increment_form": "what a client sends: raw (A' - A, B' - B) or horizontal (PRISM's gauge-fixed lift of "
+    "the same first-order change of A B^T; the statistics round uses the same form)",
     "resume": "continue the run in --out from its checkpoint and ledger",
 }
 

@@ -150,11 +150,12 @@ def prepare_codec(
         latent_size=codec.latent_size,
         increment_bytes=raw,
         coded_bytes=coded,
-        compression=raw / max(coded, 1),
+        compression=raw / coded if coded else None,
     )
+    ratio = f"{raw / coded:.1f}x fewer" if coded else "nothing sent"
     echo(
-        f"codec {cfg.codec} ({version}): latent {codec.latent_size:,} numbers, "
-        f"{coded / 1e3:.1f} kB per client per round instead of {raw / 1e3:.1f} kB ({raw / max(coded, 1):.1f}x)"
+        f"codec {cfg.codec} ({version}): latent {codec.latent_size:,} numbers; {coded / 1e3:.1f} kB per client "
+        f"per round (latent + dense entries) instead of {raw / 1e3:.1f} kB ({ratio})"
     )
     return ServerCodec(codec, version, cfg.seed, encoder), info
 

@@ -30,6 +30,7 @@ TINY = [
     "2",  # D = 18,432: the random projection's bases stay cheap on 2 cores
 ]
 CODECS = ("ae", "identity", "constant-mean", "random-projection")
+NOISE = ("none", "clip=1", "eps=8")
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +47,8 @@ def by_key(result):
 
 
 def test_one_record_per_codec_order_noise(result, by_key):
-    assert len(result["records"]) == 4 * 3 * 2
-    assert set(by_key) == set(itertools.product(CODECS, ORDERS, ("none", "eps=8")))
+    assert len(result["records"]) == 4 * 3 * 3
+    assert set(by_key) == set(itertools.product(CODECS, ORDERS, NOISE))
     assert all(
         set(r) >= {"codec", "order", "noise", "cosine", "rel_l2", "bytes", "compression"}
         for r in by_key.values()
@@ -66,7 +67,7 @@ def test_identity_is_exact_without_noise(by_key):
 
 def test_bytes_and_compression(result, by_key):
     k, D = result["latent_size"], result["factor_coords"]
-    for order, noise in itertools.product(ORDERS, ("none", "eps=8")):
+    for order, noise in itertools.product(ORDERS, NOISE):
         assert by_key[("constant-mean", order, noise)]["bytes"] == 0
         assert by_key[("constant-mean", order, noise)]["compression"] is None  # JSON null: nothing sent
         for codec in ("ae", "random-projection"):
@@ -81,6 +82,17 @@ def test_random_projection_keeps_a_random_subspace_share(result, by_key):
     rec = by_key[("random-projection", "client", "none")]
     assert rec["rel_l2"] == pytest.approx(math.sqrt(1 - share), abs=0.02)
     assert rec["cosine"] == pytest.approx(math.sqrt(share), abs=0.05)
+
+
+def test_clip_alone_keeps_a_linear_codec_direction(by_key):
+    """Clipping scales each coded update: a linear decode keeps each client's direction, nothing else."""
+    for codec in ("identity", "random-projection"):
+        clipped, clean = by_key[(codec, "client", "clip=1")], by_key[(codec, "client", "none")]
+        assert clipped["cosine"] == pytest.approx(clean["cosine"], abs=1e-5)
+    assert by_key[("constant-mean", "client", "clip=1")] == {
+        **by_key[("constant-mean", "client", "none")],
+        "noise": "clip=1",
+    }
 
 
 def test_noise_changes_the_coded_codecs_only(by_key):

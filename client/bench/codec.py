@@ -15,7 +15,8 @@ three orders and compared with the true increments:
 - ``aggregate-then-decode``: the decoded mean coded update vs the mean true increment (``aggregate-first``).
 
 Means are unweighted over clients (as the server's ``local`` release averages). Noise settings: ``none``
-(the codec alone, no clipping) and ``eps=<ε>``: client-level DP under the ``local`` threat model, each
+(the codec alone, no clipping), ``clip=<C>`` (each coded update clipped to C, no noise: what the clip alone
+does to a nonlinear decoder) and ``eps=<ε>``: client-level DP under the ``local`` threat model, each
 coded update (latent and dense entries together) clipped to L2 norm ``C = --clip`` and N(0, σ²C²) added
 to every number, σ calibrated so that ``--rounds`` such rounds (p = 1) meet (ε, δ) under both the gdp and
 pld accountants (the larger σ, :func:`server.budget.plan_noise`); the noise is OS-seeded as in a real
@@ -164,12 +165,6 @@ def errors(layout: Layout, estimate: Mapping[str, torch.Tensor], truth: Mapping[
     }
 
 
-def release(coded: AdapterState, plan: NoisePlan, clients: int) -> AdapterState:
-    """A client's local-DP release of its coded update: clipped to ``plan.clip``, plus N(0, σ²C²)."""
-    std = client_noise_std(plan.threat_model, plan.sigma, plan.clip, clients)
-    return add_noise(clip(coded, plan.clip)[0], std)
-
-
 def order_errors(
     coder: ServerCodec, coded: Sequence[AdapterState], truths: Sequence[AdapterState], plan: NoisePlan
 ) -> dict[str, dict[str, float]]:
@@ -199,11 +194,13 @@ def codec_records(
     increments: Sequence[AdapterState],
     plan: NoisePlan,
     noise: str,
+    std: float | None,
 ) -> list[dict]:
-    """One record per order for codec ``name`` from the clients' noiseless coded updates ``coded``;
-    ``noise``: ``none`` (no clip, no noise) or the label of ``plan``'s local release."""
-    if noise != "none":
-        coded = [release(c, plan, len(coded)) for c in coded]
+    """One record per order for codec ``name`` from the clients' noiseless coded updates ``coded``, labelled
+    ``noise``; ``std``: ``None`` = the codec alone (no clip), else each coded update is clipped to
+    ``plan.clip`` and gets N(0, std²) per number (``0``: clipped only)."""
+    if std is not None:
+        coded = [add_noise(clip(c, plan.clip)[0], std) for c in coded]
     size, raw = 4 * coder.codec.latent_size, 4 * coder.codec.layout.num_coords
     cost = {"bytes": size, "compression": raw / size if size else None}
     return [
@@ -263,6 +260,7 @@ def setup(cfg: RunConfig, plan: NoisePlan, coders: Mapping[str, ServerCodec], ph
         "factor_coords": layout.num_coords,
         "latent_size": coders["ae"].codec.latent_size,
         "raw_factor_bytes": 4 * layout.num_coords,
+        "increment_form": cfg.increment_form,
         "stats_granularity": cfg.stats_granularity,
         "stats_bytes_per_client": stats["stats_bytes_per_client"],
         "ae_size": cfg.ae_size,
@@ -290,7 +288,13 @@ def bench_codecs(cfg: RunConfig, echo: Callable[[str], None]) -> dict:
     """The setup and one record per (codec, order, noise); see the module docstring."""
     start = time.monotonic()
     plan = plan_noise(cfg)
-    noisy = f"eps={plan.target_epsilon:g}"
+    settings = {  # label -> std after the clip (None: no clip)
+        "none": None,
+        f"clip={plan.clip:g}": 0.0,
+        f"eps={plan.target_epsilon:g}": client_noise_std(
+            plan.threat_model, plan.sigma, plan.clip, cfg.num_clients
+        ),
+    }
     evaluator = Evaluator(cfg)
     state = evaluator.initial_state()
     with tempfile.TemporaryDirectory(prefix="fedlora-bench-codec-") as tmp:
@@ -312,8 +316,8 @@ def bench_codecs(cfg: RunConfig, echo: Callable[[str], None]) -> dict:
     records = [
         rec
         for name, coder in coders.items()
-        for noise in ("none", noisy)
-        for rec in codec_records(name, coder, coded[name], increments, plan, noise)
+        for noise, std in settings.items()
+        for rec in codec_records(name, coder, coded[name], increments, plan, noise, std)
     ]
     info["train_seconds"] = round(train_seconds, 1)
     info["codec_seconds"] = round(time.monotonic() - t0, 1)
@@ -332,7 +336,7 @@ def format_table(result: Mapping) -> str:
         f"{result['train_seconds']:.0f}, codecs {result['codec_seconds']:.0f})",
         f"factors: D = {result['factor_coords']:,} coordinates ({result['raw_factor_bytes']:,} B), "
         f"latent k = {result['latent_size']:,}; compared on {result['compared']}",
-        f"statistics: {result['stats_granularity']}, {result['stats_bytes_per_client']:,.0f} B per client; "
+        f"increments: {result['increment_form']}; statistics: {result['stats_granularity']}, {result['stats_bytes_per_client']:,.0f} B per client; "
         f"autoencoder {result['ae_size']}, {result['ae_steps']} steps ({result['ae_normalise']} scaling), "
         f"loss {_g(result['ae_first_loss'])} -> {_g(result['ae_final_loss'])}",
         "per-coordinate RMS (all / A / B factors): "
