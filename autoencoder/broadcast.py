@@ -4,13 +4,15 @@ Clients only encode, so they get the encoder's parameters (``in_conv``, ``down``
 :class:`Uformer`) and the scale map; the decoder and the prior mean stay on the server. Tensors:
 ``encoder.<parameter>`` and ``scale`` ``(num_images, 1, H, W)``. Metadata (strings): ``format``
 (:data:`BROADCAST_FORMAT`), ``ae_version`` (the full autoencoder's content hash, which names it in every
-train round), ``config`` (:class:`AeConfig` JSON), ``layout`` (:class:`Layout` JSON), ``normalise``.
+train round), ``config`` (:class:`AeConfig` JSON), ``layout`` (:class:`Layout` JSON), ``normalise``,
+``latent_gain`` (the encoder output's multiplier, a float's repr).
 Everything is checked against the configuration before use; nothing is unpickled.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 
 import torch
@@ -41,6 +43,7 @@ def encoder_payload(trained: TrainedAe, version: str) -> tuple[dict[str, Tensor]
         "config": json.dumps(trained.config.to_dict()),
         "layout": trained.layout.to_json(),
         "normalise": trained.normalise,
+        "latent_gain": repr(float(trained.latent_gain)),
     }
     return tensors, meta
 
@@ -55,6 +58,7 @@ def encoder_from_payload(
         config = AeConfig.from_dict(json.loads(str(meta["config"])))
         layout = Layout.from_json(str(meta["layout"]))
         normalise, version = str(meta["normalise"]), str(meta["ae_version"])
+        gain = float(str(meta["latent_gain"]))
     except (KeyError, ValueError, TypeError) as exc:
         raise FedloraError(f"malformed encoder broadcast: {exc}") from None
     model = Uformer(config)
@@ -69,10 +73,12 @@ def encoder_from_payload(
     scale = tensors["scale"]
     if not (scale > 0).all():
         raise FedloraError("encoder broadcast: the scale map must be positive")
+    if not (math.isfinite(gain) and gain > 0):
+        raise FedloraError(f"encoder broadcast: latent gain must be finite and > 0, got {gain}")
     model.load_state_dict(got, strict=False)
     device = torch.device(device)
     zeros = torch.zeros(layout.image_shape, device=device)
-    trained = TrainedAe(config, layout, model.to(device).eval(), scale.to(device), zeros, normalise)
+    trained = TrainedAe(config, layout, model.to(device).eval(), scale.to(device), zeros, normalise, {}, gain)
     return AeCodec(trained, version=version, can_decode=False)
 
 

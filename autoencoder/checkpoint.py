@@ -1,7 +1,7 @@
 """Trained-autoencoder checkpoints: one safetensors file, JSON metadata, a content-hash version.
 
 Tensors: ``model.<parameter>`` (the :class:`Uformer` state dict), ``scale`` and ``mean``
-(``(num_images, 1, H, W)``). Metadata (strings): ``format`` (:data:`CHECKPOINT_FORMAT`), ``ae_version``,
+(``(num_images, 1, H, W)``), and for a ``homogeneous`` latent ``latent`` = ``[gain, norm]`` (float64). Metadata (strings): ``format`` (:data:`CHECKPOINT_FORMAT`), ``ae_version``,
 ``config`` (:class:`AeConfig` JSON), ``layout`` (:class:`Layout` JSON), ``normalise``, ``history`` (JSON).
 The version ``ae-<16 hex>`` is a SHA-256 of the config, layout, normalisation and every tensor's bytes,
 so equal versions mean equal encoders; loading recomputes it and refuses a file whose content does not match.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def _tensors(trained: TrainedAe) -> dict[str, Tensor]:
     out = {f"model.{k}": v.detach().cpu().contiguous() for k, v in trained.model.state_dict().items()}
     out["scale"] = trained.scale.detach().cpu().contiguous()
     out["mean"] = trained.mean.detach().cpu().contiguous()
+    if trained.latent_norm > 0 or trained.latent_gain != 1:  # absent for the paper's raw latent
+        out["latent"] = torch.tensor([trained.latent_gain, trained.latent_norm], dtype=torch.float64)
     return out
 
 
@@ -100,16 +103,27 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu")
         prefix = "model."
         model.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
         scale, mean = tensors["scale"], tensors["mean"]
+        gain, norm = (float(v) for v in tensors.get("latent", torch.tensor([1.0, 0.0])).reshape(2))
     except (KeyError, ValueError, TypeError, RuntimeError) as exc:
         raise FedloraError(
             f"'{path}' is a malformed autoencoder checkpoint: {str(exc).splitlines()[0]}"
         ) from None
+    if not (gain > 0 and norm >= 0 and math.isfinite(gain) and math.isfinite(norm)):
+        raise FedloraError(f"'{path}': latent gain {gain} / norm {norm} must be finite, > 0 and >= 0")
     if scale.shape != layout.image_shape or mean.shape != layout.image_shape:
         raise FedloraError(f"'{path}': scale/mean shapes do not match the layout {layout.image_shape}")
     if _version(config, layout, normalise, tensors) != version:
         raise FedloraError(f"'{path}' is corrupt: its content does not match its version {version}")
     device = torch.device(device)
     trained = TrainedAe(
-        config, layout, model.to(device).eval(), scale.to(device), mean.to(device), normalise, history
+        config,
+        layout,
+        model.to(device).eval(),
+        scale.to(device),
+        mean.to(device),
+        normalise,
+        history,
+        gain,
+        norm,
     )
     return trained, version

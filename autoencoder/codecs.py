@@ -5,8 +5,10 @@ not encoded). ``encode`` takes an adapter-like dict (extra dense entries are ign
 ``(latent_size,)`` float32 tensor on the input's device; ``decode`` returns ``{name: (d, r)}`` float32 on the
 latent's device.
 
-- ``ae``: latent ``Enc(tiles / scale)``, ``num_images · c_k · (H/2^k) · (W/2^k)`` numbers; decode
-  ``scale · Dec(z)``, untiled (:mod:`autoencoder.normalise` for the scale).
+- ``ae``: latent ``g · Enc(tiles / scale)``, ``num_images · c_k · (H/2^k) · (W/2^k)`` numbers; decode
+  ``scale · Dec(z / g)``, untiled (:mod:`autoencoder.normalise` for the scale); ``g = 1`` for the paper's
+  ``raw`` latent, and the ``homogeneous`` latent decodes positively homogeneously
+  (:func:`autoencoder.train.calibrate_latent`).
 - ``identity``: latent = the ``num_coords`` entries in layout order; decode is exact.
 - ``constant-mean``: latent is empty (0 numbers, nothing is sent); decodes to the synthetic prior's mean
   whatever it gets.
@@ -101,7 +103,8 @@ class ConstantMeanCodec:
 
 
 class AeCodec:
-    """``latent = Enc(layout.to_images(x) / scale)`` flattened; ``decode = layout.from_images(scale · Dec(z))``."""
+    """``latent = g · Enc(layout.to_images(x) / scale)`` flattened; ``decode = layout.from_images(scale · Dec(z / g))``,
+    positively homogeneous when the autoencoder has a ``latent_norm`` (see :class:`TrainedAe`)."""
 
     name = "ae"
 
@@ -119,15 +122,22 @@ class AeCodec:
         self.layout.check_state(state)
         ae = self.trained
         x = self.layout.to_images({n: state[n].to(ae.device, torch.float32) for n in self.layout.names})
-        return ae.model.encode(x / ae.scale).reshape(-1).to(_device(state, self.layout))
+        z = ae.latent_gain * ae.model.encode(x / ae.scale)
+        return z.reshape(-1).to(_device(state, self.layout))
 
     @torch.no_grad()
     def decode(self, latent: Tensor) -> dict[str, Tensor]:
         if not self.can_decode:
             raise FedloraError("this is an encoder-only copy of the autoencoder; the server decodes")
         ae = self.trained
-        z = check_latent(latent, self.latent_size).to(ae.device).reshape(self.latent_shape)
-        x = ae.model.decode(z) * ae.scale
+        u = check_latent(latent, self.latent_size).to(ae.device).reshape(self.latent_shape) / ae.latent_gain
+        if ae.latent_norm > 0:  # homogeneous (autoencoder.train.calibrate_latent)
+            length = u.norm()
+            if length == 0:
+                return {n: torch.zeros(s, device=latent.device) for n, s in self.layout.shapes.items()}
+            x = (length / ae.latent_norm) * ae.model.decode(u * (ae.latent_norm / length)) * ae.scale
+        else:
+            x = ae.model.decode(u) * ae.scale
         return {name: t.to(latent.device) for name, t in self.layout.from_images(x).items()}
 
 

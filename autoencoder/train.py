@@ -16,11 +16,15 @@ from torch import Tensor
 
 from autoencoder.layout import Layout
 from autoencoder.normalise import NORMALISATIONS, mean_images, scale_map
-from autoencoder.synthetic import Stats, check_stats, sample_gradients
+from autoencoder.synthetic import Stats, check_stats, prior_moments, sample_gradients
 from autoencoder.uformer import AeConfig, Uformer
 from common.errors import FedloraError
 
 LOSSES = ("mse", "charbonnier")
+#: ``raw``: the latent is the encoder's output, decoded as is (the paper). ``homogeneous``: the latent is
+#: rescaled to the increment's norm and decoded positively homogeneously (:func:`calibrate_latent`).
+LATENT_MODES = ("raw", "homogeneous")
+CALIBRATION_DRAWS = 16
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class TrainConfig:
     """``samples``: synthetic adapters per step (each gives ``num_images`` images); ``lr``: Adam step size
     (default: CG-FedLLM's 2e-4); ``loss``: ``mse`` or ``charbonnier`` (ε = ``charbonnier_eps``), measured on
     the normalised images; ``normalise``: ``none``, ``image`` or ``factor`` (:mod:`autoencoder.normalise`);
-    ``seed``: model initialisation and synthetic draws."""
+    ``seed``: model initialisation and synthetic draws; ``latent``: one of :data:`LATENT_MODES`."""
 
     steps: int = 300
     samples: int = 4
@@ -37,6 +41,7 @@ class TrainConfig:
     charbonnier_eps: float = 1e-3
     normalise: str = "image"
     seed: int = 0
+    latent: str = "raw"
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -44,6 +49,10 @@ class TrainConfig:
         if self.normalise not in NORMALISATIONS:
             raise FedloraError(
                 f"unknown normalisation '{self.normalise}'; choose one of {', '.join(NORMALISATIONS)}"
+            )
+        if self.latent not in LATENT_MODES:
+            raise FedloraError(
+                f"unknown latent mode '{self.latent}'; choose one of {', '.join(LATENT_MODES)}"
             )
         if self.steps < 0 or self.samples < 1 or self.lr <= 0:
             raise FedloraError(f"invalid training config {self}")
@@ -55,6 +64,8 @@ class TrainedAe:
 
     ``scale``, ``mean``: ``(num_images, 1, H, W)``; ``mean`` is the prior's ``E[X]`` in raw units.
     ``history``: JSON-serialisable training record (``loss`` per step, the train config).
+    ``latent_gain`` g multiplies the encoder's output to give the latent; ``latent_norm`` ρ > 0 makes the
+    decode positively homogeneous at that norm (encoder units), 0 decodes as is (:func:`calibrate_latent`).
     """
 
     config: AeConfig
@@ -64,6 +75,8 @@ class TrainedAe:
     mean: Tensor
     normalise: str
     history: dict = field(default_factory=dict)
+    latent_gain: float = 1.0
+    latent_norm: float = 0.0
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -122,4 +135,38 @@ def train_autoencoder(
     model.eval()
     history = {"loss": torch.stack(losses).tolist() if losses else [], "train": asdict(train)}
     mean = mean_images(layout, stats_list).to(device)
-    return TrainedAe(config, layout, model, scale, mean, train.normalise, history)
+    trained = TrainedAe(config, layout, model, scale, mean, train.normalise, history)
+    if train.latent == "homogeneous":
+        trained.latent_gain, trained.latent_norm = calibrate_latent(trained, stats_list, generator)
+        history["latent"] = {"gain": trained.latent_gain, "norm": trained.latent_norm}
+    return trained
+
+
+@torch.no_grad()
+def calibrate_latent(
+    trained: TrainedAe,
+    stats_list: Sequence[Stats],
+    generator: torch.Generator,
+    draws: int = CALIBRATION_DRAWS,
+) -> tuple[float, float]:
+    """``(g, ρ)`` for the ``homogeneous`` latent, from ``draws`` synthetic adapters (stats sets in turn).
+
+    ``ρ``: the mean norm of ``Enc(x / scale)`` over whole adapters; ``g = ν / ρ`` with ``ν = sqrt(Σ E[X²])``
+    the prior's expected increment norm (raw units), so that a latent ``g · Enc(·)`` is about as long as
+    the increment it encodes and a clip to C shrinks both alike. The decode of a latent ``z`` is then
+    ``(‖u‖ / ρ) · scale · Dec(ρ u / ‖u‖)`` with ``u = z / g``: decode(c z) = c decode(z) for c > 0, as for a
+    linear codec, so a client's clip factor or the average of several latents scales the decoded
+    increment instead of feeding the decoder a latent of a length it never saw in training.
+    """
+    layout, model = trained.layout, trained.model
+    _, second = prior_moments(stats_list, layout.shapes)
+    nu = float(sum(v.double().sum() for v in second.values()).sqrt())
+    norms = []
+    for i in range(draws):
+        grads = sample_gradients(stats_list[i % len(stats_list)], layout.shapes, 1, generator)
+        x = layout.to_images({k: v[0] for k, v in grads.items()}) / trained.scale
+        norms.append(float(model.encode(x).norm()))
+    rho = sum(norms) / len(norms)
+    if not (rho > 0 and nu > 0):
+        raise FedloraError("cannot calibrate the latent: the prior or the encoder output is all zero")
+    return nu / rho, rho

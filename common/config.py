@@ -28,6 +28,7 @@ RELEASES = ("none", "gaussian", "dr-encoder")
 CODECS = ("ae", "identity", "constant-mean", "random-projection")
 AE_SIZES = ("tiny", "paper", "paper-best")
 AE_NORMALISATIONS = ("none", "image", "factor")
+AE_LATENTS = ("raw", "homogeneous")
 STATS_GRANULARITIES = ("matrix", "column")  # per-row or per-entry statistics exceed the 1 % payload bound
 DECODE_ORDERS = ("aggregate-first", "decode-first")
 INCREMENT_FORMS = ("raw", "horizontal")  # client/increment.py
@@ -83,6 +84,7 @@ class RunConfig:
     ae_size: str = "tiny"
     ae_steps: int = 300  # autoencoder training steps on synthetic gradients
     ae_normalise: str = "image"
+    ae_latent: str = "raw"  # raw (the paper) or homogeneous (rescaled; decode(c z) = c decode(z))
     stats_granularity: str = "matrix"
     stats_noise_multiplier: float = 0.0  # 0 = statistics in the clear (the paper); > 0 = clipped + noised
     stats_clip: float = 1.0  # L2 bound on one client's statistics vector when they are noised
@@ -144,6 +146,7 @@ class RunConfig:
             ("codec", self.codec, CODECS),
             ("ae-size", self.ae_size, AE_SIZES),
             ("ae-normalise", self.ae_normalise, AE_NORMALISATIONS),
+            ("ae-latent", self.ae_latent, AE_LATENTS),
             ("stats-granularity", self.stats_granularity, STATS_GRANULARITIES),
             ("decode-order", self.decode_order, DECODE_ORDERS),
             ("increment-form", self.increment_form, INCREMENT_FORMS),
@@ -245,6 +248,8 @@ HELP: dict[str, str] = {
     "ae_size": "autoencoder configuration: tiny (CPU), paper or paper-best (GPU)",
     "ae_steps": "autoencoder training steps on synthetic gradients",
     "ae_normalise": "autoencoder input scaling from the statistics: none, image or factor",
+    "ae_latent": "autoencoder latent: raw (the encoder's output, the paper) or homogeneous (rescaled to the "
+    "increment's norm and decoded so that a clip or an average scales the decoded increment)",
     "stats_granularity": "statistics sent per factor: matrix (2 numbers, the paper's) or column (2 per rank)",
     "stats_noise_multiplier": "noise on the clipped statistics (0 = sent in the clear, as in the paper)",
     "stats_clip": "L2 bound on a client's statistics vector when they are noised",

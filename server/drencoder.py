@@ -254,10 +254,12 @@ def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
         trained, version = load_checkpoint(path, device)
         if trained.layout != layout or trained.config != ae_config:
             raise FedloraError(f"{path} was trained for another model or autoencoder size")
+        if (trained.latent_norm > 0) != (cfg.ae_latent == "homogeneous"):
+            raise FedloraError(f"{path} has another latent mode than --ae-latent {cfg.ae_latent}")
         echo(f"autoencoder {version}: reused from {path}")
         return trained, version
     t0 = time.monotonic()
-    train = TrainConfig(steps=cfg.ae_steps, normalise=cfg.ae_normalise, seed=cfg.seed)
+    train = TrainConfig(steps=cfg.ae_steps, normalise=cfg.ae_normalise, seed=cfg.seed, latent=cfg.ae_latent)
     trained = train_autoencoder(ae_config, layout, stats_list, train, device)
     version = save_checkpoint(path, trained)
     losses = trained.history["loss"]

@@ -15,6 +15,7 @@ from autoencoder.codecs import CODECS, make_codec
 from autoencoder.layout import Layout
 from autoencoder.normalise import NORMALISATIONS
 from autoencoder.synthetic import GRANULARITIES, pack_stats, unpack_stats
+from autoencoder.train import LATENT_MODES
 from client.gradstats import privatise
 from common import config
 from common.config import preset, to_flat
@@ -38,6 +39,7 @@ DR = dict(mechanism="dr-encoder", noise_multiplier=1.0, clip=0.5, ae_steps=2)
 def test_config_lists_match_the_implementations():
     assert config.CODECS == CODECS
     assert config.AE_NORMALISATIONS == NORMALISATIONS
+    assert config.AE_LATENTS == LATENT_MODES
     assert tuple(AE_CONFIGS) == config.AE_SIZES
     assert set(config.STATS_GRANULARITIES) <= set(GRANULARITIES)
     assert config.MECHANISMS["dr-encoder"] == ("none", "dr-encoder")
@@ -279,8 +281,10 @@ def test_server_rejects_bad_latents_and_continues_with_the_others(tmp_path):
 
 def test_a_crashed_dr_encoder_run_resumes_with_its_statistics_and_autoencoder(tmp_path):
     """The server dies in round 2; the resumed run reuses the saved statistics and autoencoder (no new
-    query, same version), and round 2 stays charged once, as interrupted."""
-    cfg = preset("minilm-rt", **{**TINY, "rounds": 2}, **DR, out_dir=str(tmp_path / "r")).check()
+    query, same version), and round 2 stays charged once, as interrupted. With the ``homogeneous`` latent
+    (its gain travels in the encoder broadcast and the checkpoint)."""
+    run = dict(**DR, ae_latent="homogeneous", out_dir=str(tmp_path / "r"))
+    cfg = preset("minilm-rt", **{**TINY, "rounds": 2}, **run).check()
 
     def crash_in_round_2(client, msg, ctx):
         if msg.metadata.message_type == "train" and msg.content["config"]["round"] == 2:

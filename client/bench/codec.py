@@ -266,6 +266,7 @@ def setup(cfg: RunConfig, plan: NoisePlan, coders: Mapping[str, ServerCodec], ph
         "ae_size": cfg.ae_size,
         "ae_steps": cfg.ae_steps,
         "ae_normalise": cfg.ae_normalise,
+        "ae_latent": cfg.ae_latent,
         "ae_first_loss": ae["first_loss"],
         "ae_final_loss": ae["final_loss"],
         "stats_seconds": stats["seconds"],
@@ -337,7 +338,7 @@ def format_table(result: Mapping) -> str:
         f"factors: D = {result['factor_coords']:,} coordinates ({result['raw_factor_bytes']:,} B), "
         f"latent k = {result['latent_size']:,}; compared on {result['compared']}",
         f"increments: {result['increment_form']}; statistics: {result['stats_granularity']}, {result['stats_bytes_per_client']:,.0f} B per client; "
-        f"autoencoder {result['ae_size']}, {result['ae_steps']} steps ({result['ae_normalise']} scaling), "
+        f"autoencoder {result['ae_size']}, {result['ae_steps']} steps ({result['ae_normalise']} scaling, {result['ae_latent']} latent), "
         f"loss {_g(result['ae_first_loss'])} -> {_g(result['ae_final_loss'])}",
         "per-coordinate RMS (all / A / B factors): "
         + "; ".join(f"{k} {v['all']:.3g} / {v['A']:.3g} / {v['B']:.3g}" for k, v in result["rms"].items()),
