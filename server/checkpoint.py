@@ -20,6 +20,7 @@ from common.errors import FedloraError
 from common.models import AdapterState
 
 FORMAT = "fedlora-checkpoint/1"
+CHECKPOINT_FILE = "checkpoint.safetensors"  # in a run directory
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, ModelBundle, load_adapter_state
+from server.checkpoint import CHECKPOINT_FILE
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -35,7 +36,7 @@ class RunDir:
         self.path, self.cfg = path, cfg
         self.metrics_path = path / "metrics.jsonl"
         self.ledger_path = path / "ledger.sqlite"
-        self.checkpoint_path = path / "checkpoint.safetensors"
+        self.checkpoint_path = path / CHECKPOINT_FILE
         stored = path / "config.json"
         if not cfg.resume:
             if stored.exists() or self.ledger_path.exists():

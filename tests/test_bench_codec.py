@@ -9,6 +9,7 @@ import math
 import pytest
 
 from client.bench.codec import ORDERS
+from common.errors import FedloraError
 from tests.conftest import run_cli
 
 TINY = [
@@ -111,9 +112,39 @@ def test_noise_changes_the_coded_codecs_only(by_key):
 
 @pytest.mark.parametrize(
     ("argv", "word"),
-    [(["--epsilon", "0"], "--epsilon"), (["--epsilon", "nan"], "--epsilon"), (["--codec", "ae"], "--codec")],
+    [
+        (["--epsilon", "0"], "--epsilon"),
+        (["--epsilon", "nan"], "--epsilon"),
+        (["--codec", "ae"], "--codec"),
+        (["--start-from", "/nonexistent/run", "--max-train-examples", "100"], "/nonexistent/run"),
+    ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, word):
     assert run_cli(["bench", "codec", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("fedlora: error:") and word in err
+
+
+def test_start_state_from_a_run_checkpoint(tmp_path):
+    """``--start-from``: a run directory or its checkpoint; another LoRA shape is refused in one line."""
+    import torch
+
+    from client.bench.codec import start_state
+    from common.config import preset
+    from server.checkpoint import CHECKPOINT_FILE, LoopState, save
+    from server.evaluation import Evaluator
+
+    evaluator = Evaluator(preset("minilm-rt", rank=2, max_train_examples=200, eval_examples=40).check())
+    initial, origin = start_state(evaluator, None)
+    assert origin.startswith("round 0")
+    later = {k: v + 0.5 for k, v in initial.items()}
+    save(tmp_path / CHECKPOINT_FILE, later, LoopState(round=3))
+    for given in (tmp_path, tmp_path / CHECKPOINT_FILE):
+        state, origin = start_state(evaluator, str(given))
+        assert origin.endswith("(after round 3)")
+        assert all(torch.equal(state[k], later[k]) for k in later)
+    other = tmp_path / "other"
+    other.mkdir()
+    save(other / CHECKPOINT_FILE, {k: v[..., :1] for k, v in later.items()}, LoopState(round=1))
+    with pytest.raises(FedloraError, match="another model or LoRA configuration"):
+        start_state(evaluator, str(other))

@@ -49,11 +49,13 @@ from autoencoder.layout import Layout
 from autoencoder.synthetic import prior_moments
 from common.config import RunConfig, to_flat
 from common.errors import FedloraError
-from common.models import AdapterState
+from common.models import AdapterState, adapter_shapes
 from common.privacy.release import add_noise, client_noise_std, clip, global_norm
 from common.wire import InvalidReply, parse_train_reply, train_instruction
 from server.aggregate import private_mean, weighted_mean
 from server.budget import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
+from server.checkpoint import CHECKPOINT_FILE
+from server.checkpoint import load as load_checkpoint
 from server.drencoder import STATS_FILE, ServerCodec, load_stats, prepare_codec
 from server.evaluation import Evaluator
 from server.inprocess import InProcessGrid, load_component
@@ -285,7 +287,18 @@ def setup(cfg: RunConfig, plan: NoisePlan, coders: Mapping[str, ServerCodec], ph
     }
 
 
-def bench_codecs(cfg: RunConfig, echo: Callable[[str], None]) -> dict:
+def start_state(evaluator: Evaluator, start_from: str | None) -> tuple[AdapterState, str]:
+    """The bench round's global adapter and where it came from: round 0's, or a run's checkpoint
+    (``start_from``: its ``checkpoint.safetensors`` or the run directory; same model and LoRA config)."""
+    if not start_from:
+        return evaluator.initial_state(), "round 0 (initial adapter)"
+    path = Path(start_from)
+    path = path / CHECKPOINT_FILE if path.is_dir() else path
+    state, loop = load_checkpoint(path, adapter_shapes(evaluator.bundle.model))
+    return state, f"{path} (after round {loop.round})"
+
+
+def bench_codecs(cfg: RunConfig, echo: Callable[[str], None], start_from: str | None = None) -> dict:
     """The setup and one record per (codec, order, noise); see the module docstring."""
     start = time.monotonic()
     plan = plan_noise(cfg)
@@ -296,8 +309,7 @@ def bench_codecs(cfg: RunConfig, echo: Callable[[str], None]) -> dict:
             plan.threat_model, plan.sigma, plan.clip, cfg.num_clients
         ),
     }
-    evaluator = Evaluator(cfg)
-    state = evaluator.initial_state()
+    state, origin = start_state(Evaluator(cfg), start_from)
     with tempfile.TemporaryDirectory(prefix="fedlora-bench-codec-") as tmp:
         run_dir = Path(tmp)
         grid = InProcessGrid(
@@ -310,7 +322,11 @@ def bench_codecs(cfg: RunConfig, echo: Callable[[str], None]) -> dict:
         train_seconds = time.monotonic() - t0
         echo(f"train round: {len(increments)} increments in {train_seconds:.0f} s")
         layout = coders["identity"].codec.layout
-        info = {**setup(cfg, plan, coders, phases), "rms": scales(layout, run_dir, increments)}
+        info = {
+            **setup(cfg, plan, coders, phases),
+            "start": origin,
+            "rms": scales(layout, run_dir, increments),
+        }
     t0 = time.monotonic()
     coded = {name: [encode_update(c.codec, inc) for inc in increments] for name, c in coders.items()}
     info["norms"] = norms(layout, increments, coded)
@@ -332,7 +348,7 @@ def format_table(result: Mapping) -> str:
     coded = ", ".join(f"{k} {v:.3g}" for k, v in norms_["coded"].items())
     lines = [
         f"codecs on real increments: {result['model']} / {result['dataset']}, {result['clients']} clients, "
-        f"one round of {result['local_steps']} local steps at lr {result['lr']:g}; {result['seconds']:.0f} s "
+        f"one round of {result['local_steps']} local steps at lr {result['lr']:g} from {result['start']}; {result['seconds']:.0f} s "
         f"(statistics round {result['stats_seconds']:.0f}, autoencoder {result['ae_seconds']:.0f}, train round "
         f"{result['train_seconds']:.0f}, codecs {result['codec_seconds']:.0f})",
         f"factors: D = {result['factor_coords']:,} coordinates ({result['raw_factor_bytes']:,} B), "
@@ -373,10 +389,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8.0,
         help="client-level epsilon of the noisy setting (delta: --delta)",
     )
+    parser.add_argument(
+        "--start-from",
+        metavar="RUN",
+        help="start the round from a run's global adapter (its directory or checkpoint.safetensors; "
+        "same model and LoRA options) instead of round 0's",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object: the setup and its records")
 
 
 def run(args: argparse.Namespace) -> int:
-    result = bench_codecs(bench_config(args), echo=lambda line: print(line, file=sys.stderr))
+    echo = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    result = bench_codecs(bench_config(args), echo, args.start_from)
     print(json.dumps(result) if args.json else format_table(result))
     return 0
