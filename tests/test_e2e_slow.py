@@ -30,6 +30,8 @@ def test_flwr_run_against_flower_simulation(tmp_path):
     env = {
         **os.environ,
         "FLWR_HOME": str(tmp_path / "flwr"),
+        # flwr starts `flower-superlink` from PATH: the one installed beside this interpreter
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
     }
