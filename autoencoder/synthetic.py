@@ -8,6 +8,8 @@ the factor's gradient (or increment) ``X_t``::
     s² ← β2·s² + (1−β2)·v
 
 with ``β1 = 0.99``, ``β2 = 0.9``, ``h1 = 1e-5``, ``h2 = 1e-3`` and ``m = s² = 0`` at the start of an epoch.
+``h1`` can be lowered (``floor``): the paper's value is set for per-step gradients and sits above the
+squared entries of small increments (SmolLM2's at lr 3e-4), where it replaces every std by the floor.
 The paper's text available to us does not say whether ``‖X − m‖²`` is a per-entry square or a matrix
 norm. We run the recursion **per entry** (``deviation="element"``: ``(X − m)²`` and the clamp act on
 each entry, so ``s`` is a per-entry standard deviation and ``N(m, s)`` is a per-entry draw).
@@ -46,16 +48,23 @@ class GradStats:
     s2: Tensor
     steps: int = 0
     deviation: str = "element"
+    floor: float = H1
 
     @classmethod
     def zeros(
-        cls, shape: tuple[int, ...], deviation: str = "element", device: torch.device | str | None = None
+        cls,
+        shape: tuple[int, ...],
+        deviation: str = "element",
+        device: torch.device | str | None = None,
+        floor: float = H1,
     ) -> GradStats:
         if deviation not in DEVIATIONS:
             raise FedloraError(f"unknown deviation '{deviation}'; choose one of {', '.join(DEVIATIONS)}")
+        if not 0 < floor <= H2:
+            raise FedloraError(f"statistics floor h1 must be in (0, {H2:g}], got {floor}")
         s2_shape = tuple(shape) if deviation == "element" else ()
         z = torch.zeros(shape, dtype=torch.float64, device=device)
-        return cls(z, torch.zeros(s2_shape, dtype=torch.float64, device=device), 0, deviation)
+        return cls(z, torch.zeros(s2_shape, dtype=torch.float64, device=device), 0, deviation, floor)
 
     def update(self, x: Tensor) -> GradStats:
         """One step of Algorithm 1 with ``x`` of the factor's shape (kept in float64); returns ``self``."""
@@ -66,7 +75,7 @@ class GradStats:
         x = x.detach().to(self.m)
         self.m = BETA1 * self.m + (1 - BETA1) * x
         dev2 = (x - self.m) ** 2
-        v = (dev2 if self.deviation == "element" else dev2.mean()).clamp(H1, H2)
+        v = (dev2 if self.deviation == "element" else dev2.mean()).clamp(self.floor, H2)
         self.s2 = BETA2 * self.s2 + (1 - BETA2) * v
         self.steps += 1
         return self
@@ -96,9 +105,11 @@ class GradStats:
         return mean.float(), var.sqrt().float()
 
 
-def track(shapes: Mapping[str, tuple[int, ...]], deviation: str = "element") -> dict[str, GradStats]:
-    """Fresh statistics for each entry of ``shapes`` (call again at each local epoch)."""
-    return {name: GradStats.zeros(shape, deviation) for name, shape in shapes.items()}
+def track(
+    shapes: Mapping[str, tuple[int, ...]], deviation: str = "element", floor: float = H1
+) -> dict[str, GradStats]:
+    """Fresh statistics for each entry of ``shapes`` (call again at each local epoch); ``floor``: h1."""
+    return {name: GradStats.zeros(shape, deviation, floor=floor) for name, shape in shapes.items()}
 
 
 def update_all(stats: Mapping[str, GradStats], grads: Mapping[str, Tensor]) -> None:

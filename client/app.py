@@ -64,6 +64,7 @@ def gradstats(msg: Message, context: Context) -> Message:
         factors=[k for k in global_state if is_factor(k)],
         granularity=granularity,
         form=cfg.increment_form,
+        floor=float(query["stats-floor"]),
         steps=int(query["local-steps"]),
         batch_size=cfg.batch_size,
         lr=float(query["lr"]),

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from autoencoder.synthetic import export_all, pack_stats, track, update_all
+from autoencoder.synthetic import H1, export_all, pack_stats, track, update_all
 from client.increment import increment
 from client.local_train import train_steps
 from common.models import adapter_state
@@ -35,17 +35,18 @@ def local_stats(
     factors: Sequence[str],
     granularity: str,
     form: str = "raw",
+    floor: float = H1,
     steps: int,
     batch_size: int,
     lr: float,
     seed: int,
     device: torch.device,
 ) -> Tensor:
-    """Moments ``(F, 2, w)`` of ``factors`` (increments in ``form``) in sorted-name order (:func:`autoencoder.synthetic.pack_stats`)
+    """Moments ``(F, 2, w)`` of ``factors`` (increments in ``form``, Algorithm 1 floor h1 = ``floor``) in sorted-name order (:func:`autoencoder.synthetic.pack_stats`)
     after ``steps`` AdamW steps; the model is left trained (a train round reloads the global state)."""
     names = sorted(factors)
     start = {k: adapter_state(model)[k].detach().clone() for k in names}
-    stats = track({k: tuple(v.shape) for k, v in start.items()})
+    stats = track({k: tuple(v.shape) for k, v in start.items()}, floor=floor)
 
     def record() -> None:
         now = adapter_state(model)

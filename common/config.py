@@ -86,6 +86,7 @@ class RunConfig:
     ae_normalise: str = "image"
     ae_latent: str = "raw"  # raw (the paper) or homogeneous (rescaled; decode(c z) = c decode(z))
     stats_granularity: str = "matrix"
+    stats_floor: float = 1e-5  # Algorithm 1's h1 (the paper's): floor of each entry's squared deviation
     stats_noise_multiplier: float = 0.0  # 0 = statistics in the clear (the paper); > 0 = clipped + noised
     stats_clip: float = 1.0  # L2 bound on one client's statistics vector when they are noised
     decode_order: str = "aggregate-first"
@@ -202,6 +203,8 @@ class RunConfig:
             )
         if self.ae_steps < 0 or not (self.stats_noise_multiplier >= 0 and self.stats_clip > 0):
             raise FedloraError("ae-steps and stats-noise-multiplier must be >= 0, stats-clip > 0")
+        if not 0 < self.stats_floor <= 1e-3:  # h2 = 1e-3 caps it (autoencoder/synthetic.py)
+            raise FedloraError(f"stats-floor (h1) must be in (0, 1e-3], got {self.stats_floor}")
 
 
 HELP: dict[str, str] = {
@@ -251,6 +254,8 @@ HELP: dict[str, str] = {
     "ae_latent": "autoencoder latent: raw (the encoder's output, the paper) or homogeneous (rescaled to the "
     "increment's norm and decoded so that a clip or an average scales the decoded increment)",
     "stats_granularity": "statistics sent per factor: matrix (2 numbers, the paper's) or column (2 per rank)",
+    "stats_floor": "Algorithm 1's h1, the floor of each entry's squared deviation (1e-5, the paper's; "
+    "lower it when increments are smaller than sqrt(h1))",
     "stats_noise_multiplier": "noise on the clipped statistics (0 = sent in the clear, as in the paper)",
     "stats_clip": "L2 bound on a client's statistics vector when they are noised",
     "decode_order": "aggregate-first (average latents, decode once; secure aggregation allows it) "

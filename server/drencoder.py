@@ -197,6 +197,7 @@ def _stats_round(
         "lr": cfg.lr,
         "seed": cfg.seed,
         "granularity": cfg.stats_granularity,
+        "stats-floor": cfg.stats_floor,
         "stats-clip": cfg.stats_clip,
         "noise-std": noise_std,
     }

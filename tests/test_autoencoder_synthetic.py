@@ -38,11 +38,11 @@ def test_first_steps_by_hand():
     assert st.s2.item() == pytest.approx(0.9 * 1e-4 + 0.1 * 1e-5, abs=1e-15)
 
 
-def _closed_form(xs: list[float], matrix_mean_of: int = 1) -> tuple[float, float]:
-    """m_T = (1−β1) Σ β1^{T−t} X_t; s²_T = (1−β2) Σ β2^{T−t} clamp((X_t − m_t)²)."""
+def _closed_form(xs: list[float], matrix_mean_of: int = 1, h1: float = H1) -> tuple[float, float]:
+    """m_T = (1−β1) Σ β1^{T−t} X_t; s²_T = (1−β2) Σ β2^{T−t} clamp((X_t − m_t)², h1, h2)."""
     T = len(xs)
     ms = [(1 - BETA1) * sum(BETA1 ** (t - i) * xs[i] for i in range(t + 1)) for t in range(T)]
-    vs = [min(max((xs[t] - ms[t]) ** 2, H1), H2) for t in range(T)]
+    vs = [min(max((xs[t] - ms[t]) ** 2, h1), H2) for t in range(T)]
     s2 = (1 - BETA2) * sum(BETA2 ** (T - 1 - t) * vs[t] for t in range(T))
     return ms[-1], s2
 
@@ -64,6 +64,22 @@ def test_recursion_matches_closed_form_per_element():
         assert st.s2[i, 0].item() == pytest.approx(s2, rel=1e-12)
     regimes = [(s[-1] - _closed_form(s)[0]) ** 2 for s in seqs]
     assert regimes[0] > H2 and regimes[1] < H1 and H1 < regimes[2] < H2
+
+
+def test_a_lower_floor_keeps_small_deviations():
+    """With the paper's h1 an increment-sized sequence (entries ~1e-3) only sees the floor; h1 = 1e-9 keeps it."""
+    seq = [0.001, 0.0011, 0.001, 0.0012, 0.0009]
+    paper, low = GradStats.zeros((1, 1)), GradStats.zeros((1, 1), floor=1e-9)
+    for x in seq:
+        paper.update(torch.tensor([[x]], dtype=torch.float64))
+        low.update(torch.tensor([[x]], dtype=torch.float64))
+    assert paper.s2.item() == pytest.approx(H1 * (1 - BETA2**5), rel=1e-12)  # every step clamped to h1
+    assert low.s2.item() == pytest.approx(_closed_form(seq, h1=1e-9)[1], rel=1e-12)
+    assert low.s2.item() < paper.s2.item() / 5
+    for bad in (0.0, -1e-6, 2 * H2):
+        with pytest.raises(FedloraError, match="floor"):
+            GradStats.zeros((1, 1), floor=bad)
+    assert {st.floor for st in track({"a": (2, 1), "b": (3, 1)}, floor=1e-7).values()} == {1e-7}
 
 
 def test_matrix_deviation_clamps_the_mean_square():

@@ -53,6 +53,8 @@ def test_config_lists_match_the_implementations():
         (dict(local_optimizer="prism", sample_epsilon=4.0), "cannot be combined"),
         (dict(codec="pca"), "unknown codec"),
         (dict(stats_granularity="element"), "unknown stats-granularity"),
+        (dict(stats_floor=0.0), "stats-floor"),
+        (dict(stats_floor=0.01), "stats-floor"),
         (dict(stats_clip=0.0), "stats-clip > 0"),
     ],
 )

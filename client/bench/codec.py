@@ -264,6 +264,7 @@ def setup(cfg: RunConfig, plan: NoisePlan, coders: Mapping[str, ServerCodec], ph
         "raw_factor_bytes": 4 * layout.num_coords,
         "increment_form": cfg.increment_form,
         "stats_granularity": cfg.stats_granularity,
+        "stats_floor": cfg.stats_floor,
         "stats_bytes_per_client": stats["stats_bytes_per_client"],
         "ae_size": cfg.ae_size,
         "ae_steps": cfg.ae_steps,
@@ -353,7 +354,7 @@ def format_table(result: Mapping) -> str:
         f"{result['train_seconds']:.0f}, codecs {result['codec_seconds']:.0f})",
         f"factors: D = {result['factor_coords']:,} coordinates ({result['raw_factor_bytes']:,} B), "
         f"latent k = {result['latent_size']:,}; compared on {result['compared']}",
-        f"increments: {result['increment_form']}; statistics: {result['stats_granularity']}, {result['stats_bytes_per_client']:,.0f} B per client; "
+        f"increments: {result['increment_form']}; statistics: {result['stats_granularity']} (h1 {result['stats_floor']:g}), {result['stats_bytes_per_client']:,.0f} B per client; "
         f"autoencoder {result['ae_size']}, {result['ae_steps']} steps ({result['ae_normalise']} scaling, {result['ae_latent']} latent), "
         f"loss {_g(result['ae_first_loss'])} -> {_g(result['ae_final_loss'])}",
         "per-coordinate RMS (all / A / B factors): "
