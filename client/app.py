@@ -22,7 +22,7 @@ from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_state
 from common.privacy.ledger import Ledger
-from common.privacy.release import add_noise, clip
+from common.privacy.release import clip_and_noise
 from common.wire import from_record, stats_reply, train_reply
 
 app = ClientApp()
@@ -120,7 +120,7 @@ def train(msg: Message, context: Context) -> Message:
         increment = encode_update(round_codec(msg.content, shard.bundle.device, cache), increment)
         meta["ae-version"] = str(round_cfg["ae-version"])
     if release in ("gaussian", "dr-encoder"):  # client-level DP: clip, add this client's noise share
-        increment = add_noise(clip(increment, float(round_cfg["clip"]))[0], noise_std)
+        increment = clip_and_noise(increment, float(round_cfg["clip"]), noise_std)
         metrics = {}  # the training loss is not private; only the noised release leaves
     reply = train_reply(increment, server_round, len(shard.examples), metrics, meta)
     return Message(reply, reply_to=msg)

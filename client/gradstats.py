@@ -23,7 +23,7 @@ from autoencoder.synthetic import H1, export_all, pack_stats, track, update_all
 from client.increment import increment
 from client.local_train import train_steps
 from common.models import adapter_state
-from common.privacy.release import add_noise, clip
+from common.privacy.release import clip_and_noise
 from common.tasks import Task
 
 
@@ -70,7 +70,7 @@ def local_stats(
 def privatise(moments: Tensor, bound: float, std: float) -> Tensor:
     """``moments (F, 2, w)`` clipped to L2 norm ``bound`` as one vector, plus N(0, std²) on every
     number; the stds (``[:, 1]``) folded to ``|std|``."""
-    noised = add_noise(clip({"m": moments}, bound)[0], std)["m"]
+    noised = clip_and_noise({"m": moments}, bound, std)["m"]
     return torch.stack([noised[:, 0], noised[:, 1].abs()], dim=1)
 
 

@@ -10,7 +10,14 @@ from common.config import preset
 from common.errors import FedloraError
 from common.privacy.calibration import epsilon_for
 from common.privacy.ledger import Charge, Ledger
-from common.privacy.release import add_noise, client_noise_std, clip, effective_sigma, global_norm
+from common.privacy.release import (
+    add_noise,
+    client_noise_std,
+    clip,
+    clip_and_noise,
+    effective_sigma,
+    global_norm,
+)
 from server.aggregate import private_mean
 from server.budget import budget_stop, plan_noise
 
@@ -34,6 +41,15 @@ def test_noise_has_the_requested_std_and_is_not_reproducible():
     first, second = add_noise(zero, 0.3)["a"], add_noise(zero, 0.3)["a"]
     assert first.std().item() == pytest.approx(0.3, rel=0.01) and abs(first.mean().item()) < 0.01
     assert not torch.equal(first, second)  # OS-seeded: the run's seed cannot reproduce DP noise
+
+
+def test_clip_and_noise_clips_before_the_noise():
+    big = _state(scale=3.0)
+    clipped = clip_and_noise(big, 1.5, 0.0)
+    assert all(torch.equal(clipped[k], clip(big, 1.5)[0][k]) for k in big)
+    noised = clip_and_noise(big, 1.5, 0.3)
+    residual = torch.cat([(noised[k] - clipped[k]).flatten() for k in big])
+    assert residual.std().item() == pytest.approx(0.3, rel=0.05)
 
 
 @pytest.mark.parametrize(

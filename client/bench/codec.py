@@ -50,7 +50,7 @@ from autoencoder.synthetic import prior_moments
 from common.config import RunConfig, to_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes
-from common.privacy.release import add_noise, client_noise_std, clip, global_norm
+from common.privacy.release import client_noise_std, clip_and_noise, global_norm
 from common.wire import InvalidReply, parse_train_reply, train_instruction
 from server.aggregate import private_mean, weighted_mean
 from server.budget import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
@@ -202,7 +202,7 @@ def codec_records(
     ``noise``; ``std``: ``None`` = the codec alone (no clip), else each coded update is clipped to
     ``plan.clip`` and gets N(0, std²) per number (``0``: clipped only)."""
     if std is not None:
-        coded = [add_noise(clip(c, plan.clip)[0], std) for c in coded]
+        coded = [clip_and_noise(c, plan.clip, std) for c in coded]
     size, raw = 4 * coder.codec.latent_size, 4 * coder.codec.layout.num_coords
     cost = {"bytes": size, "compression": raw / size if size else None}
     return [

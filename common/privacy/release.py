@@ -39,6 +39,11 @@ def add_noise(state: AdapterState, std: float) -> AdapterState:
     return {k: t + std * torch.randn(t.shape, generator=gen, dtype=t.dtype) for k, t in state.items()}
 
 
+def clip_and_noise(state: AdapterState, bound: float, std: float) -> AdapterState:
+    """The Gaussian release of ``state``: clipped to global norm ``bound``, then N(0, std²) per coordinate."""
+    return add_noise(clip(state, bound)[0], std)
+
+
 def client_noise_std(threat_model: str, sigma: float, clip_bound: float, sampled: int) -> float:
     """Noise std one client adds to its clipped increment under ``threat_model``."""
     if threat_model == "local":
