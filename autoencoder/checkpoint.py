@@ -1,8 +1,8 @@
 """Trained-autoencoder checkpoints: one safetensors file, JSON metadata, a content-hash version.
 
 Tensors: ``model.<parameter>`` (the :class:`Uformer` state dict), ``scale`` and ``mean``
-(``(num_images, 1, H, W)``), and for a ``homogeneous`` latent ``latent`` = ``[gain, norm]`` (float64). Metadata (strings): ``format`` (:data:`CHECKPOINT_FORMAT`), ``ae_version``,
-``config`` (:class:`AeConfig` JSON), ``layout`` (:class:`Layout` JSON), ``normalise``, ``history`` (JSON).
+(``(num_images, 1, H, W)``), and for a ``homogeneous`` latent ``latent`` = ``[gain, norm]`` (float64).
+Metadata (strings): ``format`` (:data:`CHECKPOINT_FORMAT`), ``ae_version``, ``config`` (:class:`AeConfig` JSON), ``layout`` (:class:`Layout` JSON), ``normalise``, ``history`` (JSON).
 The version ``ae-<16 hex>`` is a SHA-256 of the config, layout, normalisation and every tensor's bytes,
 so equal versions mean equal encoders; loading recomputes it and refuses a file whose content does not match.
 Never pickled; writes are atomic (temporary file + ``os.replace``).

@@ -2,9 +2,9 @@
 
 The client runs the round's local steps from the global adapter (non-private AdamW, as in a train
 round) and feeds Algorithm 1 (:mod:`autoencoder.synthetic`) after every step with ``X_t`` = each
-factor's increment so far, ``θ_t − θ_0`` in the run's increment form (client/increment.py). The autoencoder encodes round increments, so these are the
-statistics of the object it will see (the paper feeds per-step gradients, whose scale differs from an
-increment's). The exported moments are debiased (Adam's ``1 − β^t``; after a round's few steps the
+factor's increment so far, ``θ_t − θ_0`` in the run's increment form (client/increment.py). The
+autoencoder encodes round increments, so these are the statistics of the object it will see (the paper
+feeds per-step gradients, whose scale differs from an increment's). The exported moments are debiased (Adam's ``1 − β^t``; after a round's few steps the
 raw EMA is shrunk towards 0) and reduced per ``matrix`` or per ``column``.
 
 Privatised statistics: the vector of all exported numbers is clipped to L2 norm ``clip`` and gets
@@ -42,8 +42,8 @@ def local_stats(
     seed: int,
     device: torch.device,
 ) -> Tensor:
-    """Moments ``(F, 2, w)`` of ``factors`` (increments in ``form``, Algorithm 1 floor h1 = ``floor``) in sorted-name order (:func:`autoencoder.synthetic.pack_stats`)
-    after ``steps`` AdamW steps; the model is left trained (a train round reloads the global state)."""
+    """Moments ``(F, 2, w)`` of ``factors`` (increments in ``form``, Algorithm 1 floor h1 = ``floor``) in
+    sorted-name order (:func:`autoencoder.synthetic.pack_stats`) after ``steps`` AdamW steps; the model is left trained (a train round reloads the global state)."""
     names = sorted(factors)
     start = {k: adapter_state(model)[k].detach().clone() for k in names}
     stats = track({k: tuple(v.shape) for k, v in start.items()}, floor=floor)

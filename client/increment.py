@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from client.prism import geometry, horizontalize
-
-INCREMENT_FORMS = ("raw", "horizontal")
+from common.config import INCREMENT_FORMS
 
 
 def increment(local: Mapping[str, Tensor], start: Mapping[str, Tensor], form: str) -> dict[str, Tensor]:
@@ -31,13 +30,10 @@ def increment(local: Mapping[str, Tensor], start: Mapping[str, Tensor], form: st
     out = {k: local[k] - start[k] for k in start}
     if form == "raw":
         return out
-    for name in start:
-        if not name.endswith(".A") or name[:-2] + ".B" not in start:
-            continue
-        b_name = name[:-2] + ".B"
-        A, B = start[name], start[b_name]
-        dA, dB = horizontalize(geometry(A, B), out[name], out[b_name])
-        out[name], out[b_name] = dA.to(A.dtype), dB.to(B.dtype)
+    modules = [k.removesuffix(".A") for k in start if k.endswith(".A")]
+    for a, b in ((m + ".A", m + ".B") for m in modules if m + ".B" in start):
+        dA, dB = horizontalize(geometry(start[a], start[b]), out[a], out[b])
+        out[a], out[b] = dA.to(start[a].dtype), dB.to(start[b].dtype)
     return out
 
 
