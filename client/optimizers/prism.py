@@ -34,6 +34,7 @@ from client.prism import (
     tangent_sq_norm,
 )
 from client.prism.adaptive import Floor, FloorMode
+from client.prism.tangent import RANK_DEFICIENT
 from common.errors import FedloraError
 from common.models.lora import get_factors, set_factors
 
@@ -67,6 +68,7 @@ class PrismDp:
                     f"PRISM needs full-rank LoRA factors, but module {name} starts at zero "
                     "(PEFT's default init); use the balanced init (--init balanced)"
                 )
+            _require_full_rank(name, geometry(A, B, rcond))
             self.moments[name] = init_moments(A, B)
             for module in (layer.lora_A["default"], layer.lora_B["default"]):
                 module.weight.requires_grad_(True)  # the engine's hooks need both (FFA may have frozen one)
@@ -75,6 +77,8 @@ class PrismDp:
 
     def begin(self) -> None:
         self.geo = {name: geometry(*get_factors(layer), self.rcond) for name, layer in self.layers.items()}
+        for name, geo in self.geo.items():
+            _require_full_rank(name, geo)  # before any noise is drawn (Eq. 19 needs M^{-1/2}, N^{-1/2})
         self.sums = {name: [torch.zeros_like(g.A), torch.zeros_like(g.B)] for name, g in self.geo.items()}
 
     def sq_norms(self, grads: FactorGrads) -> Tensor:
@@ -116,3 +120,9 @@ class PrismDp:
             UA, UB = horizontalize(geo, UA, UB)  # before the retraction
             A, B = retract(geo.A, geo.B, UA, UB, self.lr, align=True)  # Alg. 1 line 14
             set_factors(layer, A, B)
+
+
+def _require_full_rank(name: str, geo: Geometry) -> None:
+    """Refuse module ``name`` when ``AᵀA`` or ``BᵀB`` has an eigenvalue ``≤ rcond·max`` (one host sync)."""
+    if not bool(geo.full_rank):
+        raise FedloraError(RANK_DEFICIENT.format(what=f"module {name}"))

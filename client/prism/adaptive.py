@@ -43,7 +43,7 @@ def init_moments(A: Tensor, B: Tensor) -> Moments:
 
 
 def noise_second_moments(geo: Geometry, tau: float | Tensor) -> tuple[Tensor, Tensor]:
-    """Expected rank-space noise moments ``τ²(m−r)/m (N+εI)⁻¹`` and ``τ² (M+εI)⁻¹``, both ``(r, r)`` (PRISM Eq. 49–50).
+    """Expected rank-space noise moments ``τ²(m−r)/m N⁻¹`` and ``τ² M⁻¹``, both ``(r, r)`` (PRISM Eq. 49–50).
 
     ``τ = σC/b`` is the per-coordinate noise scale. These are ``E[Ξ_AᵀΞ_A]/m`` and ``E[Ξ_BᵀΞ_B]/n`` after scaling.
     """

@@ -1,6 +1,7 @@
 """Per-module quantities cached once per logical batch (research/prism.md §1.3).
 
-All PRISM math runs in float32 (float64 inputs stay float64, which the tests use for exactness).
+All PRISM math runs in float32 (float64 inputs stay float64, which the tests use for exactness), except
+the ``r × r`` eigendecompositions of ``AᵀA`` and ``BᵀB``, which run in float64.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class Geometry:
 
     ``A: (m, r)``, ``B: (n, r)``; ``QA: (m, r)``, ``QB: (n, r)`` thin-QR bases (Π_A = QA QAᵀ);
     ``M = AᵀA``, ``N = BᵀB`` with eigenpairs ``M_w, M_V``, ``N_w, N_V``; ``M_pinv``, ``N_pinv``
-    PSD pseudo-inverses; ``M_invsqrt = (M + εI)^{-1/2}``, ``N_invsqrt = (N + εI)^{-1/2}`` (all ``(r, r)``).
+    PSD pseudo-inverses and ``M_invsqrt = M^{-1/2}``, ``N_invsqrt = N^{-1/2}`` on the eigenvalues kept
+    (all ``(r, r)``); ``full_rank``: 0-dim bool, no eigenvalue of ``M`` or ``N`` was dropped.
+    The eigenpairs come from float64 Grams: a float32 Gram has absolute error ~1e-7·max(w).
     """
 
     A: Tensor
@@ -66,35 +69,51 @@ class Geometry:
     N_pinv: Tensor
     M_invsqrt: Tensor
     N_invsqrt: Tensor
+    full_rank: Tensor
 
 
-def _pinv(w: Tensor, V: Tensor, rcond: float) -> Tensor:
-    """PSD pseudo-inverse: eigenvalues ``≤ rcond·max(w)`` are dropped."""
-    keep = w > rcond * w.max(-1, keepdim=True).values
-    return _from_eig(torch.where(keep, 1.0 / torch.where(keep, w, 1.0), 0.0), V)
+def _kept(w: Tensor, rcond: float) -> Tensor:
+    """Eigenvalues ``w: (r,)`` above ``rcond·max(w)``: ``(r,)`` bool (all False when ``w`` is zero)."""
+    return w > rcond * w.max(-1, keepdim=True).values
 
 
-def geometry(A: Tensor, B: Tensor, rcond: float = 1e-6, eps: float = 1e-8) -> Geometry:
-    """Geometry of ``Z = A Bᵀ`` for ``A: (m, r)``, ``B: (n, r)``; cost ``O((m + n) r² + r³)``."""
+def _pinv_power(w: Tensor, V: Tensor, keep: Tensor, power: float) -> Tensor:
+    """``V diag(w^power) Vᵀ`` on the kept eigenvalues, 0 on the dropped ones."""
+    return _from_eig(torch.where(keep, torch.where(keep, w, 1.0).pow(power), 0.0), V)
+
+
+def _gram_eigh(X: Tensor) -> tuple[Tensor, Tensor]:
+    """Eigenpairs of ``XᵀX`` for ``X: (k, r)``, formed and decomposed in float64."""
+    X = X.to(torch.float64)
+    return psd_eigh(X.mT @ X)
+
+
+def geometry(A: Tensor, B: Tensor, rcond: float = 1e-6) -> Geometry:
+    """Geometry of ``Z = A Bᵀ`` for ``A: (m, r)``, ``B: (n, r)``; cost ``O((m + n) r² + r³)``.
+
+    Eigenvalues ``≤ rcond·max`` are dropped from the pseudo-inverses and their square roots.
+    """
     A, B = as_compute(A), as_compute(B)
     QA = torch.linalg.qr(A, mode="reduced").Q
     QB = torch.linalg.qr(B, mode="reduced").Q
-    M, N = A.mT @ A, B.mT @ B
-    M_w, M_V = psd_eigh(M)
-    N_w, N_V = psd_eigh(N)
+    M_w, M_V = _gram_eigh(A)
+    N_w, N_V = _gram_eigh(B)
+    M_keep, N_keep = _kept(M_w, rcond), _kept(N_w, rcond)
+    dt = A.dtype
     return Geometry(
         A=A,
         B=B,
         QA=QA,
         QB=QB,
-        M=M,
-        N=N,
-        M_w=M_w,
-        M_V=M_V,
-        N_w=N_w,
-        N_V=N_V,
-        M_pinv=_pinv(M_w, M_V, rcond),
-        N_pinv=_pinv(N_w, N_V, rcond),
-        M_invsqrt=_from_eig((M_w + eps).rsqrt(), M_V),
-        N_invsqrt=_from_eig((N_w + eps).rsqrt(), N_V),
+        M=A.mT @ A,
+        N=B.mT @ B,
+        M_w=M_w.to(dt),
+        M_V=M_V.to(dt),
+        N_w=N_w.to(dt),
+        N_V=N_V.to(dt),
+        M_pinv=_pinv_power(M_w, M_V, M_keep, -1.0).to(dt),
+        N_pinv=_pinv_power(N_w, N_V, N_keep, -1.0).to(dt),
+        M_invsqrt=_pinv_power(M_w, M_V, M_keep, -0.5).to(dt),
+        N_invsqrt=_pinv_power(N_w, N_V, N_keep, -0.5).to(dt),
+        full_rank=M_keep.all(-1) & N_keep.all(-1),
     )

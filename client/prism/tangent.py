@@ -12,6 +12,13 @@ import torch
 from torch import Tensor
 
 from client.prism.geometry import Geometry
+from common.errors import FedloraError
+
+#: refusal of factors whose Gram has an eigenvalue ``≤ rcond·max`` (``what`` names the module)
+RANK_DEFICIENT = (
+    "PRISM needs full-rank LoRA factors, but {what} is numerically rank-deficient "
+    "(A^T A or B^T B has an eigenvalue <= rcond * its largest), so its tangent noise is ill-defined"
+)
 
 
 def lift(geo: Geometry, gA: Tensor, gB: Tensor) -> tuple[Tensor, Tensor]:
@@ -52,10 +59,13 @@ def clip_coefficients(sq_norms: Sequence[Tensor], clip: float) -> Tensor:
 def tangent_noise(geo: Geometry, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """One draw of unit-scale tangent noise (PRISM Eq. 19): ``Ξ_A: (m, r)``, ``Ξ_B: (n, r)``.
 
-    ``Ξ_A = (I − Π_A) Ω_A (N + εI)^{-1/2}``, ``Ξ_B = Ω_B (M + εI)^{-1/2}`` with ``Ω_A`` drawn before ``Ω_B``;
+    ``Ξ_A = (I − Π_A) Ω_A N^{-1/2}``, ``Ξ_B = Ω_B M^{-1/2}`` with ``Ω_A`` drawn before ``Ω_B``;
     ``Ξ_A Bᵀ + A Ξ_Bᵀ ~ P_{A,B}(Ξ)``, ``Ξ ~ N(0, I_{m×n})``. Scale by ``τ = σC/b`` outside.
-    ``generator`` must live on the factors' device.
+    ``generator`` must live on the factors' device. Raises :class:`FedloraError` unless
+    ``geo.full_rank``: the exact inverse square roots are what make the covariance ``P_{A,B}``.
     """
+    if not bool(geo.full_rank):
+        raise FedloraError(RANK_DEFICIENT.format(what="a LoRA module"))
     opts = {"generator": generator, "dtype": geo.A.dtype, "device": geo.A.device}
     OA = torch.randn(geo.A.shape, **opts)
     OB = torch.randn(geo.B.shape, **opts)
