@@ -22,6 +22,7 @@ from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_state
 from common.privacy.ledger import Ledger
+from common.privacy.plan import NoisePlan, plan_noise
 from common.privacy.release import clip_and_noise
 from common.wire import from_record, stats_reply, train_reply
 
@@ -35,17 +36,8 @@ def _start(msg: Message, context: Context) -> tuple[RunConfig, int, int, Shard, 
     accepts (client/node.py): a run its policy refuses raises before any training."""
     node = dict(context.node_config)
     cfg = from_flat(dict(context.run_config)).check()
-    policy = NodePolicy.from_node_config(node)
-    policy.check_run(cfg)
+    NodePolicy.from_node_config(node).check_run(cfg)
     pid, parts, shard = node_shard(node, cfg)
-    if policy.sample_epsilon and cfg.optimizer_kind != "none":
-        plan = _sample_plan(cfg, len(shard.examples))
-        # the ledger train() charges (same owner name)
-        ledger = sample_ledger(node_state_dir(node), f"{cfg.dataset}/{pid}-of-{parts}", cfg.delta)
-        try:
-            policy.check_sample_budget(ledger, plan.sigma, plan.sample_rate, plan.steps, str(context.run_id))
-        finally:
-            ledger.close()
     global_state = from_record(msg.content["global"])
     load_global(shard, global_state, cfg, str(node.get(MODEL_PATH) or ""))
     return cfg, pid, parts, shard, global_state
@@ -57,6 +49,12 @@ def gradstats(msg: Message, context: Context) -> Message:
     cfg, pid, _, shard, global_state = _start(msg, context)
     query = msg.content["config"]
     granularity, noise_std = str(query["granularity"]), float(query["noise-std"])
+    planned = (cfg.stats_noise_multiplier * cfg.stats_clip, cfg.stats_clip)
+    if cfg.stats_noise_multiplier and (noise_std, float(query["stats-clip"])) != planned:
+        raise FedloraError(
+            f"statistics query asks noise std {noise_std:g} and clip {query['stats-clip']}; "
+            f"the run's configuration plans {planned[0]:g} and {planned[1]:g}"
+        )
     stats = local_stats(
         shard.bundle.model,
         shard.task,
@@ -84,13 +82,19 @@ def train(msg: Message, context: Context) -> Message:
     round_cfg = msg.content["config"]
     server_round = int(round_cfg["round"])
     steps, kind = int(round_cfg["local-steps"]), cfg.optimizer_kind
+    release, noise_std = str(round_cfg["release"]), float(round_cfg["noise-std"])
+    if release != "none":
+        _check_noise(cfg, release, noise_std, float(round_cfg["clip"]))
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
+    node = dict(context.node_config)
     ledger = None
-    if plan is not None:  # sample-level DP: the node's own ledger, charged before the steps run
-        state_dir = node_state_dir(dict(context.node_config))
-        ledger = sample_ledger(state_dir, f"{cfg.dataset}/{pid}-of-{parts}", cfg.delta)
-        run_key = _charge(ledger, plan, str(context.run_id), server_round, steps, kind)
+    if plan is not None:  # sample-level DP: the node's own ledger, checked and charged before the steps
+        ledger = sample_ledger(node_state_dir(node), f"{cfg.dataset}/{pid}-of-{parts}", cfg.delta)
     try:
+        if ledger is not None:
+            future = (cfg.rounds - server_round) * cfg.local_steps  # as if sampled every later round
+            NodePolicy.from_node_config(node).check_sample_budget(ledger, plan.sigma, plan.sample_rate, steps + future)
+            run_key = _charge(ledger, plan, str(context.run_id), server_round, steps, kind)
         metrics = local_update(
             model,
             shard.task,
@@ -108,12 +112,10 @@ def train(msg: Message, context: Context) -> Message:
     finally:
         if ledger is not None:
             ledger.close()
-    if plan is not None:
-        metrics = {}  # counts of Poisson-sampled examples are not private
+    if cfg.private:
+        metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
     local = adapter_state(model)
     increment = local_increment(local, global_state, cfg.increment_form)
-    release = str(round_cfg["release"])
-    noise_std = float(round_cfg["noise-std"])
     meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": noise_std}
     if release == "dr-encoder":  # encode; the latent (and any dense entries) is what is released
         cache = node_state_dir(dict(context.node_config))
@@ -121,9 +123,28 @@ def train(msg: Message, context: Context) -> Message:
         meta["ae-version"] = str(round_cfg["ae-version"])
     if release in ("gaussian", "dr-encoder"):  # client-level DP: clip, add this client's noise share
         increment = clip_and_noise(increment, float(round_cfg["clip"]), noise_std)
-        metrics = {}  # the training loss is not private; only the noised release leaves
-    reply = train_reply(increment, server_round, len(shard.examples), metrics, meta)
+    count = None if cfg.private else len(shard.examples)  # a clear count is not private
+    reply = train_reply(increment, server_round, count, metrics, meta)
     return Message(reply, reply_to=msg)
+
+
+@lru_cache(maxsize=8)
+def _client_plan(cfg: RunConfig) -> NoisePlan | None:
+    return plan_noise(cfg)
+
+
+def _check_noise(cfg: RunConfig, release: str, noise_std: float, clip: float) -> None:
+    """Refuse a round whose noise is less than the run's plan allows: the client-level guarantee
+    must not rest on the noise level the server names. ``local``: σC; ``distributed``: at least
+    σC/sqrt(min-replies) (the smallest share, m = min(min-replies, K)); the clip: C."""
+    plan = _client_plan(cfg)
+    if plan is None or release != cfg.release_kind:
+        raise FedloraError(f"round asks release {release}; the run's configuration has {cfg.release_kind}")
+    if clip != plan.clip:
+        raise FedloraError(f"round asks clip {clip:g}; the run's plan has {plan.clip:g}")
+    least = plan.client_std(cfg.min_replies)
+    if noise_std < least * (1 - 1e-9):
+        raise FedloraError(f"round asks noise std {noise_std:.4g} < {least:.4g}, the run's plan")
 
 
 @lru_cache(maxsize=8)

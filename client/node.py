@@ -8,7 +8,10 @@ The policy lives in the node config (``flower-supernode --node-config``, written
 ``delta``            the largest δ the node accepts
 ``sample-epsilon``   sample-level budget: the node's whole history in its sample-level ledger
                      (state directory) plus what the run still plans must stay within it (PLD ε)
-``client-epsilon``   client-level budget: the run's planned client-level ε must stay within it
+``client-epsilon``   client-level budget: the run's planned client-level ε (the statistics round
+                     included) must stay within it
+``clear-statistics`` true: take part in DR-Encoder runs whose statistics go out in the clear
+                     (outside every guarantee); a node with a policy refuses them otherwise
 
 A key that is absent imposes nothing (simulation nodes have none). A refused run gets an error
 reply starting ``node policy:``, which the server records as a rejected reply.
@@ -23,11 +26,9 @@ from functools import lru_cache
 from common.config import MECHANISMS, RunConfig
 from common.errors import FedloraError
 from common.privacy.accountants import Event
-from common.privacy.calibration import epsilon_for
 from common.privacy.ledger import Ledger
+from common.privacy.plan import plan_noise, uncovered
 
-#: accountants whose larger ε a client-level plan is judged by (as server/budget.py does)
-CLIENT_ACCOUNTANTS = ("gdp", "pld")
 TOLERANCE = 1e-6  # relative: a calibrated plan lands on its target up to round-off
 
 
@@ -40,6 +41,14 @@ class NodePolicy:
     delta: float = 0.0
     sample_epsilon: float = 0.0
     client_epsilon: float = 0.0
+    clear_statistics: bool = False
+
+    @property
+    def restricted(self) -> bool:
+        """Whether this is a data owner's policy (a simulation node has none)."""
+        return bool(
+            self.mechanism or self.dataset or self.delta or self.sample_epsilon or self.client_epsilon
+        )
 
     @classmethod
     def from_node_config(cls, node_config: dict) -> NodePolicy:
@@ -50,10 +59,12 @@ class NodePolicy:
                 delta=float(node_config.get("delta", 0.0)),
                 sample_epsilon=float(node_config.get("sample-epsilon", 0.0)),
                 client_epsilon=float(node_config.get("client-epsilon", 0.0)),
+                clear_statistics=_flag(node_config.get("clear-statistics", False)),
             )
         except (TypeError, ValueError):
             raise FedloraError(
-                "node config delta / sample-epsilon / client-epsilon must be numbers"
+                "node config delta / sample-epsilon / client-epsilon must be numbers, "
+                "clear-statistics true or false"
             ) from None
         if policy.mechanism and policy.mechanism not in MECHANISMS:
             raise FedloraError(f"node config: unknown mechanism '{policy.mechanism}'")
@@ -79,6 +90,11 @@ class NodePolicy:
             )
         if self.client_epsilon:
             self._check_client_budget(cfg)
+        if self.restricted and not self.clear_statistics and (clear := uncovered(cfg)):
+            raise FedloraError(
+                f"node policy: the run releases {clear[0].split(': ', 1)[1]}; this node has not "
+                "opted in to that (clear-statistics = true, fedlora node --allow-clear-statistics)"
+            )
 
     def _check_mechanism(self, cfg: RunConfig) -> None:
         if cfg.mechanism != self.mechanism:
@@ -103,17 +119,14 @@ class NodePolicy:
                 f"{self.client_epsilon:g} (delta {cfg.delta:g})"
             )
 
-    def check_sample_budget(self, ledger: Ledger, sigma: float, rate: float, steps: int, run: str) -> None:
-        """Refuse when the node's sample-level history plus the steps this run still plans (``steps``
-        in all, at noise ``sigma`` and rate ``rate``; its charged rounds are in the history already)
-        would exceed ``sample_epsilon`` (PLD ε at the ledger's δ)."""
+    def check_sample_budget(self, ledger: Ledger, sigma: float, rate: float, steps: int) -> None:
+        """Refuse when the node's sample-level history (every charged round, retries included) plus
+        ``steps`` more steps at noise ``sigma`` and rate ``rate`` (this round's and those the run
+        still plans) would exceed ``sample_epsilon`` (PLD ε at the ledger's δ)."""
         if not self.sample_epsilon:
             return
-        rows = ledger.rows()
-        charged = sum(r["count"] for r in rows if r["run"] == run or r["run"].startswith(f"{run}#"))
-        remaining = max(steps - charged, 0)
         before = ledger.spent()["eps_tight"]
-        after = ledger.spent(Event(sigma, rate, remaining))["eps_tight"] if remaining else before
+        after = ledger.spent(Event(sigma, rate, steps))["eps_tight"]
         if after > self.sample_epsilon * (1 + TOLERANCE):
             raise FedloraError(
                 f"node policy: sample-level budget {self.sample_epsilon:g} exceeded: this run would bring "
@@ -123,13 +136,18 @@ class NodePolicy:
 
 @lru_cache(maxsize=8)
 def planned_client_epsilon(cfg: RunConfig) -> float:
-    """The client-level ε a run plans: its target when σ is calibrated for it, else the ε of its σ
-    over all rounds (capped by its target, where the server stops); p as in server/budget.py."""
-    if cfg.noise_multiplier == 0:
-        return cfg.target_epsilon
-    p = 1.0 if cfg.threat_model == "local" else cfg.sample_rate
-    eps = max(epsilon_for(a, cfg.noise_multiplier, p, cfg.rounds, cfg.delta) for a in CLIENT_ACCOUNTANTS)
-    return min(eps, cfg.target_epsilon) if cfg.target_epsilon > 0 else eps
+    """The client-level ε a run plans, by the server's own plan (common/privacy/plan.py): the noised
+    statistics round and every round, capped by the target where the server stops."""
+    plan = plan_noise(cfg)
+    return plan.planned_epsilon(cfg.rounds) if plan else 0.0
+
+
+def _flag(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "false"):
+        return str(value).lower() == "true"
+    raise ValueError(value)
 
 
 # --- fedlora node ----------------------------------------------------------------------------------
@@ -159,6 +177,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port", type=int, help="local port for the node's ClientApp process (default: free)"
     )
     parser.add_argument(
+        "--allow-clear-statistics",
+        action="store_true",
+        help="take part in dr-encoder runs that send the statistics round in the clear (not private)",
+    )
+    parser.add_argument(
         "--print-command", action="store_true", help="print the flower-supernode command, run nothing"
     )
 
@@ -175,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         "auth_key": args.auth_key,
         "insecure": args.insecure,
         "port": args.port,
+        "clear_statistics": args.allow_clear_statistics,
     }
     if args.print_command:
         import shlex

@@ -183,6 +183,7 @@ class NodeConfig:
     auth_key: str | os.PathLike | None = None
     insecure: bool = False
     port: int | None = None
+    clear_statistics: bool = False
 
     def checked(self) -> NodeConfig:
         """Validated, with absolute paths and a runtime port; raises :class:`FedloraError`."""
@@ -220,6 +221,8 @@ class NodeConfig:
             values["dataset"] = self.dataset
         if self.model:
             values["model-path"] = self.model
+        if self.clear_statistics:
+            values["clear-statistics"] = True
         return values
 
     def command(self) -> list[str]:
@@ -288,6 +291,8 @@ def join(
             ``flwr supernode register`` (SuperNode authentication; needs TLS).
         insecure: plain HTTP, without TLS: only for a SuperLink on your own machine or network.
         port: the local port for the node's own ClientApp process (default: a free one).
+        clear_statistics: take part in ``dr-encoder`` runs whose statistics round goes out in the
+            clear, outside every guarantee (default False: your node refuses them).
     """
     cfg = _configure(superlink, data, mechanism, epsilon, **options)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from common.errors import FedloraError
 from common.privacy.ledger import Ledger
 
 LEDGER_FILE = "sample-ledger.sqlite"
@@ -26,8 +27,16 @@ def node_state_dir(node_config: dict) -> Path:
 
 def sample_ledger(state_dir: Path, owner: str, delta: float) -> Ledger:
     """The node's sample-level ledger for the data named ``owner`` (created on first use). A ledger
-    there for other data, or a corrupt one, is an error and is left as it is."""
+    there for other data or another δ (its ε is stated at one δ for the whole history), or a
+    corrupt one, is an error and is left as it is."""
     path = state_dir / LEDGER_FILE
-    if path.exists():
-        return Ledger.open(path, "sample-level", owner)
-    return Ledger.create(path, "sample-level", owner, delta)
+    if not path.exists():
+        return Ledger.create(path, "sample-level", owner, delta)
+    ledger = Ledger.open(path, "sample-level", owner)
+    if ledger.delta != delta:
+        ledger.close()
+        raise FedloraError(
+            f"node policy: this node's sample-level ledger {path} accounts at delta {ledger.delta:g}; "
+            f"the run asks delta {delta:g} (use that delta, or another state directory for this data)"
+        )
+    return ledger

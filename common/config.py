@@ -103,6 +103,12 @@ class RunConfig:
         return self.local_optimizer or MECHANISMS[self.mechanism][0]
 
     @property
+    def private(self) -> bool:
+        """Whether the run has any DP mechanism (sample-level local optimizer or client-level
+        release); a private run sends no clear counts or metrics and averages uniformly."""
+        return self.optimizer_kind != "none" or self.release_kind != "none"
+
+    @property
     def init_kind(self) -> str:
         return self.lora_init or ("peft" if self.optimizer_kind == "none" else "balanced")
 

@@ -12,7 +12,9 @@ Train reply (client -> server):
   ``increment`` ArrayRecord   client state minus global state, same names and shapes; under a
                               ``dr-encoder`` release its code: ``latent`` (k,) and the dense entries
                               (e.g. a classification head) that the codec does not cover
-  ``metrics``   MetricRecord  ``num-examples`` (FedAvg weight), ``train-loss``, ``local-steps``
+  ``metrics``   MetricRecord  ``num-examples`` (FedAvg weight) and ``train-loss``, only without DP:
+                              under any DP mechanism a reply carries no count and no loss (neither
+                              is private), and the server averages with uniform weights
   ``meta``      ConfigRecord  ``schema``, ``round``, ``mechanism``, ``release``, ``noise-std``
                               (must equal what the round asked for; ``ae-version`` too
                               under ``dr-encoder``)
@@ -38,7 +40,7 @@ from numpy.lib import format as npy
 
 from common.models.lora import AdapterState
 
-SCHEMA = "fedlora/1"
+SCHEMA = "fedlora/2"  # 2: no num-examples under DP
 MAX_REPLY_BYTES = 512 * 2**20
 MAX_NUM_EXAMPLES = 2**63 - 1  # the wire's sint64
 _NUMPY_STYPE = "numpy.ndarray"  # flwr.common.constant.SType.NUMPY
@@ -95,22 +97,30 @@ def parse_stats_reply(
 
 
 def train_reply(
-    increment: AdapterState, server_round: int, num_examples: int, metrics: Mapping, meta: Mapping
+    increment: AdapterState, server_round: int, num_examples: int | None, metrics: Mapping, meta: Mapping
 ) -> RecordDict:
-    """``meta``: ``mechanism``, ``release``, ``noise-std`` (``ae-version``) as the client applied them."""
+    """``meta``: ``mechanism``, ``release``, ``noise-std`` (``ae-version``) as the client applied them;
+    ``num_examples`` None: no count is sent (any DP mechanism)."""
+    count = {} if num_examples is None else {"num-examples": num_examples}
     return RecordDict(
         {
             "increment": to_record(increment),
-            "metrics": MetricRecord({"num-examples": num_examples, **metrics}),
+            "metrics": MetricRecord({**count, **metrics}),
             "meta": ConfigRecord({"schema": SCHEMA, "round": server_round, **meta}),
         }
     )
 
 
 def parse_train_reply(
-    msg: Message, server_round: int, shapes: Mapping[str, tuple[int, ...]], expected: Mapping
-) -> tuple[AdapterState, int, dict[str, float]]:
-    """Validated ``(increment, num_examples, metrics)`` or :class:`InvalidReply`.
+    msg: Message,
+    server_round: int,
+    shapes: Mapping[str, tuple[int, ...]],
+    expected: Mapping,
+    counts: bool = True,
+) -> tuple[AdapterState, int | None, dict[str, float]]:
+    """Validated ``(increment, num_examples, metrics)`` or :class:`InvalidReply`. ``counts`` False
+    (a DP mechanism): the reply must carry no metrics at all (no ``num-examples``, no loss: neither
+    is private) and the weight returned is None.
 
     Checks, in order: error reply, records present, schema, round, the ``expected`` meta values
     (mechanism and release parameters), names, declared dtype and shape (before decoding), byte
@@ -126,7 +136,11 @@ def parse_train_reply(
     if not isinstance(metrics, MetricRecord):
         raise InvalidReply("wrong record types")
     weight = metrics.get("num-examples")
-    if not _is_int(weight) or not 1 <= weight <= MAX_NUM_EXAMPLES:
+    if not counts:
+        if len(metrics):
+            name = _short(sorted(metrics.keys())[0])
+            raise InvalidReply(f"metric {name} sent under a DP mechanism (clear metrics are not private)")
+    elif not _is_int(weight) or not 1 <= weight <= MAX_NUM_EXAMPLES:
         raise InvalidReply(f"num-examples must be a positive int, got {_short(weight)}")
     extra = {}
     for name, value in metrics.items():

@@ -1,8 +1,9 @@
 """The server's checkpoint of the last committed round: global adapter state plus loop state.
 
 One safetensors file, replaced atomically (write, fsync, rename): after a crash it holds either the
-previous committed round or this one, never a mix. Loop state (round, sampler RNG state, counters,
-the round's metrics record) is JSON in the file's metadata; nothing is unpickled.
+previous committed round or this one, never a mix. Loop state (round, counters, the round's metrics
+record) is JSON in the file's metadata; nothing is unpickled. The client sampler's state is not kept
+(it is drawn from OS entropy; a resumed run draws afresh).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ class LoopState:
     """Where the round loop stands after ``round`` committed rounds."""
 
     round: int = 0
-    rng: dict = field(default_factory=dict)  # numpy bit_generator.state of the client sampler
     completed: int = 0
     skipped: int = 0
     bytes_down: int = 0
@@ -57,7 +57,9 @@ def load(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> tuple[AdapterStat
         if meta.get("format") != FORMAT:
             raise FedloraError(f"{path} is not a fedlora checkpoint (format {meta.get('format')!r})")
         state = load_file(path)
-        loop = LoopState(**json.loads(meta["loop"]))
+        fields = json.loads(meta["loop"])
+        fields.pop("rng", None)  # written before 2026-11-24: the sampler state, now never reused
+        loop = LoopState(**fields)
     except (SafetensorError, OSError, KeyError, TypeError, ValueError) as exc:
         raise FedloraError(f"checkpoint {path} is unreadable ({exc})") from None
     if {k: tuple(v.shape) for k, v in state.items()} != {k: tuple(v) for k, v in shapes.items()}:

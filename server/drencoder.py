@@ -3,9 +3,10 @@ codec each train round names, and decode + aggregate of the clients' latents.
 
 Phases, before round 1 of a ``dr-encoder`` run:
 1. ``query.gradstats`` to every connected node (no sampling: p = 1). Statistics sent in the clear are
-   the paper's setting and are labelled so; with ``stats_noise_multiplier > 0`` every client clips and
-   noises them (local noise) and the server charges one event (σ_s, p = 1) to the client-level ledger
-   as round 0, before the query goes out.
+   the paper's setting: the ledger records them as a release its ε does not cover (round 0), before
+   the query goes out. With ``stats_noise_multiplier > 0`` every client clips and noises them (local
+   noise, zero-out adjacency) and the server charges one event (σ_s, p = 1) to the client-level
+   ledger as round 0, before the query goes out; the noise plan calibrates σ with it included.
 2. Synthetic Gaussian gradients from the statistics train the autoencoder (codec ``ae`` only); the
    checkpoint ``autoencoder.safetensors`` in the run directory names its version, and the statistics are
    kept in ``gradstats.safetensors`` so a resumed run rebuilds the same codec without a new query.
@@ -41,9 +42,9 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.ledger import Charge, Ledger
+from common.privacy.plan import NoisePlan, uncovered
 from common.wire import InvalidReply, parse_stats_reply, stats_query
 from server.aggregate import private_mean
-from server.budget import NoisePlan
 
 log = logging.getLogger("fedlora.server")
 
@@ -172,6 +173,8 @@ def _stats_round(
 ) -> tuple[list[Stats], dict]:
     t0 = time.monotonic()
     noise_std = cfg.stats_noise_multiplier * cfg.stats_clip
+    for what in uncovered(cfg) if ledger else []:  # recorded before the query, like a charge
+        ledger.note_uncovered(run_id, STATS_ROUND, what)
     if ledger and noise_std > 0:  # committed before the query (and so any release) goes out
         if ledger.row(run_id, STATS_ROUND) is not None:
             raise FedloraError(

@@ -23,17 +23,18 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes
 from common.privacy.ledger import Charge, Ledger
-from common.privacy.release import client_noise_std, effective_sigma, global_norm
+from common.privacy.plan import NoisePlan, budget_stop, plan_noise
+from common.privacy.release import global_norm
 from common.privacy.report import write_report
+from common.privacy.statement import statement
 from common.wire import InvalidReply, parse_train_reply, train_instruction
 from server import checkpoint
 from server.aggregate import apply_increment, private_mean, weighted_mean
-from server.budget import NoisePlan, budget_stop, plan_noise
 from server.checkpoint import LoopState
 from server.drencoder import ServerCodec, prepare_codec
 from server.evaluation import Evaluator
 from server.report import RunDir, fingerprint, format_summary
-from server.sampling import poisson_sample
+from server.sampling import os_sampler, poisson_sample
 
 log = logging.getLogger("fedlora.server")
 
@@ -76,9 +77,13 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
     coder, coder_info = None, None
     if cfg.release_kind == "dr-encoder":  # statistics round, autoencoder, codec (server/drencoder.py)
         coder, coder_info = prepare_codec(grid, cfg, out.path, nodes, state, ledger, run_id, out.log, echo)
-    rng = np.random.default_rng([cfg.seed, 0x5A3])
-    if loop.rng:
-        rng.bit_generator.state = loop.rng
+    if plan and plan.threat_model == "distributed":
+        echo(
+            f"distributed noise: each of the K sampled clients adds std sigma*C/sqrt(m), m = min(min-replies "
+            f"{cfg.min_replies}, K), so any applied round carries sigma >= {plan.sigma:.4g}; the server sees "
+            f"each reply with that std (no secure aggregation)"
+        )
+    rng = os_sampler()  # never from cfg.seed, never checkpointed: the sample must stay secret
     stopped = None
     for rnd in tqdm(range(first, cfg.rounds + 1), desc="rounds", disable=None):
         if ledger and (stopped := budget_stop(ledger, plan)):
@@ -110,7 +115,7 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
             row = ledger.row(run_id, rnd)
             record.update({k: row[k] for k in ("sigma", "mu", "eps_gdp", "eps_tight")})
         record.update(seconds=round(time.monotonic() - t0, 3), **loop.after)
-        loop.round, loop.rng, loop.record = rnd, rng.bit_generator.state, record
+        loop.round, loop.record = rnd, record
         checkpoint.save(out.checkpoint_path, state, loop)
         if ledger:
             status = "withheld" if record.get("applied") is False else "applied"
@@ -141,7 +146,7 @@ def _train_round(
     """Send, validate, aggregate and apply one round; fills ``record``; returns (state, replied).
     ``coder``: the dr-encoder codec (replies are coded updates, decoded here)."""
     release = cfg.release_kind if plan else "none"
-    std = client_noise_std(plan.threat_model, plan.sigma, plan.clip, len(sampled)) if plan else 0.0
+    std = plan.client_std(len(sampled)) if plan else 0.0
     round_cfg = {
         "local-steps": cfg.local_steps,
         "lr": cfg.lr,
@@ -173,7 +178,7 @@ def _train_round(
         if reply.metadata.group_id == str(rnd):
             answered.add(reply.metadata.src_node_id)
         try:
-            inc, weight, extra = accept_reply(reply, rnd, shapes, expected, plan)
+            inc, weight, extra = accept_reply(reply, rnd, shapes, expected, plan, counts=not cfg.private)
         except InvalidReply as exc:
             rejected.append(str(exc))
             log.warning("round %d: rejected reply from node %s: %s", rnd, reply.metadata.src_node_id, exc)
@@ -194,18 +199,16 @@ def _train_round(
         log.warning(
             "round %d: %d usable replies < min-replies %d: withheld", rnd, len(increments), cfg.min_replies
         )
-    if increments and plan:  # releases arrived (used or withheld): the charge follows their noise
-        sigma = effective_sigma(plan.threat_model, plan.sigma, len(sampled), len(increments))
-        if ledger and sigma < plan.sigma:  # dropouts took their noise share with them
-            ledger.amend_sigma(run_id, rnd, sigma)
-    if usable and plan:
+    if usable and plan:  # distributed shares are sized for min-replies: dropouts only add noise
+        record["sigma_released"] = plan.released_sigma(len(sampled), len(increments))
         expected_count = cfg.sample_rate * cfg.num_clients
         if coder:
             mean = coder.aggregate(increments, cfg.decode_order, plan, expected_count)
         else:
             mean = private_mean(increments, plan.threat_model, plan.sigma, plan.clip, expected_count)
         state = apply_increment(state, mean, cfg.server_lr)
-    elif usable:
+    elif usable:  # FedAvg weights by example counts, which only a non-private run sends
+        weights = [1.0] * len(increments) if cfg.private else weights
         state = apply_increment(state, weighted_mean(increments, weights), cfg.server_lr)
     finite = [x for x in losses if np.isfinite(x)]
     record.update(
@@ -222,13 +225,19 @@ def _train_round(
 
 
 def accept_reply(
-    reply: Message, rnd: int, shapes: dict, expected: dict, plan: NoisePlan | None
-) -> tuple[AdapterState, int, dict[str, float]]:
+    reply: Message,
+    rnd: int,
+    shapes: dict,
+    expected: dict,
+    plan: NoisePlan | None,
+    counts: bool = True,
+) -> tuple[AdapterState, int | None, dict[str, float]]:
     """One train reply, validated for round ``rnd`` (common.wire.parse_train_reply, plus: not late, and
-    within the clip under central noise); :class:`InvalidReply` says why it must not be used."""
+    within the clip under central noise); :class:`InvalidReply` says why it must not be used.
+    ``counts`` False (a private run): no example count or metric may come with it."""
     if reply.metadata.group_id != str(rnd):
         raise InvalidReply(f"late reply from round {reply.metadata.group_id!r}")
-    inc, weight, extra = parse_train_reply(reply, rnd, shapes, expected)
+    inc, weight, extra = parse_train_reply(reply, rnd, shapes, expected, counts)
     if plan and plan.threat_model == "central" and global_norm(inc) > plan.clip * (1 + 1e-4):
         raise InvalidReply(f"increment norm {global_norm(inc):.4g} exceeds the clip {plan.clip:g}")
     return inc, weight, extra
@@ -313,7 +322,7 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
         "eval_examples": len(evaluator.examples),
         "bytes_down_per_round": loop.bytes_down / max(loop.completed, 1),
         "bytes_up_per_round": loop.bytes_up / max(loop.completed, 1),
-        "privacy": "none (no client-level release)",
+        **statement(cfg, plan, ledger.report() if ledger else None),
         "wall_time_s": round(time.monotonic() - start, 1),
         "adapter": str(adapter),
         "metrics_file": str(out.metrics_path),
@@ -324,12 +333,6 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
         interrupted = [r["round"] for r in totals["rounds"] if r["status"] == "interrupted"]
         summary.update(
             rounds_interrupted=interrupted,
-            privacy=(
-                f"client-level ({plan.threat_model} noise, sigma {plan.sigma:.4g}"
-                f"{' calibrated' if plan.calibrated else ''}, C {plan.clip:g}): "
-                f"epsilon {totals['eps_gdp']:.4g} (gdp, mu {totals['mu']:.4g}) / "
-                f"{totals['eps_tight']:.4g} (pld) at delta {plan.delta:g}"
-            ),
             client_privacy={k: totals[k] for k in ("mu", "eps_gdp", "eps_tight", "epsilon", "delta")},
             ledger=str(ledger.path),
             privacy_report=[str(report_json), str(report_png)],

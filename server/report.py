@@ -128,6 +128,12 @@ def format_summary(s: dict) -> str:
         f"  bytes per round    {s['bytes_down_per_round'] / 1e6:.2f} MB down, "
         f"{s['bytes_up_per_round'] / 1e6:.2f} MB up (mean over completed rounds)",
         f"  client privacy     {s['privacy']}",
+        *(
+            [f"  sample privacy     {s['sample_privacy']}"]
+            if s.get("sample_privacy", "none").startswith("sample")
+            else []
+        ),
+        *(f"  not covered        {what}" for what in s.get("not_covered", [])),
         *([f"  stopped early      {s['stopped']}"] if s.get("stopped") else []),
         *([f"  privacy report     {', '.join(s['privacy_report'])}"] if s.get("privacy_report") else []),
         f"  wall time          {s['wall_time_s']:.1f} s",

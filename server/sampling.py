@@ -1,10 +1,20 @@
-"""Client sampling: Poisson with rate p, each node independently (the amplification DP assumes)."""
+"""Client sampling: Poisson with rate p, each node independently (the amplification DP assumes).
+
+The sampler is seeded from OS entropy and its state is never stored: a sample that could be
+replayed from the run's published seed would void the amplification the accountant takes.
+"""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 
 import numpy as np
+
+
+def os_sampler() -> np.random.Generator:
+    """A fresh generator seeded from OS entropy (never from the run's seed, never checkpointed)."""
+    return np.random.default_rng(secrets.randbits(128))
 
 
 def poisson_sample(node_ids: Sequence[int], rate: float, rng: np.random.Generator) -> list[int]:

@@ -21,8 +21,8 @@ from common import config
 from common.config import preset, to_flat
 from common.errors import FedloraError
 from common.privacy.ledger import Ledger
+from common.privacy.plan import NoisePlan
 from common.wire import InvalidReply, parse_stats_reply, stats_reply
-from server.budget import NoisePlan
 from server.drencoder import AE_CONFIGS, AE_FILE, ServerCodec, ae_latent_size
 from server.inprocess import InProcessGrid, load_component
 from server.simulate import CLIENT_APP, SERVER_APP
@@ -279,6 +279,16 @@ def test_server_rejects_bad_latents_and_continues_with_the_others(tmp_path):
     reasons = " | ".join(train["rejected"])
     for needle in ("latent: float32", "float64", "non-finite", "ae-version 'ae-0000000000000000'"):
         assert needle in reasons, reasons
+    # statistics in the clear (the paper's setting): recorded in the ledger, the report and the summary
+    ledger = Ledger.open(tmp_path / "r" / "ledger.sqlite", "client-level")
+    (note,) = ledger.uncovered()
+    assert note["round"] == 0 and "statistics sent in the clear" in note["what"]
+    assert [r["round"] for r in ledger.rows()] == [1]  # no charge for it: its epsilon is not finite
+    report = json.loads((tmp_path / "r" / "privacy.json").read_text())
+    assert report["uncovered"] == [note]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert any("statistics sent in the clear" in line for line in summary["not_covered"])
+    assert "zero-out adjacency" in summary["privacy"]  # local noise: participation is visible
 
 
 def test_a_crashed_dr_encoder_run_resumes_with_its_statistics_and_autoencoder(tmp_path):

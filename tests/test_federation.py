@@ -1,12 +1,12 @@
 """One in-process federation end to end (real ServerApp and ClientApp), and its failure paths."""
 
 import json
-import math
 
 import pytest
 import torch
 from flwr.app import Context, Message, RecordDict
 from peft import PeftModel
+from safetensors import safe_open
 from transformers import AutoModelForSequenceClassification
 
 from common.config import preset, to_flat
@@ -14,6 +14,8 @@ from common.errors import FedloraError
 from common.models import adapter_state
 from common.models.registry import MODELS
 from common.privacy.ledger import Ledger
+from common.wire import from_record, train_reply
+from server.checkpoint import CHECKPOINT_FILE
 from server.inprocess import InProcessGrid, load_component
 from server.simulate import CLIENT_APP, SERVER_APP, simulate
 
@@ -93,19 +95,62 @@ def test_invalid_reply_is_rejected_and_round_continues(tmp_path):
     assert r1["replied"] == 1 and len(r1["rejected"]) == 1 and "round 99" in r1["rejected"][0]
 
 
-def test_distributed_noise_dropout_raises_the_charge(tmp_path):
-    """One of two clients' releases is unusable: the sum carries half the noise variance, so the
-    round is charged at σ/sqrt(2), before the aggregate is applied."""
-    dp = dict(mechanism="dp-fedavg", threat_model="distributed", noise_multiplier=2.0, clip=0.5)
-    cfg = preset("minilm-rt", **{**TINY, **dp}).replace(out_dir=str(tmp_path / "r")).check()
-    _run_with_corrupt_node(cfg, lambda content: content["meta"].__setitem__("noise-std", 0.0))
-    r1 = _records(tmp_path / "r")[1]
-    assert r1["replied"] == 1 and "noise-std" in r1["rejected"][0]
+def test_distributed_noise_with_a_dropout_never_ends_above_the_target(tmp_path):
+    """Distributed shares are sized for min-replies (m = min(min-replies, K)): a node that drops out
+    takes no noise the applied sum needed, the round's charge stays at the planned σ, and a run
+    calibrated for its target ends at or below it. (Before: shares of σC/sqrt(K), σ lowered after
+    the dropout, final ε above the target.)"""
+    dp = dict(mechanism="dp-fedavg", threat_model="distributed", target_epsilon=6.0, clip=0.5)
+    cfg = preset("minilm-rt", **{**TINY, "num_clients": 3, "rounds": 2}, **dp)
+    cfg = cfg.replace(out_dir=str(tmp_path / "r")).check()
+    _run_with_node_dying(cfg)
+    recs = _records(tmp_path / "r")
+    assert [(r["replied"], r["applied"]) for r in recs[1:]] == [(3, True), (2, True)]
     ledger = Ledger.open(tmp_path / "r" / "ledger.sqlite", "client-level")
-    (row,) = ledger.rows()
-    assert row["sigma"] == pytest.approx(2.0 / math.sqrt(2)) and row["status"] == "applied"
-    assert row["mu"] == pytest.approx(math.sqrt(math.expm1(2.0 / 2.0**2)) * cfg.sample_rate)
-    assert r1["eps_tight"] == row["eps_tight"]
+    rows = ledger.rows()
+    sigma = rows[0]["sigma"]
+    assert [r["sigma"] for r in rows] == [sigma, sigma] and recs[2]["sigma_released"] >= sigma
+    assert max(rows[-1]["eps_gdp"], rows[-1]["eps_tight"]) <= 6.0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert "an observer of the aggregate only" in summary["privacy"]
+    assert "add/remove one client" in summary["privacy"]
+
+
+def test_replaying_the_published_seed_does_not_predict_the_sample(tmp_path):
+    """The client sample comes from OS entropy and its state is never stored: two runs of one
+    configuration (same published seed) draw different samples, and the checkpoint holds no
+    sampler state. Clients here answer with zero increments (only the sampling is under test)."""
+
+    def sampled_sets(out):
+        seen: dict[int, set[int]] = {}
+
+        def zero_client(msg, ctx):
+            rnd = int(msg.content["config"]["round"])
+            seen.setdefault(rnd, set()).add(ctx.node_id)
+            zeros = {k: torch.zeros_like(v) for k, v in from_record(msg.content["global"]).items()}
+            meta = {"mechanism": "fedavg", "release": "none", "noise-std": 0.0}
+            return Message(train_reply(zeros, rnd, 10, {}, meta), reply_to=msg)
+
+        cfg = preset("minilm-rt", **{**TINY, "num_clients": 8, "rounds": 3, "sample_rate": 0.5})
+        cfg = cfg.replace(eval_examples=8, out_dir=str(out)).check()
+        grid = InProcessGrid(zero_client, cfg.num_clients, to_flat(cfg))
+        load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
+        return [frozenset(seen.get(r, ())) for r in (1, 2, 3)]
+
+    first, second = sampled_sets(tmp_path / "a"), sampled_sets(tmp_path / "b")
+    assert first != second  # equal with probability 2^-24
+    with safe_open(tmp_path / "a" / CHECKPOINT_FILE, framework="pt") as fh:
+        assert "rng" not in json.loads(fh.metadata()["loop"])
+
+
+def test_private_runs_average_uniformly_and_refuse_clear_counts(tmp_path):
+    """Under any DP mechanism a reply carries no example count (a clear count is not private), so
+    the server averages with equal weights; a reply that sends one is rejected."""
+    cfg = preset("minilm-rt", **TINY, mechanism="dp-adamw", sample_epsilon=8.0)
+    cfg = cfg.replace(out_dir=str(tmp_path / "r")).check()
+    _run_with_corrupt_node(cfg, lambda content: content["metrics"].__setitem__("num-examples", 50))
+    r1 = _records(tmp_path / "r")[1]
+    assert r1["replied"] == 1 and "num-examples" in r1["rejected"][0]
 
 
 def test_existing_run_directory_is_never_overwritten(minilm_run):
@@ -178,3 +223,8 @@ def test_too_few_replies_withhold_the_round_but_keep_its_charge(tmp_path):
     assert [(r["round"], r["status"]) for r in rows] == [(1, "applied"), (2, "withheld")]
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["rounds_completed"] == 1 and summary["rounds_withheld"] == 1
+    # local noise: accounted and labelled as zero-out adjacency, against the server too
+    assert "zero-out adjacency" in summary["privacy"] and "the server included" in summary["privacy"]
+    report = json.loads((tmp_path / "r" / "privacy.json").read_text())
+    assert all(r["guarantee"].startswith("zero-out adjacency") for r in report["rounds"])
+    assert any("who replied" in line for line in summary["not_covered"])

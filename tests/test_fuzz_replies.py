@@ -32,6 +32,7 @@ from numpy.lib import format as npy
 
 from common import wire
 from common.config import preset
+from common.privacy.plan import NoisePlan
 from common.wire import (
     SCHEMA,
     InvalidReply,
@@ -40,7 +41,6 @@ from common.wire import (
     stats_reply,
     train_reply,
 )
-from server.budget import NoisePlan
 from server.federation import _train_round, accept_reply
 from server.inprocess import InProcessGrid
 

@@ -87,14 +87,25 @@ def test_a_round_is_never_charged_twice(ledger):
     assert len(ledger.rows()) == 1
 
 
-def test_amend_sigma_only_raises_the_charge(ledger):
+def test_uncovered_releases_are_recorded_once_and_reported(ledger):
+    ledger.note_uncovered("r1", 0, "statistics in the clear")
+    ledger.note_uncovered("r1", 0, "statistics in the clear")  # a resumed run notes it again: kept once
     ledger.charge(_charge(1))
-    before = ledger.rows()[0]
-    ledger.amend_sigma("r1", 1, 2.0)  # more noise than charged: ignored
-    assert ledger.rows()[0] == before
-    ledger.amend_sigma("r1", 1, 0.8)  # dropouts under distributed noise: less noise, more epsilon
-    after = ledger.rows()[0]
-    assert after["sigma"] == 0.8 and after["eps_tight"] > before["eps_tight"] and after["mu"] > before["mu"]
+    report = ledger.report()
+    assert report["uncovered"] == [{"run": "r1", "round": 0, "what": "statistics in the clear"}]
+    assert report["rounds"][0]["guarantee"].startswith("add/remove one client")  # central noise
+    assert ledger.spent() == {k: report[k] for k in ("mu", "eps_gdp", "eps_tight")}  # no charge
+
+
+def test_a_ledger_without_the_uncovered_table_still_opens_and_reports(ledger):
+    """Ledgers written before the table existed (node ledgers outlive upgrades)."""
+    ledger.charge(_charge(1))
+    with sqlite3.connect(ledger.path) as conn:
+        conn.execute("DROP TABLE uncovered")
+    reopened = Ledger.open(ledger.path, "client-level")
+    assert reopened.report()["uncovered"] == [] and len(reopened.rows()) == 1
+    reopened.note_uncovered("r1", 0, "x")
+    assert [u["what"] for u in reopened.uncovered()] == ["x"]
 
 
 def test_spent_with_a_hypothetical_event_does_not_write(ledger):
@@ -155,3 +166,12 @@ def test_ledger_cli_json_and_report(ledger, tmp_path, capsys):
     assert report["epsilon"] == max(report["eps_gdp"], report["eps_tight"])
     assert json.loads((tmp_path / "rep" / "privacy.json").read_text())["rounds"] == report["rounds"]
     assert (tmp_path / "rep" / "privacy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ledger_cli_states_the_guarantee_and_what_it_does_not_cover(ledger, capsys):
+    ledger.note_uncovered("r1", 0, "statistics sent in the clear")
+    ledger.charge(_charge(1))
+    assert run_cli(["privacy", "ledger", str(ledger.path)]) == 0
+    out = capsys.readouterr().out
+    assert "guarantee: add/remove one client; against everyone but the server" in out
+    assert "NOT covered by this epsilon: run r1 round 0: statistics sent in the clear" in out

@@ -8,18 +8,12 @@ import torch
 
 from common.config import preset
 from common.errors import FedloraError
+from common.privacy.accountants import Event
 from common.privacy.calibration import epsilon_for
 from common.privacy.ledger import Charge, Ledger
-from common.privacy.release import (
-    add_noise,
-    client_noise_std,
-    clip,
-    clip_and_noise,
-    effective_sigma,
-    global_norm,
-)
+from common.privacy.plan import NoisePlan, budget_stop, plan_noise
+from common.privacy.release import add_noise, clip, clip_and_noise, global_norm
 from server.aggregate import private_mean
-from server.budget import budget_stop, plan_noise
 
 
 def _state(seed=0, scale=1.0):
@@ -52,18 +46,35 @@ def test_clip_and_noise_clips_before_the_noise():
     assert residual.std().item() == pytest.approx(0.3, rel=0.05)
 
 
+def _plan(threat: str, min_replies: int = 1) -> NoisePlan:
+    return NoisePlan(2.0, 1.0, 0.5, threat, 0.0, 1e-5, False, min_replies)
+
+
 @pytest.mark.parametrize(
-    ("threat", "expected"),
-    [("local", 2.0 * 0.5), ("distributed", 2.0 * 0.5 / math.sqrt(4)), ("central", 0.0)],
+    ("threat", "min_replies", "expected"),
+    [
+        ("local", 1, 2.0 * 0.5),
+        ("distributed", 4, 2.0 * 0.5 / math.sqrt(4)),  # all 4 sampled needed: a quarter each
+        ("distributed", 2, 2.0 * 0.5 / math.sqrt(2)),  # any 2 of 4 must carry the whole noise
+        ("distributed", 9, 2.0 * 0.5 / math.sqrt(4)),  # m = min(min-replies, K)
+        ("central", 1, 0.0),
+    ],
 )
-def test_client_noise_share(threat, expected):
-    assert client_noise_std(threat, 2.0, 0.5, 4) == pytest.approx(expected)
+def test_client_noise_share(threat, min_replies, expected):
+    assert _plan(threat, min_replies).client_std(4) == pytest.approx(expected)
 
 
-def test_effective_sigma_after_dropouts():
-    assert effective_sigma("distributed", 2.0, 4, 1) == pytest.approx(1.0)  # 1 of 4 shares: σ/2
-    assert effective_sigma("distributed", 2.0, 4, 4) == 2.0
-    assert effective_sigma("local", 2.0, 4, 1) == effective_sigma("central", 2.0, 4, 1) == 2.0
+def test_any_applied_round_carries_at_least_sigma():
+    """Distributed shares are sized for min-replies: the released sum's σ never falls below the
+    planned σ once a round can be applied (replied ≥ m), whatever dropped out."""
+    for m in (1, 2, 3, 4):
+        plan = _plan("distributed", m)
+        for sampled in range(1, 7):
+            for replied in range(plan.shares(sampled), sampled + 1):
+                assert plan.released_sigma(sampled, replied) >= plan.sigma * (1 - 1e-12)
+                noise_var = replied * plan.client_std(sampled) ** 2  # std of the summed shares
+                assert math.sqrt(noise_var) >= plan.sigma * plan.clip * (1 - 1e-12)
+    assert _plan("local").released_sigma(4, 1) == _plan("central").released_sigma(4, 1) == 2.0
 
 
 def test_private_mean_per_threat_model():
@@ -106,3 +117,32 @@ def test_budget_stop_before_the_round_that_would_exceed(tmp_path):
         charges += 1
         ledger.charge(Charge("x", charges, plan.sigma, plan.p, 1, plan.p, 2, 1.0, "central", "dp-fedavg"))
     assert charges == 2 and "budget" in budget_stop(ledger, plan)
+
+
+def test_central_mean_clips_again_on_the_server():
+    """Central noise is calibrated to sensitivity C: a reply just over C (the acceptance check's
+    round-off allowance) is clipped to C before it enters the sum."""
+    over = {"a": torch.zeros(10)}
+    over["a"][0] = 0.5 * (1 + 5e-5)
+    mean = private_mean([over], "central", 1e-12, 0.5, expected=1.0)
+    assert global_norm(mean) == pytest.approx(0.5, rel=1e-9)
+
+
+def test_calibration_includes_the_noised_statistics_round():
+    """The statistics round is charged as round 0: σ is calibrated so that it and every round
+    together meet the target, and a node's planned epsilon counts it."""
+    from client.node import planned_client_epsilon
+
+    base = dict(mechanism="dr-encoder", target_epsilon=6.0, threat_model="central", rounds=5, sample_rate=0.5)
+    plain = plan_noise(preset("default", **base).check())
+    noised = plan_noise(preset("default", **base, stats_noise_multiplier=2.0).check())
+    assert noised.prior == (Event(2.0, 1.0, 1),) and noised.sigma > plain.sigma
+    for name in ("gdp", "pld"):
+        spent = epsilon_for(name, noised.sigma, 0.5, 5, 1e-5, prior=noised.prior)
+        assert spent <= 6.0 * (1 + 1e-9)
+    assert epsilon_for("pld", plain.sigma, 0.5, 5, 1e-5, prior=noised.prior) > 6.0  # the old plan overran
+    fixed = preset("default", **{**base, "noise_multiplier": 1.2, "target_epsilon": 0.0})
+    with_stats = fixed.replace(stats_noise_multiplier=2.0).check()
+    assert planned_client_epsilon(with_stats) > planned_client_epsilon(fixed.check())
+    with pytest.raises(FedloraError, match="before round 1 alone"):
+        plan_noise(preset("default", **base, stats_noise_multiplier=0.3).check())

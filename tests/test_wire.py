@@ -36,6 +36,20 @@ def test_valid_reply_parses():
     torch.testing.assert_close(inc["l.A"], torch.full((4, 2), 0.5))
 
 
+def test_private_reply_carries_no_count_and_no_metric():
+    """Under a DP mechanism (``counts=False``) the weight is None, and a reply that sends an example
+    count or any metric is refused: a clear count is not covered by the guarantee."""
+    inc, weight, metrics = parse_train_reply(
+        _reply(train_reply(_state(), 3, None, {}, META)), 3, SHAPES, META, counts=False
+    )
+    assert weight is None and metrics == {} and set(inc) == set(SHAPES)
+    for leaky in ({"num-examples": 10}, {"train-loss": 0.5}):
+        with pytest.raises(InvalidReply, match="sent under a DP mechanism"):
+            parse_train_reply(_reply(_valid(metrics=MetricRecord(leaky))), 3, SHAPES, META, counts=False)
+    with pytest.raises(InvalidReply, match="num-examples"):  # a non-private run still needs its weight
+        parse_train_reply(_reply(train_reply(_state(), 3, None, {}, META)), 3, SHAPES, META)
+
+
 @pytest.mark.parametrize(
     ("override", "reason"),
     [

@@ -19,7 +19,7 @@ Means are unweighted over clients (as the server's ``local`` release averages). 
 does to a nonlinear decoder) and ``eps=<ε>``: client-level DP under the ``local`` threat model, each
 coded update (latent and dense entries together) clipped to L2 norm ``C = --clip`` and N(0, σ²C²) added
 to every number, σ calibrated so that ``--rounds`` such rounds (p = 1) meet (ε, δ) under both the gdp and
-pld accountants (the larger σ, :func:`server.budget.plan_noise`); the noise is OS-seeded as in a real
+pld accountants (the larger σ, :func:`common.privacy.plan.plan_noise`); the noise is OS-seeded as in a real
 release, so noisy records vary between runs. Errors are always against the TRUE (unclipped) increment.
 
 Metrics over the LoRA factor entries only (dense entries such as a classification head are sent as they
@@ -50,10 +50,10 @@ from autoencoder.synthetic import prior_moments
 from common.config import RunConfig, to_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes
-from common.privacy.release import client_noise_std, clip_and_noise, global_norm
+from common.privacy.plan import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
+from common.privacy.release import clip_and_noise, global_norm
 from common.wire import InvalidReply, parse_train_reply, train_instruction
 from server.aggregate import private_mean, weighted_mean
-from server.budget import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
 from server.checkpoint import CHECKPOINT_FILE
 from server.checkpoint import load as load_checkpoint
 from server.drencoder import STATS_FILE, ServerCodec, load_stats, prepare_codec
@@ -117,7 +117,7 @@ def collect_increments(
     increments = []
     for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
         try:
-            increments.append(parse_train_reply(reply, TRAIN_ROUND, shapes, expected)[0])
+            increments.append(parse_train_reply(reply, TRAIN_ROUND, shapes, expected, not cfg.private)[0])
         except InvalidReply as exc:
             raise FedloraError(f"node {reply.metadata.src_node_id}: invalid train reply: {exc}") from None
     if len(increments) != len(nodes):
@@ -306,9 +306,7 @@ def bench_codecs(cfg: RunConfig, echo: Callable[[str], None], start_from: str | 
     settings = {  # label -> std after the clip (None: no clip)
         "none": None,
         f"clip={plan.clip:g}": 0.0,
-        f"eps={plan.target_epsilon:g}": client_noise_std(
-            plan.threat_model, plan.sigma, plan.clip, cfg.num_clients
-        ),
+        f"eps={plan.target_epsilon:g}": plan.client_std(cfg.num_clients),
     }
     state, origin = start_state(Evaluator(cfg), start_from)
     with tempfile.TemporaryDirectory(prefix="fedlora-bench-codec-") as tmp:

@@ -4,9 +4,12 @@
 ``rdp`` and ``pld`` use Brent's method on ε(σ) and return the conservative side: the returned σ
 always gives ε(σ) ≤ target under that accountant (``pld`` searches on a coarser grid whose ε is
 itself an upper bound, so the fine-grid ε at the returned σ is at or below the target).
+``prior`` events (charged before round 1, e.g. a noised statistics round) are composed first.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from common.privacy import gdp
 from common.privacy.accountants import Event, PldAccountant, make_accountant
@@ -16,30 +19,44 @@ SEARCH_PLD_DISCRETIZATION = 1e-3
 
 
 def epsilon_for(
-    accountant: str, sigma: float, p: float, rounds: int, delta: float, coarse: bool = False
+    accountant: str,
+    sigma: float,
+    p: float,
+    rounds: int,
+    delta: float,
+    coarse: bool = False,
+    prior: Sequence[Event] = (),
 ) -> float:
-    """ε after ``rounds`` identical rounds; ``coarse`` uses the search grid for ``pld``."""
+    """ε after the ``prior`` events and ``rounds`` identical rounds; ``coarse`` uses the search grid
+    for ``pld``."""
     acc = (
         PldAccountant(SEARCH_PLD_DISCRETIZATION)
         if coarse and accountant == "pld"
         else make_accountant(accountant)
     )
-    acc.compose(Event(sigma, p, rounds))
+    for event in (*prior, Event(sigma, p, rounds)):
+        acc.compose(event)
     return acc.epsilon(delta)
 
 
-def calibrate_sigma(accountant: str, epsilon: float, delta: float, p: float, rounds: int) -> float:
-    """Smallest σ (to ~1e-4 relative, never below the true one) with ε(σ) ≤ ``epsilon``."""
+def calibrate_sigma(
+    accountant: str, epsilon: float, delta: float, p: float, rounds: int, prior: Sequence[Event] = ()
+) -> float:
+    """Smallest σ (to ~1e-4 relative, never below the true one) with ε(prior, σ) ≤ ``epsilon``."""
     if epsilon <= 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if prior and epsilon_for(accountant, 1.0, 1.0, 0, delta, prior=prior) >= epsilon:
+        raise ValueError(f"the events before round 1 alone spend epsilon {epsilon:g} ({accountant})")
     if accountant == "gdp":
-        sigma = gdp.sigma_for_mu(gdp.mu_for_eps(epsilon, delta), p, rounds)
+        # μ² composes additively (CLT): the rounds get μ*² minus what the prior spent
+        spent = sum(e.count * gdp.round_mu_squared(e.sigma, e.p) for e in prior)
+        sigma = gdp.sigma_for_mu((gdp.mu_for_eps(epsilon, delta) ** 2 - spent) ** 0.5, p, rounds)
         return sigma * (1 + 1e-12)  # float round-off must not land on the unsafe side
 
     def excess(s: float) -> float:
-        return epsilon_for(accountant, s, p, rounds, delta, coarse=True) - epsilon
+        return epsilon_for(accountant, s, p, rounds, delta, coarse=True, prior=prior) - epsilon
 
     hi = max(1.0, gdp.sigma_for_mu(gdp.mu_for_eps(epsilon, delta), p, rounds))
     while excess(hi) > 0:

@@ -109,6 +109,10 @@ def _ledger(args: argparse.Namespace) -> int:
         f"{report['unit']} ledger {args.path} (owner {report['owner']}), delta {float(report['delta']):g}: "
         f"epsilon {report['eps_gdp']:.4g} (gdp, mu {report['mu']:.4g}) / {report['eps_tight']:.4g} (pld)"
     )
+    for guarantee in report["guarantees"]:
+        print(f"  guarantee: {guarantee}")
+    for note in report["uncovered"]:
+        print(f"  NOT covered by this epsilon: run {note['run']} round {note['round']}: {note['what']}")
     columns = (
         "round",
         "status",

@@ -7,6 +7,9 @@ neighbours differ by one example). Each row is a charge of ``count`` Gaussian me
 multiplier σ at Poisson rate p, plus what the round did (sampled, replied, clip C, threat model,
 mechanism) and the running μ (CLT GDP), ε_gdp and ε_tight (PLD) at the ledger's δ after that row.
 
+Releases of client data that no row covers (statistics sent in the clear) are recorded in the
+``uncovered`` table, so that every report of the ledger says what its ε does not cover.
+
 The file is never overwritten: :meth:`Ledger.create` refuses an existing path and :meth:`Ledger.open`
 refuses a file that is not a ledger, has another unit, or belongs to another owner (run or node).
 """
@@ -21,6 +24,7 @@ from pathlib import Path
 from common.config import THREAT_MODELS
 from common.errors import FedloraError
 from common.privacy.accountants import Accountant, Event, GdpAccountant, PldAccountant
+from common.privacy.threat import CLIENT_LEVEL, SAMPLE_LEVEL, Guarantee
 
 SCHEMA = "fedlora-ledger/1"
 UNITS = ("client-level", "sample-level")
@@ -49,6 +53,16 @@ CREATE TABLE charges (
     eps_tight REAL NOT NULL,
     time REAL NOT NULL,
     UNIQUE (run, round)
+);
+"""
+# Added after the first ledgers were written: created on demand, absent from older files.
+_UNCOVERED = """
+CREATE TABLE IF NOT EXISTS uncovered (
+    run TEXT NOT NULL,
+    round INTEGER NOT NULL,
+    what TEXT NOT NULL,
+    time REAL NOT NULL,
+    UNIQUE (run, round, what)
 );
 """
 
@@ -112,7 +126,7 @@ class Ledger:
             "created": repr(time.time()),
         }
         with conn:
-            conn.executescript(_TABLES)
+            conn.executescript(_TABLES + _UNCOVERED)
             conn.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
         return cls(path, conn, meta)
 
@@ -149,6 +163,14 @@ class Ledger:
         found = self._select("WHERE run = ? AND round = ?", run, rnd)
         return found[0] if found else None
 
+    def uncovered(self) -> list[dict]:
+        """Releases this ledger's ε does not cover: ``{"run", "round", "what"}``, oldest first."""
+        found = self._conn.execute("SELECT name FROM sqlite_master WHERE name = 'uncovered'").fetchone()
+        if not found:
+            return []
+        cur = self._conn.execute("SELECT run, round, what FROM uncovered ORDER BY time, rowid")
+        return [{"run": r, "round": n, "what": w} for r, n, w in cur.fetchall()]
+
     def events(self) -> list[Event]:
         return [_event(r) for r in self.rows()]
 
@@ -176,22 +198,20 @@ class Ledger:
             raise FedloraError(f"round {charge.round} of run {charge.run} is already charged") from None
         return totals
 
+    def note_uncovered(self, run: str, rnd: int, what: str) -> None:
+        """Record (once) that round ``rnd`` of ``run`` releases ``what`` outside the guarantee;
+        committed before the release, like a charge."""
+        with self._conn:
+            self._conn.execute(_UNCOVERED)
+            self._conn.execute(
+                "INSERT OR IGNORE INTO uncovered VALUES (?, ?, ?, ?)", (run, rnd, what, time.time())
+            )
+
     def settle(self, run: str, rnd: int, status: str, replied: int | None = None) -> None:
         """Record how a charged round ended (its charge is unchanged)."""
         if status not in STATUSES[1:]:
             raise ValueError(f"status must be one of {', '.join(STATUSES[1:])}")
         self._update(self._row_or_fail(run, rnd), status=status, replied=replied)
-
-    def amend_sigma(self, run: str, rnd: int, sigma: float) -> None:
-        """Lower the last charge's σ to what the release actually carried (e.g. dropouts under
-        distributed noise), raising its ε; a larger σ is ignored: a charge never goes down."""
-        row = self._row_or_fail(run, rnd)
-        rows = self.rows()
-        if row["seq"] != rows[-1]["seq"]:
-            raise FedloraError("only the last charge can be amended")
-        if sigma < row["sigma"]:
-            events = [*map(_event, rows[:-1]), Event(sigma, row["p"], row["count"])]
-            self._update(row, sigma=sigma, **_totals(events, self.delta))
 
     def _row_or_fail(self, run: str, rnd: int) -> dict:
         row = self.row(run, rnd)
@@ -210,7 +230,7 @@ class Ledger:
     def report(self) -> dict:
         """The ledger as one JSON-able dict: meta, rows and the current totals."""
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
-        rows = self.rows()
+        rows = [{**r, "guarantee": self.guarantee(r["threat_model"]).label()} for r in self.rows()]
         last = rows[-1] if rows else {"mu": 0.0, "eps_gdp": 0.0, "eps_tight": 0.0}
         return {
             "ledger": str(self.path),
@@ -220,8 +240,14 @@ class Ledger:
             "mu": last["mu"],
             "eps_gdp": last["eps_gdp"],
             "eps_tight": last["eps_tight"],
+            "guarantees": sorted({r["guarantee"] for r in rows}),
+            "uncovered": self.uncovered(),
             "rounds": rows,
         }
+
+    def guarantee(self, threat_model: str) -> Guarantee:
+        """What a row of this ledger's unit and ``threat_model`` guarantees."""
+        return SAMPLE_LEVEL if self.unit == "sample-level" else CLIENT_LEVEL[threat_model]
 
 
 def _event(row: dict) -> Event:

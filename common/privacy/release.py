@@ -1,9 +1,11 @@
 """Client-level Gaussian release of an adapter increment: clip its global L2 norm to C, add noise.
 
-Who adds how much noise depends on the threat model (DESIGN §5), with noise multiplier σ:
+Who adds how much noise depends on the threat model, with noise multiplier σ
+(common/privacy/plan.py sizes the shares; common/privacy/threat.py says what each guarantees):
 ``local``        each client adds N(0, σ²C²) per coordinate: private against the server itself;
-``distributed``  each of the K sampled clients adds N(0, σ²C²/K): the sum carries N(0, σ²C²);
-``central``      clients only clip; the (trusted) server adds N(0, σ²C²) to the sum.
+``distributed``  each of the K sampled clients adds N(0, σ²C²/m), m = min(min-replies, K): any
+                 applied sum carries at least N(0, σ²C²);
+``central``      clients only clip; the (trusted) server clips again and adds N(0, σ²C²) to the sum.
 
 Noise comes from a generator seeded with OS entropy on every call: DP noise must not be
 reproducible from the run's seed.
@@ -44,21 +46,4 @@ def clip_and_noise(state: AdapterState, bound: float, std: float) -> AdapterStat
     return add_noise(clip(state, bound)[0], std)
 
 
-def client_noise_std(threat_model: str, sigma: float, clip_bound: float, sampled: int) -> float:
-    """Noise std one client adds to its clipped increment under ``threat_model``."""
-    if threat_model == "local":
-        return sigma * clip_bound
-    if threat_model == "distributed":
-        return sigma * clip_bound / math.sqrt(sampled)
-    return 0.0  # central: the server adds it
-
-
-def effective_sigma(threat_model: str, sigma: float, sampled: int, replied: int) -> float:
-    """Noise multiplier the released sum actually carries: with distributed noise a dropout removes
-    its share, leaving σ·sqrt(replied / sampled); local and central noise do not depend on replies."""
-    if threat_model == "distributed" and 0 < replied < sampled:
-        return sigma * math.sqrt(replied / sampled)
-    return sigma
-
-
-__all__ = ["add_noise", "client_noise_std", "clip", "effective_sigma", "global_norm"]
+__all__ = ["add_noise", "clip", "clip_and_noise", "global_norm"]

@@ -1,0 +1,55 @@
+"""A run's privacy statement: each guarantee with its unit, accountants, δ, adjacency and observer,
+and what leaves a client outside every guarantee. The run summary prints it line by line and
+summary.json keeps it whole."""
+
+from __future__ import annotations
+
+from common.config import RunConfig
+from common.privacy.plan import NoisePlan, uncovered
+from common.privacy.threat import ALWAYS_VISIBLE, SAMPLE_LEVEL
+
+
+def client_level(plan: NoisePlan | None, totals: dict | None) -> str:
+    """The client-level guarantee in one line; ``totals``: the ledger's report (ε spent)."""
+    if plan is None or totals is None:
+        return "none (no client-level release)"
+    g = plan.guarantee
+    return (
+        f"client-level ({plan.threat_model} noise, sigma {plan.sigma:.4g}"
+        f"{' calibrated' if plan.calibrated else ''}, C {plan.clip:g}): "
+        f"epsilon {totals['eps_gdp']:.4g} (gdp, mu {totals['mu']:.4g}) / "
+        f"{totals['eps_tight']:.4g} (pld) at delta {plan.delta:g}; {g.adjacency}; against {g.observer}"
+    )
+
+
+def sample_level(cfg: RunConfig) -> str:
+    """The sample-level guarantee of the nodes' local optimizer in one line."""
+    if cfg.optimizer_kind == "none":
+        return "none (no sample-level local optimizer)"
+    budget = (
+        f"target epsilon {cfg.sample_epsilon:g} (pld)"
+        if cfg.sample_epsilon
+        else f"noise multiplier {cfg.sample_noise_multiplier:g}"
+    )
+    return (
+        f"sample-level ({cfg.optimizer_kind}, {budget} per node at delta {cfg.delta:g}; "
+        f"each node's ledger holds its epsilon); {SAMPLE_LEVEL.label()}"
+    )
+
+
+def outside(cfg: RunConfig) -> list[str]:
+    """What leaves a client that no guarantee of the run covers."""
+    clear = [] if cfg.private else ["each reply's example count and training loss (non-private run)"]
+    return [*uncovered(cfg), *clear, ALWAYS_VISIBLE]
+
+
+def statement(cfg: RunConfig, plan: NoisePlan | None, totals: dict | None) -> dict[str, object]:
+    """``privacy`` (client-level line), ``sample_privacy`` and ``not_covered`` for summary.json."""
+    return {
+        "privacy": client_level(plan, totals),
+        "sample_privacy": sample_level(cfg),
+        "not_covered": outside(cfg),
+    }
+
+
+__all__ = ["client_level", "outside", "sample_level", "statement"]

@@ -1,0 +1,61 @@
+"""What a guarantee means: for each threat model, the neighbouring relation it is accounted for
+(adjacency), who it holds against (observer), and what leaves a client outside it.
+
+Client-level releases (``local`` / ``distributed`` / ``central`` noise) and the sample-level local
+optimizers each state these in every summary, ledger report and privacy.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """``adjacency``: the neighbouring datasets; ``observer``: who cannot tell them apart;
+    ``amplified``: whether the accountant may use the sampling rate (the sample is hidden from
+    the observer)."""
+
+    adjacency: str
+    observer: str
+    amplified: bool
+
+    def label(self) -> str:
+        return f"{self.adjacency}; against {self.observer}"
+
+
+#: client-level release, by threat model
+CLIENT_LEVEL: dict[str, Guarantee] = {
+    # The server sees who replied, so add/remove of a client is not hidden from it: one client's
+    # update replaced by zero (sensitivity C) is the relation the noise covers. Replacing one
+    # client's data by any other (sensitivity 2C) is the epsilon of sigma / 2.
+    "local": Guarantee(
+        "zero-out adjacency (one client's update replaced by zero; participation is visible)",
+        "everyone, the server included",
+        amplified=False,
+    ),
+    "distributed": Guarantee(
+        "add/remove one client",
+        "an observer of the aggregate only (the global adapter): the server itself sees each reply "
+        "with noise std sigma*C/sqrt(m) (no secure aggregation)",
+        amplified=True,
+    ),
+    "central": Guarantee(
+        "add/remove one client",
+        "everyone but the server (trusted: it sees every clipped reply and who was sampled)",
+        amplified=True,
+    ),
+}
+
+#: sample-level local optimizers (every noisy step, hence the adapter, is covered)
+SAMPLE_LEVEL = Guarantee(
+    "add/remove one example of a node",
+    "everyone, the server included (the node's noisy steps and everything computed from them)",
+    amplified=True,
+)
+
+#: what the server sees of every sampled client whatever the mechanism: not covered by any epsilon
+ALWAYS_VISIBLE = "who was sampled, who replied and when (node ids, counts, dropouts: server-side records)"
+
+
+__all__ = ["ALWAYS_VISIBLE", "CLIENT_LEVEL", "SAMPLE_LEVEL", "Guarantee"]
