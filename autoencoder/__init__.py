@@ -1,6 +1,6 @@
 """DR-Encoder gradient autoencoder: tiling layout, Algorithm 1 statistics, synthetic Gaussian gradients,
 the Uformer autoencoder, its training and checkpoints, and the codecs (``ae``, ``identity``,
-``constant-mean``, ``random-projection``). Imports ``common`` only (DESIGN §1).
+``constant-mean``, ``random-projection``). Imports ``common`` only (docs/design.md §1).
 """
 
 from autoencoder.checkpoint import ae_version, load_checkpoint, save_checkpoint

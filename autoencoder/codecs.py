@@ -16,7 +16,7 @@ latent's device.
   seeded random ``k``-dimensional subspace (:class:`RandomProjectionCodec`).
 
 ``identity`` and ``random-projection`` are linear; ``constant-mean`` is constant (the "learns nothing"
-baseline of DESIGN §6); ``ae`` is neither.
+baseline of docs/design.md §6); ``ae`` is neither.
 """
 
 from __future__ import annotations

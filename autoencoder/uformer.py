@@ -69,7 +69,8 @@ class AeConfig:
 
     @classmethod
     def paper(cls) -> AeConfig:
-        """DESIGN §6 / Table 7: 6 stages 1→2→…→64 (latent 1/64 of the pixels), 3 Uformer blocks each side.
+        """DR-Encoder Table 7 (docs/design.md §6): 6 stages 1→2→…→64 (latent 1/64 of the pixels),
+        3 Uformer blocks each side.
 
         The paper's best variant is 7 down + 6 Uformer blocks + 7 up: :meth:`paper_best`.
         """

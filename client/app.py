@@ -8,13 +8,12 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from autoencoder.coded import encode_update
 from autoencoder.layout import is_factor
-from client.codec import round_codec
 from client.gradstats import local_stats, privatise
 from client.increment import increment as local_increment
 from client.local_train import local_update
 from client.node import NodePolicy
+from client.releases import CLIENT_RELEASES
 from client.sample_privacy import SamplePlan, plan_sample_noise
 from client.shard import MODEL_PATH, Shard, load_global, node_shard
 from client.state import node_state_dir, sample_ledger
@@ -23,14 +22,13 @@ from common.errors import FedloraError
 from common.models import AdapterState, adapter_state
 from common.privacy.ledger import Ledger
 from common.privacy.plan import NoisePlan, plan_noise
-from common.privacy.release import clip_and_noise
-from common.wire import from_record, stats_reply, train_reply
+from common.wire import StatsQuery, TrainInstruction, stats_reply, train_reply
 
 app = ClientApp()
 
 
-def _start(msg: Message, context: Context) -> tuple[RunConfig, int, int, Shard, AdapterState]:
-    """``(cfg, partition id, partitions, shard, global state)`` with the global adapter loaded.
+def _start(context: Context, global_state: AdapterState) -> tuple[RunConfig, int, int, Shard]:
+    """``(cfg, partition id, partitions, shard)`` with ``global_state`` loaded into the shard's model.
 
     The node config says where the data and model come from (client/shard.py) and what the node
     accepts (client/node.py): a run its policy refuses raises before any training."""
@@ -38,53 +36,44 @@ def _start(msg: Message, context: Context) -> tuple[RunConfig, int, int, Shard, 
     cfg = from_flat(dict(context.run_config)).check()
     NodePolicy.from_node_config(node).check_run(cfg)
     pid, parts, shard = node_shard(node, cfg)
-    global_state = from_record(msg.content["global"])
     load_global(shard, global_state, cfg, str(node.get(MODEL_PATH) or ""))
-    return cfg, pid, parts, shard, global_state
+    return cfg, pid, parts, shard
 
 
 @app.query("gradstats")
 def gradstats(msg: Message, context: Context) -> Message:
-    """DR-Encoder Algorithm 1 statistics of one round's local steps (client/gradstats.py)."""
-    cfg, pid, _, shard, global_state = _start(msg, context)
-    query = msg.content["config"]
-    granularity, noise_std = str(query["granularity"]), float(query["noise-std"])
-    planned = (cfg.stats_noise_multiplier * cfg.stats_clip, cfg.stats_clip)
-    if cfg.stats_noise_multiplier and (noise_std, float(query["stats-clip"])) != planned:
-        raise FedloraError(
-            f"statistics query asks noise std {noise_std:g} and clip {query['stats-clip']}; "
-            f"the run's configuration plans {planned[0]:g} and {planned[1]:g}"
-        )
+    """DR-Encoder Algorithm 1 statistics of one round's local steps (client/gradstats.py), with the
+    run config's settings (noised when ``stats-noise-multiplier`` > 0)."""
+    query = StatsQuery.from_record(msg.content)
+    cfg, pid, _, shard = _start(context, query.global_state)
     stats = local_stats(
         shard.bundle.model,
         shard.task,
         shard.examples,
-        factors=[k for k in global_state if is_factor(k)],
-        granularity=granularity,
+        factors=[k for k in query.global_state if is_factor(k)],
+        granularity=cfg.stats_granularity,
         form=cfg.increment_form,
-        floor=float(query["stats-floor"]),
-        steps=int(query["local-steps"]),
+        floor=cfg.stats_floor,
+        steps=cfg.local_steps,
         batch_size=cfg.batch_size,
-        lr=float(query["lr"]),
+        lr=cfg.lr,
         seed=int(np.random.SeedSequence([cfg.seed, 0, pid]).generate_state(1)[0]),
         device=shard.bundle.device,
     )
+    noise_std = cfg.stats_noise_multiplier * cfg.stats_clip
     if noise_std > 0:
-        stats = privatise(stats, float(query["stats-clip"]), noise_std)
-    reply = stats_reply(stats, {"granularity": granularity, "noise-std": noise_std})
+        stats = privatise(stats, cfg.stats_clip, noise_std)
+    reply = stats_reply(stats, {"granularity": cfg.stats_granularity, "noise-std": noise_std})
     return Message(reply, reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    cfg, pid, parts, shard, global_state = _start(msg, context)
-    model = shard.bundle.model
-    round_cfg = msg.content["config"]
-    server_round = int(round_cfg["round"])
-    steps, kind = int(round_cfg["local-steps"]), cfg.optimizer_kind
-    release, noise_std = str(round_cfg["release"]), float(round_cfg["noise-std"])
+    ins = TrainInstruction.from_record(msg.content)
+    cfg, pid, parts, shard = _start(context, ins.global_state)
+    model, kind, release = shard.bundle.model, cfg.optimizer_kind, cfg.release_kind
     if release != "none":
-        _check_noise(cfg, release, noise_std, float(round_cfg["clip"]))
+        _check_noise(cfg, ins.noise_std)
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     node = dict(context.node_config)
     ledger = None
@@ -92,39 +81,35 @@ def train(msg: Message, context: Context) -> Message:
         ledger = sample_ledger(node_state_dir(node), f"{cfg.dataset}/{pid}-of-{parts}", cfg.delta)
     try:
         if ledger is not None:
-            future = (cfg.rounds - server_round) * cfg.local_steps  # as if sampled every later round
-            NodePolicy.from_node_config(node).check_sample_budget(ledger, plan.sigma, plan.sample_rate, steps + future)
-            run_key = _charge(ledger, plan, str(context.run_id), server_round, steps, kind)
+            future = (cfg.rounds - ins.round) * cfg.local_steps  # as if sampled every later round
+            NodePolicy.from_node_config(node).check_sample_budget(
+                ledger, plan.sigma, plan.sample_rate, cfg.local_steps + future
+            )
+            run_key = _charge(ledger, plan, str(context.run_id), ins.round, cfg.local_steps, kind)
         metrics = local_update(
             model,
             shard.task,
             shard.examples,
             cfg,
-            steps=steps,
-            lr=float(round_cfg["lr"]),
-            seed=int(np.random.SeedSequence([cfg.seed, server_round, pid]).generate_state(1)[0]),
+            steps=cfg.local_steps,
+            lr=cfg.lr,
+            seed=int(np.random.SeedSequence([cfg.seed, ins.round, pid]).generate_state(1)[0]),
             device=shard.bundle.device,
             plan=plan,
-            desc=f"client {pid} round {server_round}",
+            desc=f"client {pid} round {ins.round}",
         )
         if ledger is not None:
-            ledger.settle(run_key, server_round, "applied")
+            ledger.settle(run_key, ins.round, "applied")
     finally:
         if ledger is not None:
             ledger.close()
     if cfg.private:
         metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
-    local = adapter_state(model)
-    increment = local_increment(local, global_state, cfg.increment_form)
-    meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": noise_std}
-    if release == "dr-encoder":  # encode; the latent (and any dense entries) is what is released
-        cache = node_state_dir(dict(context.node_config))
-        increment = encode_update(round_codec(msg.content, shard.bundle.device, cache), increment)
-        meta["ae-version"] = str(round_cfg["ae-version"])
-    if release in ("gaussian", "dr-encoder"):  # client-level DP: clip, add this client's noise share
-        increment = clip_and_noise(increment, float(round_cfg["clip"]), noise_std)
+    increment = local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
+    sent, extra = CLIENT_RELEASES[release](increment, ins, cfg, shard.bundle.device, node_state_dir(node))
+    meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": ins.noise_std, **extra}
     count = None if cfg.private else len(shard.examples)  # a clear count is not private
-    reply = train_reply(increment, server_round, count, metrics, meta)
+    reply = train_reply(sent, ins.round, count, metrics, meta)
     return Message(reply, reply_to=msg)
 
 
@@ -133,16 +118,11 @@ def _client_plan(cfg: RunConfig) -> NoisePlan | None:
     return plan_noise(cfg)
 
 
-def _check_noise(cfg: RunConfig, release: str, noise_std: float, clip: float) -> None:
+def _check_noise(cfg: RunConfig, noise_std: float) -> None:
     """Refuse a round whose noise is less than the run's plan allows: the client-level guarantee
     must not rest on the noise level the server names. ``local``: σC; ``distributed``: at least
-    σC/sqrt(min-replies) (the smallest share, m = min(min-replies, K)); the clip: C."""
-    plan = _client_plan(cfg)
-    if plan is None or release != cfg.release_kind:
-        raise FedloraError(f"round asks release {release}; the run's configuration has {cfg.release_kind}")
-    if clip != plan.clip:
-        raise FedloraError(f"round asks clip {clip:g}; the run's plan has {plan.clip:g}")
-    least = plan.client_std(cfg.min_replies)
+    σC/sqrt(min-replies) (the smallest share, m = min(min-replies, K))."""
+    least = _client_plan(cfg).client_std(cfg.min_replies)
     if noise_std < least * (1 - 1e-9):
         raise FedloraError(f"round asks noise std {noise_std:.4g} < {least:.4g}, the run's plan")
 

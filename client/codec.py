@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import torch
-from flwr.app import RecordDict
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
@@ -25,15 +24,16 @@ from autoencoder.broadcast import encoder_from_payload
 from autoencoder.codecs import Codec, ConstantMeanCodec, IdentityCodec, RandomProjectionCodec
 from autoencoder.layout import Layout
 from common.errors import FedloraError
+from common.wire import TrainInstruction
 
 _ENCODERS: dict[str, Codec] = {}  # ae version -> encode-only codec
 _MAX_CACHED = 2
 
 
-def round_codec(content: RecordDict, device: torch.device, cache_dir: Path | None = None) -> Codec:
-    """The codec named by ``content["config"]``; :class:`FedloraError` if it cannot be built.
+def round_codec(ins: TrainInstruction, device: torch.device, cache_dir: Path | None = None) -> Codec:
+    """The codec the instruction names; :class:`FedloraError` if it cannot be built.
     ``cache_dir``: where this node keeps encoders it has received."""
-    cfg = content["config"]
+    cfg, content = ins.codec, ins.records
     name, layout = str(cfg["codec"]), Layout.from_json(str(cfg["layout"]))
     if name == "identity":
         return IdentityCodec(layout)

@@ -6,7 +6,7 @@ For a PEFT LoRA Linear, ``y = base(x) + s · lora_B(lora_A(drop(x)))``. With ``x
 the per-example weight gradients are ``∂L_i/∂lora_B = δ_iᵀ h_i`` and ``∂L_i/∂lora_A = (δ_i lora_B)ᵀ x̃_i``,
 contracted over tokens: never an (m, n) per-example matrix. In paper factors
 (``A = √s·lora_B``, ``B = √s·lora_Aᵀ``, common.models.lora) this is
-``g_A,i = G_i B`` and ``g_B,i = G_iᵀ A`` with ``G_i = ∂L_i/∂Z`` (PRISM §3, prism.md §2.2).
+``g_A,i = G_i B`` and ``g_B,i = G_iᵀ A`` with ``G_i = ∂L_i/∂Z`` (PRISM §3; docs/design.md §7.2).
 
 Gradients are per example only if the loss is a **sum** of per-example losses (each example's loss
 may average over its own tokens); the tasks' ``per_example_loss`` followed by ``.sum()`` is.

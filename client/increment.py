@@ -2,14 +2,14 @@
 
 ``raw``: ``(dA, dB) = (A' − A, B' − B)`` per module, dense entries ``θ' − θ``. The split of a change of
 ``Z = A Bᵀ`` between ``dA`` and ``dB`` depends on the factorisation (``(A G, B G⁻ᵀ)`` is the same model),
-so its norm and its statistics do too (DESIGN §3, research/anchors.md §5).
+so its norm and its statistics do too (docs/design.md §2).
 
 ``horizontal``: PRISM's horizontal (minimum-factor-norm) lift of the same first-order change
-``dA Bᵀ + A dBᵀ`` at the global factors (research/prism.md §4.6, :func:`client.prism.horizontalize`):
-``(dA + AΩ, dB − BΩᵀ)`` with ``AᵀdA' = dB'ᵀB``. The first-order change of ``Z`` is kept exactly and the
-gauge (vertical) component is removed; the second-order term ``dA dBᵀ`` that adding the factors also
-applies is not kept (at PEFT's init, ``A = 0``, the lift keeps ``dA`` and projects ``dB`` off ``span(B)``).
-Dense entries stay raw.
+``dA Bᵀ + A dBᵀ`` at the global factors (PRISM Prop. A.11; docs/design.md §7.6;
+:func:`client.prism.horizontalize`): ``(dA + AΩ, dB − BΩᵀ)`` with ``AᵀdA' = dB'ᵀB``. The first-order
+change of ``Z`` is kept exactly and the gauge (vertical) component is removed; the second-order term
+``dA dBᵀ`` that adding the factors also applies is not kept (at PEFT's init, ``A = 0``, the lift keeps
+``dA`` and projects ``dB`` off ``span(B)``). Dense entries stay raw.
 """
 
 from __future__ import annotations

@@ -34,11 +34,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,6 +43,7 @@ from pathlib import Path
 from common.config import MECHANISMS
 from common.data.owner import LABEL, TEXT, OwnerData, owner_data, read_jsonl, write_jsonl
 from common.errors import FedloraError
+from common.flower_processes import flower_env, flower_executable, free_port, toml_pairs
 
 #: mechanisms whose guarantee is per example (sample-level) and per node (client-level)
 SAMPLE_LEVEL = tuple(m for m, (opt, _) in MECHANISMS.items() if opt != "none")
@@ -227,7 +225,7 @@ class NodeConfig:
 
     def command(self) -> list[str]:
         """The ``flower-supernode`` argv for this (checked) configuration."""
-        argv = [supernode_executable(), "--superlink", self.superlink]
+        argv = [flower_executable(SUPERNODE), "--superlink", self.superlink]
         if self.insecure:
             argv.append("--insecure")
         if self.root_certificates:
@@ -240,10 +238,7 @@ class NodeConfig:
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The node's environment: Flower's files under the state directory, and this Python's
         scripts first on ``PATH`` (the SuperNode starts ``flower-superexec`` from ``PATH``)."""
-        env = dict(os.environ if base is None else base)
-        scripts = str(Path(sys.executable).parent)
-        env["PATH"] = os.pathsep.join([scripts, env.get("PATH", "")]).rstrip(os.pathsep)
-        env["FLWR_HOME"] = str(Path(self.state_dir) / "flower")
+        env = flower_env(Path(self.state_dir) / "flower", base)
         env.setdefault("HF_HUB_OFFLINE", "1")
         return env
 
@@ -331,40 +326,7 @@ def run_supernode(argv: list[str], env: Mapping[str, str]) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-# --- helpers ---------------------------------------------------------------------------------------
-def supernode_executable() -> str:
-    """``flower-supernode`` next to this Python (a virtual environment), else from ``PATH``."""
-    local = Path(sys.executable).parent / SUPERNODE
-    found = str(local) if local.exists() else shutil.which(SUPERNODE)
-    if not found:
-        raise FedloraError(f"{SUPERNODE} not found: install flwr 1.41 (pip install 'flwr==1.41.0')")
-    return found
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def toml_pairs(values: Mapping[str, str | float | int | bool]) -> str:
-    """``key=value`` pairs as Flower's ``--node-config`` parses them (TOML values, strings quoted)."""
-    return " ".join(f"{key}={_toml_value(key, value)}" for key, value in values.items())
-
-
-def _toml_value(key: str, value: str | float | int | bool) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(float(value)) if isinstance(value, float) else str(value)
-    if '"' not in value and "\\" not in value and "\n" not in value:
-        return f'"{value}"'  # TOML basic string (no escapes needed)
-    if "'" not in value and "\n" not in value:
-        return f"'{value}'"  # TOML literal string
-    raise FedloraError(f"{key} {value!r} cannot go into --node-config (both quote kinds, or a newline)")
-
-
+# --- checks ----------------------------------------------------------------------------------------
 _ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
 

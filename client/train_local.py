@@ -2,8 +2,9 @@
 accuracy and the sample-level ε its steps spent.
 
 The client's data is the training split of ``--dataset`` (capped at ``--max-train-examples``); the
-held-out split is the one the federation evaluates on. σ is calibrated with PLD for ``--epsilon`` at
-``--delta`` over ``--steps`` Poisson steps of expected size ``--batch-size``. The run directory gets
+held-out split is the one the federation evaluates on. σ is calibrated with PLD for ``--sample-epsilon`` at
+``--delta`` over ``--local-steps`` Poisson steps of expected size ``--batch-size``. Options have
+``fedlora simulate``'s names and meanings (``--sample-clip`` is the per-example clip). The run directory gets
 ``sample-ledger.sqlite`` (one row per block of steps, charged before the block runs), ``result.json``
 and ``adapter.safetensors``; it must not exist yet, so nothing is ever overwritten.
 """
@@ -20,77 +21,67 @@ from safetensors.torch import save_file
 
 from client.local_train import local_update
 from client.sample_privacy import SAMPLE_ACCOUNTANT, plan_sample_noise
-from common.config import LOCAL_OPTIMIZERS, LORA_INITS, PRISM_FLOORS, RunConfig
+from common.config import MECHANISMS, RunConfig
 from common.errors import FedloraError
 from common.models import adapter_state, load_adapter_state
 from common.models.lora import lora_norm
 from common.models.lora_init import apply_lora_init
+from common.options import add_config_arguments, config_values
 from common.privacy.ledger import Ledger
 from common.runtime import open_model, open_split
 from common.tasks import make_task
 
 LEDGER_FILE = "sample-ledger.sqlite"
-#: local optimizer -> mechanism preset of the same name (``none`` is plain FedAvg's AdamW)
-PRESET_OF = {"none": "fedavg"}
+#: mechanisms train-local runs: those without a client-level release (fedavg: non-private AdamW)
+LOCAL_MECHANISMS = tuple(m for m, (_, release) in MECHANISMS.items() if release == "none")
+#: the options train-local takes (``simulate``'s names and meanings), with its own defaults
+LOCAL_DEFAULTS: dict[str, object] = {
+    "model": "minilm-l6",
+    "dataset": "rotten-tomatoes",
+    "sample_epsilon": 3.0,
+    "sample_noise_multiplier": 0.0,
+    "delta": 1e-5,
+    "local_steps": 100,
+    "batch_size": 32,
+    "microbatch": 16,
+    "sample_clip": 1.0,
+    "lr": 1e-3,
+    "rank": 8,
+    "lora_alpha": 16.0,
+    "targets": "",
+    "lora_init": "balanced",
+    "prism_floor": "clamp",
+    "max_train_examples": 2000,
+    "eval_examples": 500,
+    "max_length": 64,
+    "seed": 0,
+    "device": "auto",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--mechanism", required=True, choices=LOCAL_OPTIMIZERS, help="local optimizer")
-    add("--model", default="minilm-l6", help="smollm2-135m, minilm-l6, a Hugging Face id or a local path")
-    add("--dataset", default="rotten-tomatoes")
-    add("--epsilon", type=float, default=3.0, help="sample-level target epsilon (PLD)")
-    add("--delta", type=float, default=1e-5)
-    add(
-        "--noise-multiplier", type=float, default=0.0, help="fixed sigma instead of calibrating for --epsilon"
+    add_config_arguments(
+        parser, only=[*LOCAL_DEFAULTS, "mechanism"], defaults=LOCAL_DEFAULTS, required=["mechanism"]
     )
-    add("--steps", type=int, default=100)
-    add("--batch-size", type=int, default=32, help="expected Poisson batch size b (rate q = b/N)")
-    add("--microbatch", type=int, default=16, help="examples per forward/backward")
-    add("--clip", type=float, default=1.0, help="per-example clip C")
-    add("--lr", type=float, default=1e-3)
-    add("--rank", type=int, default=8)
-    add("--lora-alpha", type=float, default=16.0)
-    add("--targets", default="", help="comma-separated LoRA target modules (default: the model's)")
-    add("--init", default="balanced", choices=LORA_INITS, help="LoRA init (the same for every method)")
-    add("--prism-floor", default="clamp", choices=PRISM_FLOORS)
-    add("--max-train-examples", type=int, default=2000)
-    add("--eval-examples", type=int, default=500)
-    add("--max-length", type=int, default=64)
+    add = parser.add_argument
     add("--charge-every", type=int, default=25, help="steps per ledger row")
-    add("--seed", type=int, default=0, help="split and init seed (DP noise and sampling use OS entropy)")
-    add("--device", default="auto")
     add("--out", default=None, help="run directory (default runs/local-<time>-<mechanism>-<model>)")
     add("--json", action="store_true", help="print the result as one JSON object")
 
 
 def config_of(args: argparse.Namespace) -> RunConfig:
-    dp = args.mechanism != "none"
-    return RunConfig(
-        model=args.model,
-        dataset=args.dataset,
-        mechanism=PRESET_OF.get(args.mechanism, args.mechanism),
-        delta=args.delta,
-        sample_epsilon=args.epsilon if dp and not args.noise_multiplier else 0.0,
-        sample_noise_multiplier=args.noise_multiplier if dp else 0.0,
-        sample_clip=args.clip,
-        microbatch=args.microbatch,
-        lora_init=args.init,
-        prism_floor=args.prism_floor,
-        num_clients=1,
-        partition="iid",
-        local_steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        rank=args.rank,
-        lora_alpha=args.lora_alpha,
-        targets=args.targets,
-        max_train_examples=args.max_train_examples,
-        eval_examples=args.eval_examples,
-        max_length=args.max_length,
-        seed=args.seed,
-        device=args.device,
-    ).check()
+    """One client (all of the training split) with the given options; ``--sample-noise-multiplier``
+    replaces the ``--sample-epsilon`` calibration."""
+    values = {k: v for k, v in config_values(args).items() if v is not None}
+    if values["mechanism"] not in LOCAL_MECHANISMS:
+        raise FedloraError(
+            f"train-local runs {', '.join(LOCAL_MECHANISMS)} (no client-level release), not {values['mechanism']}"
+        )
+    if MECHANISMS[values["mechanism"]][0] == "none" or values["sample_noise_multiplier"]:
+        values["sample_epsilon"] = 0.0
+    if MECHANISMS[values["mechanism"]][0] == "none":
+        values["sample_noise_multiplier"] = 0.0
+    return RunConfig(num_clients=1, partition="iid", **values).check()
 
 
 def train_local(cfg: RunConfig, out: Path, charge_every: int = 25) -> dict:

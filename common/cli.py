@@ -24,8 +24,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "client.train_local",
         "train one client centrally with a local (DP) optimizer; held-out accuracy and sample-level epsilon",
     ),
-    "bench": ("client.bench.cli", "mechanism measurements (gauge, prism-step, codec)"),
-    "deploy": ("server.deploy", "run a real deployment: flower-superlink + N flower-supernodes + flwr run"),
+    "bench": ("server.bench.cli", "mechanism measurements (gauge, prism-step, codec)"),
+    "deploy": (
+        "server.deploy.cli",
+        "run a real deployment: flower-superlink + N flower-supernodes + flwr run",
+    ),
     "node": ("client.node", "join a federation as a data owner: a flower-supernode over your own data"),
 }
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from common.errors import FedloraError
 
-#: mechanism preset -> (local optimizer, client-level release); DESIGN §3
+#: mechanism preset -> (local optimizer, client-level release)
 MECHANISMS: dict[str, tuple[str, str]] = {
     "fedavg": ("none", "none"),
     "dp-fedavg": ("none", "gaussian"),
@@ -38,61 +38,235 @@ THREAT_MODELS = ("local", "distributed", "central")
 PARTITIONS = ("dirichlet", "iid")
 
 
+# Validity rules an option may declare: (test, what a valid value is).
+POSITIVE = (lambda v: v > 0 and math.isfinite(v), "> 0")
+AT_LEAST_ONE = (lambda v: v >= 1, ">= 1")
+NON_NEGATIVE = (lambda v: v >= 0 and math.isfinite(v), ">= 0 (and finite)")
+PROBABILITY = (lambda v: 0 < v < 1, "in (0, 1)")
+RATE = (lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def option(
+    default: object,
+    help: str,
+    group: str,
+    *,
+    choices: tuple[str, ...] = (),
+    rule: tuple | None = None,
+) -> object:
+    """A :class:`RunConfig` field declared once: its default, its ``--help`` text, its group in the
+    help, and its check (``choices``, or a ``rule`` from above). ``""`` in a choice option means
+    "derived from another option" and is always allowed."""
+    return field(default=default, metadata={"help": help, "group": group, "choices": choices, "rule": rule})
+
+
+MODEL, FEDERATION, LOCAL, SAMPLE_DP, CLIENT_DP, DR_ENCODER, RUN = (
+    "model and data",
+    "federation",
+    "local training",
+    "sample-level DP (local optimizer)",
+    "client-level DP (release)",
+    "DR-Encoder release",
+    "run",
+)
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that defines a federation. Units: ``lr`` per local step, ``sample_rate`` per round."""
+    """Everything that defines a federation, each option declared once. Units: ``lr`` per local
+    step, ``sample_rate`` per round."""
 
-    model: str = "smollm2-135m"
-    dataset: str = "rotten-tomatoes"
-    mechanism: str = "fedavg"
-    local_optimizer: str = ""  # sample-level local optimizer; "" = the mechanism's
-    release: str = ""  # client-level release; "" = the mechanism's
-    clip: float = 1.0  # client-level clip C: L2 bound on a client's whole increment
-    noise_multiplier: float = 0.0  # client-level σ; 0 with a target epsilon = calibrate for `rounds`
-    threat_model: str = "local"
-    target_epsilon: float = 0.0  # client-level budget (0 = none); stop before exceeding it
-    delta: float = 1e-5  # of both the client-level and the sample-level guarantees
-    sample_epsilon: float = 0.0  # sample-level budget per client over all its planned local steps
-    sample_noise_multiplier: float = 0.0  # sample-level σ (0 = calibrate for sample_epsilon)
-    sample_clip: float = 1.0  # per-example clip of the DP local optimizers
-    microbatch: int = 16  # examples per forward/backward inside one DP step
-    lora_init: str = ""  # balanced or peft; "" = balanced with a DP local optimizer, else peft
-    prism_floor: str = "clamp"  # how PRISM's DP floor enters its preconditioner
-    num_clients: int = 4
-    rounds: int = 3
-    sample_rate: float = 1.0
-    local_steps: int = 8
-    batch_size: int = 8
-    lr: float = 5e-4
-    server_lr: float = 1.0
-    rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    targets: str = ""  # comma-separated module names; "" = the model's default targets
-    partition: str = "dirichlet"
-    dirichlet_alpha: float = 1.0
-    max_train_examples: int = 2000  # cap on the training split (0 = all)
-    eval_examples: int = 300
-    test_fraction: float = 0.2
-    max_length: int = 64
-    seed: int = 0
-    device: str = "auto"
-    round_timeout: float = 600.0
-    min_nodes: int = 0  # nodes to wait for before round 1 (0 = num_clients)
-    min_replies: int = 1  # usable replies a round needs for its aggregate to be applied
-    codec: str = "ae"  # what a dr-encoder release encodes with
-    ae_size: str = "tiny"
-    ae_steps: int = 300  # autoencoder training steps on synthetic gradients
-    ae_normalise: str = "image"
-    ae_latent: str = "raw"  # raw (the paper) or homogeneous (rescaled; decode(c z) = c decode(z))
-    stats_granularity: str = "matrix"
-    stats_floor: float = 1e-5  # Algorithm 1's h1 (the paper's): floor of each entry's squared deviation
-    stats_noise_multiplier: float = 0.0  # 0 = statistics in the clear (the paper); > 0 = clipped + noised
-    stats_clip: float = 1.0  # L2 bound on one client's statistics vector when they are noised
-    decode_order: str = "aggregate-first"
-    increment_form: str = "raw"  # what a client sends: raw factor change or its horizontal (gauge-fixed) lift
-    out_dir: str = ""  # "" = runs/<time>-<model>-<dataset>
-    resume: bool = False  # continue the run in out_dir from its checkpoint and ledger
+    # -- model and data
+    model: str = option(
+        "smollm2-135m", "smollm2-135m, minilm-l6, a Hugging Face id or a local model directory", MODEL
+    )
+    dataset: str = option("rotten-tomatoes", "rotten-tomatoes, bbc-news, news-articles (LM) or boolq", MODEL)
+    rank: int = option(8, "LoRA rank r", MODEL, rule=AT_LEAST_ONE)
+    lora_alpha: float = option(16.0, "LoRA alpha (scaling alpha / r)", MODEL, rule=POSITIVE)
+    lora_dropout: float = option(0.0, "LoRA dropout", MODEL, rule=(lambda v: 0 <= v < 1, "in [0, 1)"))
+    targets: str = option("", "comma-separated LoRA target modules (default: the model's)", MODEL)
+    lora_init: str = option(
+        "",
+        "LoRA init: balanced (full rank; default with a DP local optimizer) or peft",
+        MODEL,
+        choices=LORA_INITS,
+    )
+    partition: str = option("dirichlet", "dirichlet (label skew) or iid", MODEL, choices=PARTITIONS)
+    dirichlet_alpha: float = option(
+        1.0, "Dirichlet concentration: small = strong label skew", MODEL, rule=POSITIVE
+    )
+    max_train_examples: int = option(
+        2000, "cap on the training pool before partitioning (0 = all)", MODEL, rule=NON_NEGATIVE
+    )
+    eval_examples: int = option(300, "held-out examples for evaluation", MODEL, rule=AT_LEAST_ONE)
+    test_fraction: float = option(
+        0.2, "fraction of the corpus held out for evaluation", MODEL, rule=PROBABILITY
+    )
+    max_length: int = option(64, "maximum tokens per example", MODEL, rule=AT_LEAST_ONE)
+    # -- federation
+    mechanism: str = option(
+        "fedavg",
+        "local optimizer / release preset: fedavg (no DP), dp-fedavg (client-level Gaussian), "
+        "dr-encoder (client-level Gaussian on an autoencoder latent), prism, dp-adamw, ffa (sample-level DP)",
+        FEDERATION,
+        choices=tuple(MECHANISMS),
+    )
+    num_clients: int = option(4, "number of nodes (data partitions)", FEDERATION, rule=AT_LEAST_ONE)
+    rounds: int = option(3, "federated rounds", FEDERATION, rule=AT_LEAST_ONE)
+    sample_rate: float = option(
+        1.0, "Poisson client sampling rate p, each node independently", FEDERATION, rule=RATE
+    )
+    server_lr: float = option(
+        1.0, "server learning rate applied to the mean increment", FEDERATION, rule=POSITIVE
+    )
+    min_nodes: int = option(
+        0, "nodes to wait for before round 1 (0 = num-clients)", FEDERATION, rule=NON_NEGATIVE
+    )
+    min_replies: int = option(
+        1,
+        "usable replies a round needs to be applied (fewer: withheld, its privacy charge stands); "
+        "distributed noise shares are sized for it",
+        FEDERATION,
+        rule=AT_LEAST_ONE,
+    )
+    round_timeout: float = option(
+        600.0, "seconds to wait for replies (and for nodes to connect)", FEDERATION, rule=POSITIVE
+    )
+    increment_form: str = option(
+        "raw",
+        "what a client sends: raw (A' - A, B' - B) or horizontal (PRISM's gauge-fixed lift of the same "
+        "first-order change of A B^T; the statistics round uses the same form)",
+        FEDERATION,
+        choices=INCREMENT_FORMS,
+    )
+    # -- local training
+    local_steps: int = option(8, "optimizer steps per client per round", LOCAL, rule=AT_LEAST_ONE)
+    batch_size: int = option(
+        8, "examples per local step (expected Poisson batch under DP)", LOCAL, rule=AT_LEAST_ONE
+    )
+    lr: float = option(5e-4, "client learning rate", LOCAL, rule=POSITIVE)
+    seed: int = option(0, "seed for splits, init and local batches (never for DP noise or sampling)", LOCAL)
+    device: str = option("auto", "auto, cpu or cuda", LOCAL)
+    # -- sample-level DP
+    local_optimizer: str = option(
+        "",
+        "sample-level local optimizer: none, prism, dp-adamw or ffa (default: the mechanism's)",
+        SAMPLE_DP,
+        choices=LOCAL_OPTIMIZERS,
+    )
+    sample_epsilon: float = option(
+        0.0,
+        "sample-level epsilon per client over all its planned local steps (PLD-calibrated)",
+        SAMPLE_DP,
+        rule=NON_NEGATIVE,
+    )
+    sample_noise_multiplier: float = option(
+        0.0, "sample-level noise multiplier (instead of --sample-epsilon)", SAMPLE_DP, rule=NON_NEGATIVE
+    )
+    sample_clip: float = option(
+        1.0, "per-example clip C of the DP local optimizers", SAMPLE_DP, rule=POSITIVE
+    )
+    microbatch: int = option(
+        16, "examples per forward/backward within one DP step (memory)", SAMPLE_DP, rule=AT_LEAST_ONE
+    )
+    prism_floor: str = option(
+        "clamp",
+        "PRISM preconditioner floor: clamp (official code) or ridge (paper Eq. 25)",
+        SAMPLE_DP,
+        choices=PRISM_FLOORS,
+    )
+    delta: float = option(
+        1e-5, "delta of the client-level and the sample-level guarantees", SAMPLE_DP, rule=PROBABILITY
+    )
+    # -- client-level DP
+    release: str = option(
+        "",
+        "client-level release: none, gaussian or dr-encoder (default: the mechanism's)",
+        CLIENT_DP,
+        choices=RELEASES,
+    )
+    clip: float = option(
+        1.0, "client-level clip C on the L2 norm of a client's increment", CLIENT_DP, rule=POSITIVE
+    )
+    noise_multiplier: float = option(
+        0.0,
+        "client-level noise multiplier sigma (0 + target epsilon = calibrate)",
+        CLIENT_DP,
+        rule=NON_NEGATIVE,
+    )
+    threat_model: str = option(
+        "local",
+        "who adds the client-level noise: local, distributed or central",
+        CLIENT_DP,
+        choices=THREAT_MODELS,
+    )
+    target_epsilon: float = option(
+        0.0,
+        "client-level budget; rounds that would exceed it are not run (0 = none)",
+        CLIENT_DP,
+        rule=NON_NEGATIVE,
+    )
+    # -- DR-Encoder
+    codec: str = option(
+        "ae",
+        "dr-encoder codec: ae (trained Uformer), identity, constant-mean or random-projection",
+        DR_ENCODER,
+        choices=CODECS,
+    )
+    ae_size: str = option(
+        "tiny",
+        "autoencoder configuration: tiny (CPU), paper or paper-best (GPU)",
+        DR_ENCODER,
+        choices=AE_SIZES,
+    )
+    ae_steps: int = option(
+        300, "autoencoder training steps on synthetic gradients", DR_ENCODER, rule=NON_NEGATIVE
+    )
+    ae_normalise: str = option(
+        "image",
+        "autoencoder input scaling from the statistics: none, image or factor",
+        DR_ENCODER,
+        choices=AE_NORMALISATIONS,
+    )
+    ae_latent: str = option(
+        "raw",
+        "autoencoder latent: raw (the encoder's output, the paper) or homogeneous (rescaled to the "
+        "increment's norm and decoded so that a clip or an average scales the decoded increment)",
+        DR_ENCODER,
+        choices=AE_LATENTS,
+    )
+    stats_granularity: str = option(
+        "matrix",
+        "statistics sent per factor: matrix (2 numbers, the paper's) or column (2 per rank)",
+        DR_ENCODER,
+        choices=STATS_GRANULARITIES,
+    )
+    stats_floor: float = option(
+        1e-5,
+        "Algorithm 1's h1, the floor of each entry's squared deviation (1e-5, the paper's; lower it when "
+        "increments are smaller than sqrt(h1))",
+        DR_ENCODER,
+        rule=(lambda v: 0 < v <= 1e-3, "in (0, 1e-3] (h2 = 1e-3 caps it)"),
+    )
+    stats_noise_multiplier: float = option(
+        0.0,
+        "noise on the clipped statistics (0 = sent in the clear, as in the paper)",
+        DR_ENCODER,
+        rule=NON_NEGATIVE,
+    )
+    stats_clip: float = option(
+        1.0, "L2 bound on a client's statistics vector when they are noised", DR_ENCODER, rule=POSITIVE
+    )
+    decode_order: str = option(
+        "aggregate-first",
+        "aggregate-first (average latents, decode once; secure aggregation allows it) or decode-first "
+        "(decode each client's latent; local noise only)",
+        DR_ENCODER,
+        choices=DECODE_ORDERS,
+    )
+    # -- run
+    out_dir: str = option("", "run directory (default runs/<time>-<model>-<dataset>)", RUN)
+    resume: bool = option(False, "continue the run in --out from its checkpoint and ledger", RUN)
 
     @property
     def release_kind(self) -> str:
@@ -121,45 +295,18 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     def check(self) -> RunConfig:
-        """Validate values that do not need the model or data; raise FedloraError on the first problem."""
-        if not 0.0 < self.sample_rate <= 1.0:
-            raise FedloraError(f"sample rate p must be in (0, 1], got {self.sample_rate}")
-        if self.rank < 1:
-            raise FedloraError(f"LoRA rank must be >= 1, got {self.rank}")
-        positive_ints = ("num_clients", "rounds", "local_steps", "batch_size", "max_length")
-        for name in positive_ints:
-            if getattr(self, name) < 1:
-                raise FedloraError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.eval_examples < 1:
-            raise FedloraError(f"eval-examples must be >= 1, got {self.eval_examples}")
-        if self.lr <= 0 or self.server_lr <= 0:
-            raise FedloraError("learning rates must be > 0")
-        if self.lora_alpha <= 0:
-            raise FedloraError(f"lora-alpha must be > 0, got {self.lora_alpha}")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise FedloraError(f"lora-dropout must be in [0, 1), got {self.lora_dropout}")
-        if self.partition not in PARTITIONS:
-            raise FedloraError(f"unknown partition '{self.partition}'; choose {', '.join(PARTITIONS)}")
-        if self.dirichlet_alpha <= 0:
-            raise FedloraError(f"dirichlet-alpha must be > 0, got {self.dirichlet_alpha}")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise FedloraError(f"test-fraction must be in (0, 1), got {self.test_fraction}")
-        if self.mechanism not in MECHANISMS:
-            raise FedloraError(f"unknown mechanism '{self.mechanism}'; available: {', '.join(MECHANISMS)}")
-        for key, value, allowed in (
-            ("local-optimizer", self.local_optimizer, LOCAL_OPTIMIZERS),
-            ("lora-init", self.lora_init, LORA_INITS),
-            ("prism-floor", self.prism_floor, PRISM_FLOORS),
-            ("codec", self.codec, CODECS),
-            ("ae-size", self.ae_size, AE_SIZES),
-            ("ae-normalise", self.ae_normalise, AE_NORMALISATIONS),
-            ("ae-latent", self.ae_latent, AE_LATENTS),
-            ("stats-granularity", self.stats_granularity, STATS_GRANULARITIES),
-            ("decode-order", self.decode_order, DECODE_ORDERS),
-            ("increment-form", self.increment_form, INCREMENT_FORMS),
-        ):
-            if value and value not in allowed:
-                raise FedloraError(f"unknown {key} '{value}'; choose {', '.join(allowed)}")
+        """Validate every option by its declaration, then the rules between options; raise
+        FedloraError on the first problem (one line)."""
+        for f in fields(self):
+            value, key, meta = getattr(self, f.name), f.name.replace("_", "-"), f.metadata
+            if meta["choices"] and value and value not in meta["choices"]:
+                raise FedloraError(f"unknown {key} '{value}'; choose {', '.join(meta['choices'])}")
+            if meta["rule"] and not meta["rule"][0](value):
+                raise FedloraError(f"{key} must be {meta['rule'][1]}, got {value}")
+        self._check_relations()
+        return self
+
+    def _check_relations(self) -> None:
         if self.optimizer_kind == "prism" and self.init_kind == "peft":
             raise FedloraError("PRISM needs full-rank LoRA factors: use --lora-init balanced")
         dp_budgets = (self.sample_epsilon > 0) + (self.sample_noise_multiplier > 0)
@@ -168,33 +315,10 @@ class RunConfig:
                 f"local optimizer {self.optimizer_kind} needs exactly one of --sample-epsilon and "
                 "--sample-noise-multiplier (> 0)"
             )
-        if min(self.sample_epsilon, self.sample_noise_multiplier) < 0 or not self.sample_clip > 0:
-            raise FedloraError("sample-epsilon and sample-noise-multiplier must be >= 0, sample-clip > 0")
-        if self.microbatch < 1:
-            raise FedloraError(f"microbatch must be >= 1, got {self.microbatch}")
-        if self.release and self.release not in RELEASES:
-            raise FedloraError(f"unknown release '{self.release}'; choose {', '.join(RELEASES)}")
-        if self.threat_model not in THREAT_MODELS:
-            raise FedloraError(
-                f"unknown threat model '{self.threat_model}'; choose {', '.join(THREAT_MODELS)}"
-            )
-        if not (self.clip > 0 and math.isfinite(self.clip)):
-            raise FedloraError(f"clip must be > 0, got {self.clip}")
-        if not (self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier)):
-            raise FedloraError(f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}")
-        if not (self.target_epsilon >= 0 and math.isfinite(self.target_epsilon)):
-            raise FedloraError(f"target epsilon must be >= 0 (0 = no budget), got {self.target_epsilon}")
-        if not 0 < self.delta < 1:
-            raise FedloraError(f"delta must be in (0, 1), got {self.delta}")
         if self.release_kind != "none" and not (self.noise_multiplier or self.target_epsilon):
             raise FedloraError(f"a {self.release_kind} release needs --noise-multiplier or --target-epsilon")
         if self.release_kind == "dr-encoder":
             self._check_dr_encoder()
-        if self.max_train_examples < 0 or self.round_timeout <= 0 or self.min_nodes < 0:
-            raise FedloraError("max-train-examples and min-nodes must be >= 0, round-timeout > 0")
-        if self.min_replies < 1:
-            raise FedloraError(f"min-replies must be >= 1, got {self.min_replies}")
-        return self
 
     def _check_dr_encoder(self) -> None:
         if self.optimizer_kind != "none":
@@ -207,69 +331,11 @@ class RunConfig:
                 "--decode-order decode-first needs --threat-model local: under distributed or central "
                 "noise a single client's latent is not a private release"
             )
-        if self.ae_steps < 0 or not (self.stats_noise_multiplier >= 0 and self.stats_clip > 0):
-            raise FedloraError("ae-steps and stats-noise-multiplier must be >= 0, stats-clip > 0")
-        if not 0 < self.stats_floor <= 1e-3:  # h2 = 1e-3 caps it (autoencoder/synthetic.py)
-            raise FedloraError(f"stats-floor (h1) must be in (0, 1e-3], got {self.stats_floor}")
 
 
-HELP: dict[str, str] = {
-    "model": "smollm2-135m, minilm-l6, a Hugging Face id or a local model directory",
-    "dataset": "rotten-tomatoes, bbc-news, news-articles (LM) or boolq",
-    "mechanism": "local optimizer / release preset: fedavg (no DP), dp-fedavg (client-level Gaussian), "
-    "dr-encoder (client-level Gaussian on an autoencoder latent), prism, dp-adamw, ffa (sample-level DP)",
-    "local_optimizer": "sample-level local optimizer: none, prism, dp-adamw or ffa (default: the mechanism's)",
-    "sample_epsilon": "sample-level epsilon per client over all its planned local steps (PLD-calibrated)",
-    "sample_noise_multiplier": "sample-level noise multiplier (instead of --sample-epsilon)",
-    "sample_clip": "per-example clip C of the DP local optimizers",
-    "microbatch": "examples per forward/backward within one DP step (memory)",
-    "lora_init": "LoRA init: balanced (full rank; default with a DP local optimizer) or peft",
-    "prism_floor": "PRISM preconditioner floor: clamp (official code) or ridge (paper Eq. 25)",
-    "release": "client-level release: none, gaussian or dr-encoder (default: the mechanism's)",
-    "clip": "client-level clip C on the L2 norm of a client's increment",
-    "noise_multiplier": "client-level noise multiplier sigma (0 + target epsilon = calibrate)",
-    "threat_model": "who adds the client-level noise: local, distributed or central",
-    "target_epsilon": "client-level budget; rounds that would exceed it are not run (0 = none)",
-    "delta": "delta of the client-level (epsilon, delta) guarantee",
-    "num_clients": "number of nodes (data partitions)",
-    "rounds": "federated rounds",
-    "sample_rate": "Poisson client sampling rate p in (0, 1], each node independently",
-    "local_steps": "optimizer steps per client per round",
-    "batch_size": "examples per local step",
-    "lr": "client learning rate (AdamW)",
-    "server_lr": "server learning rate applied to the mean increment",
-    "rank": "LoRA rank r >= 1",
-    "lora_alpha": "LoRA alpha (scaling alpha / r)",
-    "lora_dropout": "LoRA dropout",
-    "targets": "comma-separated LoRA target modules (default: the model's)",
-    "partition": "dirichlet (label skew) or iid",
-    "dirichlet_alpha": "Dirichlet concentration: small = strong label skew",
-    "max_train_examples": "cap on the training pool before partitioning (0 = all)",
-    "eval_examples": "held-out examples for server evaluation",
-    "test_fraction": "fraction of the corpus held out for evaluation",
-    "max_length": "maximum tokens per example",
-    "seed": "seed for splits, sampling, init and local batches",
-    "device": "auto, cpu or cuda",
-    "round_timeout": "seconds to wait for replies (and for nodes to connect)",
-    "min_nodes": "nodes to wait for before round 1 (0 = num-clients)",
-    "min_replies": "usable replies a round needs to be applied (fewer: withheld, its privacy charge stands)",
-    "codec": "dr-encoder codec: ae (trained Uformer), identity, constant-mean or random-projection",
-    "ae_size": "autoencoder configuration: tiny (CPU), paper or paper-best (GPU)",
-    "ae_steps": "autoencoder training steps on synthetic gradients",
-    "ae_normalise": "autoencoder input scaling from the statistics: none, image or factor",
-    "ae_latent": "autoencoder latent: raw (the encoder's output, the paper) or homogeneous (rescaled to the "
-    "increment's norm and decoded so that a clip or an average scales the decoded increment)",
-    "stats_granularity": "statistics sent per factor: matrix (2 numbers, the paper's) or column (2 per rank)",
-    "stats_floor": "Algorithm 1's h1, the floor of each entry's squared deviation (1e-5, the paper's; "
-    "lower it when increments are smaller than sqrt(h1))",
-    "stats_noise_multiplier": "noise on the clipped statistics (0 = sent in the clear, as in the paper)",
-    "stats_clip": "L2 bound on a client's statistics vector when they are noised",
-    "decode_order": "aggregate-first (average latents, decode once; secure aggregation allows it) "
-    "or decode-first (decode each client's latent; local noise only)",
-    "increment_form": "what a client sends: raw (A' - A, B' - B) or horizontal (PRISM's gauge-fixed lift of "
-    "the same first-order change of A B^T; the statistics round uses the same form)",
-    "resume": "continue the run in --out from its checkpoint and ledger",
-}
+#: ``--help`` text of every option (from the declarations)
+HELP: dict[str, str] = {f.name: f.metadata["help"] for f in fields(RunConfig)}
+
 
 PRESETS: dict[str, dict[str, object]] = {
     # `make run`: fast on a 2-core CPU; the encoder starts from an untrained classification head.

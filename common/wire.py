@@ -1,9 +1,11 @@
 """Wire format between ServerApp and ClientApp: named Flower records, validated, never pickled.
 
-Train instruction (server -> client), message type ``train``:
+Messages carry only what varies per round; static options (local steps, lr, seed, release,
+clip, statistics settings) come from the run config that server and clients both hold.
+
+Train instruction (server -> client), message type ``train`` (:class:`TrainInstruction`):
   ``global``  ArrayRecord   the round's global adapter state (absolute; see common.models.lora)
-  ``config``  ConfigRecord  ``schema``, ``round``, ``local-steps``, ``lr``, ``seed``, and the
-                            client-level release: ``release``, ``clip``, ``noise-std``; a
+  ``config``  ConfigRecord  ``schema``, ``round``, ``noise-std`` (the client's noise share); a
                             ``dr-encoder`` release adds ``codec``, ``ae-version``, ``latent-size``,
                             ``codec-seed``, ``layout`` (JSON)
   ``encoder`` ArrayRecord   (``dr-encoder`` with codec ``ae`` only) the encoder's parameters and scale
@@ -18,10 +20,10 @@ Train reply (client -> server):
   ``meta``      ConfigRecord  ``schema``, ``round``, ``mechanism``, ``release``, ``noise-std``
                               (must equal what the round asked for; ``ae-version`` too
                               under ``dr-encoder``)
-Statistics query (server -> client), message type ``query.gradstats`` (DR-Encoder Algorithm 1):
+Statistics query (server -> client), message type ``query.gradstats`` (DR-Encoder Algorithm 1,
+:class:`StatsQuery`):
   ``global``  ArrayRecord   as in ``train``
-  ``config``  ConfigRecord  ``schema``, ``local-steps``, ``lr``, ``seed``, ``granularity``,
-                            ``stats-clip``, ``noise-std`` (0 = statistics in the clear)
+  ``config``  ConfigRecord  ``schema``
 Statistics reply: ``stats`` ArrayRecord with one array ``moments`` ``(F, 2, w)``: mean and std of the
 F factors in sorted-name order, ``w = 1`` (``matrix``) or r (``column``); ``meta`` ConfigRecord
 ``schema``, ``granularity``, ``noise-std``.
@@ -32,15 +34,17 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from numpy.lib import format as npy
 
+from common.errors import FedloraError
 from common.models.lora import AdapterState
 
-SCHEMA = "fedlora/2"  # 2: no num-examples under DP
+SCHEMA = "fedlora/2"  # 2: no num-examples under DP; static options only in the run config
 MAX_REPLY_BYTES = 512 * 2**20
 MAX_NUM_EXAMPLES = 2**63 - 1  # the wire's sint64
 _NUMPY_STYPE = "numpy.ndarray"  # flwr.common.constant.SType.NUMPY
@@ -60,17 +64,54 @@ def from_record(record: ArrayRecord) -> AdapterState:
     return {k: t.clone() for k, t in record.to_torch_state_dict().items()}
 
 
-def train_instruction(
-    global_state: AdapterState, server_round: int, config: Mapping, extra: Mapping | None = None
-) -> RecordDict:
-    """``extra``: further named records (the encoder broadcast)."""
-    cfg = ConfigRecord({"schema": SCHEMA, "round": server_round, **config})
-    return RecordDict({"global": to_record(global_state), "config": cfg, **(extra or {})})
+@dataclass(frozen=True)
+class TrainInstruction:
+    """``train`` (server -> client): the round's global adapter and what varies per round. Everything
+    static (local steps, lr, seed, release, clip, ...) comes from the run config both sides hold.
+
+    ``noise_std``: the client's noise share (it depends on the round's sample); ``codec``: the
+    ``dr-encoder`` codec (``codec``, ``ae-version``, ``latent-size``, ``codec-seed``, ``layout``);
+    ``records``: further named records (the encoder broadcast)."""
+
+    round: int
+    global_state: AdapterState
+    noise_std: float = 0.0
+    codec: Mapping[str, object] = field(default_factory=dict)
+    records: Mapping[str, object] = field(default_factory=dict)
+
+    def to_record(self) -> RecordDict:
+        config = ConfigRecord(
+            {"schema": SCHEMA, "round": self.round, "noise-std": self.noise_std, **self.codec}
+        )
+        return RecordDict({"global": to_record(self.global_state), "config": config, **self.records})
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> TrainInstruction:
+        config = dict(content["config"])
+        if config.pop("schema", None) != SCHEMA:
+            raise FedloraError(f"train instruction of another schema than {SCHEMA!r}")
+        records = {k: v for k, v in content.items() if k not in ("global", "config")}
+        rnd, std = int(config.pop("round")), float(config.pop("noise-std"))
+        return cls(rnd, from_record(content["global"]), std, config, records)
 
 
-def stats_query(global_state: AdapterState, config: Mapping) -> RecordDict:
-    cfg = ConfigRecord({"schema": SCHEMA, **config})
-    return RecordDict({"global": to_record(global_state), "config": cfg})
+@dataclass(frozen=True)
+class StatsQuery:
+    """``query.gradstats`` (server -> client, DR-Encoder Algorithm 1): the global adapter the
+    statistics' local steps start from; every other value comes from the run config."""
+
+    global_state: AdapterState
+
+    def to_record(self) -> RecordDict:
+        return RecordDict(
+            {"global": to_record(self.global_state), "config": ConfigRecord({"schema": SCHEMA})}
+        )
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> StatsQuery:
+        if content["config"].get("schema") != SCHEMA:
+            raise FedloraError(f"statistics query of another schema than {SCHEMA!r}")
+        return cls(from_record(content["global"]))
 
 
 def stats_width(granularity: str, shapes: Mapping[str, tuple[int, ...]]) -> int:

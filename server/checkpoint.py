@@ -39,6 +39,19 @@ class LoopState:
     withheld: int = 0  # rounds whose aggregate was not applied (fewer than min-replies usable replies)
     dropouts: list = field(default_factory=list)  # [{"round": r, "nodes": [ids]}]: sampled, never answered
 
+    def count(self, result) -> None:
+        """Add one round's :class:`server.round.RoundRecord` to the counters."""
+        if result.phase == "skipped":
+            self.skipped += 1
+        elif result.applied:
+            self.completed += 1
+        elif result.replied:
+            self.withheld += 1
+        if result.dropouts:
+            self.dropouts.append({"round": result.round, "nodes": result.dropouts})
+        self.bytes_down += result.bytes_down
+        self.bytes_up += result.bytes_up
+
 
 def save(path: Path, state: AdapterState, loop: LoopState) -> None:
     tmp = path.with_name(f".{path.name}.tmp")

@@ -1,4 +1,4 @@
-"""DR-Encoder on the server (DESIGN §4): statistics round, autoencoder training and versioning, the
+"""DR-Encoder on the server (docs/design.md §4, §6): statistics round, autoencoder training and versioning, the
 codec each train round names, and decode + aggregate of the clients' latents.
 
 Phases, before round 1 of a ``dr-encoder`` run:
@@ -43,7 +43,7 @@ from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import NoisePlan, uncovered
-from common.wire import InvalidReply, parse_stats_reply, stats_query
+from common.wire import InvalidReply, StatsQuery, parse_stats_reply
 from server.aggregate import private_mean
 
 log = logging.getLogger("fedlora.server")
@@ -195,17 +195,10 @@ def _stats_round(
                 mechanism=f"{cfg.mechanism}:statistics",
             )
         )
-    query = {
-        "local-steps": cfg.local_steps,
-        "lr": cfg.lr,
-        "seed": cfg.seed,
-        "granularity": cfg.stats_granularity,
-        "stats-floor": cfg.stats_floor,
-        "stats-clip": cfg.stats_clip,
-        "noise-std": noise_std,
-    }
     messages = [
-        Message(stats_query(state, query), dst_node_id=n, message_type="query.gradstats", group_id="stats")
+        Message(
+            StatsQuery(state).to_record(), dst_node_id=n, message_type="query.gradstats", group_id="stats"
+        )
         for n in nodes
     ]
     expected = {"granularity": cfg.stats_granularity, "noise-std": noise_std}

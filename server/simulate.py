@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
 from pathlib import Path
 
 from flwr.app import Context, RecordDict
 
-from common.config import HELP, PRESETS, RunConfig, preset, to_flat
+from common.config import PRESETS, RunConfig, preset, to_flat
 from common.errors import FedloraError
+from common.options import add_config_arguments as add_options
+from common.options import config_values
 from server.inprocess import InProcessGrid, load_component
 from server.report import default_run_dir
 
@@ -19,20 +20,10 @@ SERVER_APP = "server.app:app"
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One ``--option`` per :class:`RunConfig` field (defaults come from the preset)."""
+    """``--preset``, one ``--option`` per declared :class:`RunConfig` option (defaults come from the
+    preset), ``--out`` and ``--resume``."""
     parser.add_argument("--preset", default="default", choices=sorted(PRESETS), help="base configuration")
-    for f in fields(RunConfig):
-        if f.name in ("out_dir", "resume"):
-            continue
-        kind = type(getattr(RunConfig, f.name))
-        parser.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            dest=f.name,
-            type=kind,
-            default=None,
-            metavar=kind.__name__.upper(),
-            help=HELP.get(f.name),
-        )
+    add_options(parser)
     parser.add_argument(
         "--out",
         dest="out_dir",
@@ -50,7 +41,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The preset with the given options; with ``--resume``, the run's stored configuration (options
     given too must agree with it, which the run directory checks)."""
-    overrides = {f.name: getattr(args, f.name, None) for f in fields(RunConfig)}
+    overrides = {**config_values(args), "out_dir": args.out_dir, "resume": args.resume}
     if not args.resume:
         return preset(args.preset, **overrides).check()
     if not args.out_dir:

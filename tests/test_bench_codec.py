@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from client.bench.codec import ORDERS
 from common.errors import FedloraError
+from server.bench.codec import ORDERS
 from tests.conftest import run_cli
 
 TINY = [
@@ -129,8 +129,8 @@ def test_start_state_from_a_run_checkpoint(tmp_path):
     """``--start-from``: a run directory or its checkpoint; another LoRA shape is refused in one line."""
     import torch
 
-    from client.bench.codec import start_state
     from common.config import preset
+    from server.bench.codec import start_state
     from server.checkpoint import CHECKPOINT_FILE, LoopState, save
     from server.evaluation import Evaluator
 

@@ -18,9 +18,9 @@ FAST = ["--preset", "minilm-rt", "--rounds", "1", "--eval-examples", "8"]
     [
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
-        (["--sample-rate", "0"], "sample rate p must be in (0, 1]"),
-        (["--sample-rate", "1.5"], "sample rate p must be in (0, 1]"),
-        (["--rank", "0"], "LoRA rank must be >= 1"),
+        (["--sample-rate", "0"], "sample-rate must be in (0, 1]"),
+        (["--sample-rate", "1.5"], "sample-rate must be in (0, 1]"),
+        (["--rank", "0"], "rank must be >= 1"),
         (
             ["--num-clients", "20", "--max-train-examples", "10"],
             "more clients (20) than training examples (10)",

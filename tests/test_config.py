@@ -1,5 +1,7 @@
 """Run configuration: presets validate, the Flower flat form round-trips, bad values are refused."""
 
+from dataclasses import fields
+
 import pytest
 
 from common.config import HELP, PRESETS, RunConfig, from_flat, preset, to_flat
@@ -20,8 +22,8 @@ def test_flat_roundtrip():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"sample_rate": 0.0}, "sample rate"),
-        ({"sample_rate": 1.01}, "sample rate"),
+        ({"sample_rate": 0.0}, "sample-rate"),
+        ({"sample_rate": 1.01}, "sample-rate"),
         ({"rank": 0}, "rank"),
         ({"num_clients": 0}, "num-clients"),
         ({"partition": "zipf"}, "partition"),
@@ -55,5 +57,29 @@ def test_flat_value_of_wrong_type_is_a_clear_error():
         from_flat({"rounds": "many"})
 
 
-def test_every_option_has_help():
-    assert {k.replace("-", "_") for k in to_flat(RunConfig())} - {"out_dir"} == set(HELP)
+def test_every_option_is_declared_once_with_help_and_group():
+    """Each option carries its help, group and check in its declaration (common/config.py)."""
+    declared = fields(RunConfig)
+    assert {f.name for f in declared} == set(HELP) and all(HELP.values())
+    assert all(f.metadata["group"] for f in declared)
+    for f in declared:  # a choice option's default is one of its choices (or "": derived)
+        assert not f.metadata["choices"] or f.default in (*f.metadata["choices"], "")
+
+
+def test_simulate_and_train_local_share_option_names():
+    """train-local takes its options from the same declarations: same names, same meaning."""
+    import argparse
+
+    from client.train_local import add_arguments as local_arguments
+    from server.simulate import add_config_arguments
+
+    def dests(add):
+        parser = argparse.ArgumentParser()
+        add(parser)
+        return {a.dest: a.option_strings for a in parser._actions}
+
+    sim, local = dests(add_config_arguments), dests(local_arguments)
+    shared = {name for name in local if name in sim}
+    assert {"sample_epsilon", "sample_clip", "local_steps", "lora_init", "mechanism"} <= shared
+    assert all(local[name] == sim[name] for name in shared)
+    assert "clip" not in local and "epsilon" not in local  # no second meaning of --clip

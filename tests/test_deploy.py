@@ -1,4 +1,4 @@
-"""``fedlora deploy up`` (server/deploy.py) with real Flower 1.41 processes on loopback.
+"""``fedlora deploy up`` (server/deploy/) with real Flower 1.41 processes on loopback.
 
 Default suite: the pure helpers, argument errors, the shutdown of a process tree that ignores
 SIGTERM, and SuperNode authentication (a TLS SuperLink with --enable-supernode-auth accepts a
@@ -20,12 +20,13 @@ import psutil
 import pytest
 
 from common.errors import FedloraError
+from common.flower_processes import free_port, toml_pairs
 from server import deploy
 from server.deploy import (
     Options,
     bring_up,
+    control,
     deploy_up,
-    free_port,
     generate_certs,
     leftovers,
     list_nodes,
@@ -37,7 +38,6 @@ from server.deploy import (
     spawn,
     start_superlink,
     start_supernode,
-    toml_quote,
     wait_for_nodes,
 )
 from tests.conftest import run_cli
@@ -82,11 +82,11 @@ def _check_dp_run(run_dir: Path, dep) -> None:
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def test_toml_quote_keeps_values_whole():
-    assert toml_quote("/a b/c") == "'/a b/c'"
-    assert toml_quote("/it's") == '"/it\'s"'
+def test_node_config_keeps_values_whole():
+    assert toml_pairs({"state-dir": "/a b/c", "partition-id": 0}) == 'state-dir="/a b/c" partition-id=0'
+    assert toml_pairs({"state-dir": '/say "hi"'}) == "state-dir='/say \"hi\"'"
     with pytest.raises(FedloraError):
-        toml_quote("""/a'b"c""")
+        toml_pairs({"state-dir": """/a'b"c"""})
 
 
 def test_run_config_gets_node_count_and_absolute_out_dir(tmp_path):
@@ -158,8 +158,10 @@ def test_shutdown_kills_a_tree_that_ignores_sigterm(tmp_path):
 
 def test_a_failed_run_is_reported_with_flowers_details(tmp_path, monkeypatch):
     dep = prepare(_opts(tmp_path), echo=lambda _: None)
-    monkeypatch.setattr(deploy, "follow_run", lambda d, run_id: spawn(d, "run", ["true"], critical=False))
-    monkeypatch.setattr(deploy, "run_status", lambda d, run_id: ("finished:failed", "ServerApp failed: boom"))
+    monkeypatch.setattr(control, "follow_run", lambda d, run_id: spawn(d, "run", ["true"], critical=False))
+    monkeypatch.setattr(
+        control, "run_status", lambda d, run_id: ("finished:failed", "ServerApp failed: boom")
+    )
     try:
         with pytest.raises(deploy.RunFailed, match="run 7 finished:failed: ServerApp failed: boom") as err:
             deploy.wait_for_run(dep, 7, time.monotonic() + 60)

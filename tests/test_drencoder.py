@@ -3,12 +3,11 @@ release, the server's decode + aggregate, and one federation end to end with its
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from autoencoder.checkpoint import load_checkpoint
 from autoencoder.codecs import CODECS, make_codec
@@ -18,18 +17,14 @@ from autoencoder.synthetic import GRANULARITIES, pack_stats, unpack_stats
 from autoencoder.train import LATENT_MODES
 from client.gradstats import privatise
 from common import config
-from common.config import preset, to_flat
+from common.config import preset
 from common.errors import FedloraError
 from common.privacy.ledger import Ledger
 from common.privacy.plan import NoisePlan
-from common.wire import InvalidReply, parse_stats_reply, stats_reply
+from common.wire import InvalidReply, TrainInstruction, parse_stats_reply, stats_reply
 from server.drencoder import AE_CONFIGS, AE_FILE, ServerCodec, ae_latent_size
-from server.inprocess import InProcessGrid, load_component
-from server.simulate import CLIENT_APP, SERVER_APP
+from tests.harness import TINY, federate, message_identity, records
 
-TINY = dict(
-    num_clients=2, rounds=1, local_steps=2, batch_size=8, max_train_examples=200, eval_examples=40, seed=5
-)
 DR = dict(mechanism="dr-encoder", noise_multiplier=1.0, clip=0.5, ae_steps=2)
 
 
@@ -55,7 +50,7 @@ def test_config_lists_match_the_implementations():
         (dict(stats_granularity="element"), "unknown stats-granularity"),
         (dict(stats_floor=0.0), "stats-floor"),
         (dict(stats_floor=0.01), "stats-floor"),
-        (dict(stats_clip=0.0), "stats-clip > 0"),
+        (dict(stats_clip=0.0), "stats-clip must be > 0"),
     ],
 )
 def test_bad_dr_encoder_configs_fail_with_one_line(changes, message):
@@ -67,7 +62,7 @@ def test_bad_dr_encoder_configs_fail_with_one_line(changes, message):
 
 
 def _stats_msg(moments, granularity="matrix", noise=0.0) -> Message:
-    InProcessGrid(lambda m, c: m, 0, {})  # sets Flower's TaskIdentity for Message construction
+    message_identity()
     query = Message(RecordDict(), dst_node_id=1001, message_type="query.gradstats", group_id="stats")
     query.metadata.__dict__["_message_id"] = "q"
     content = stats_reply(moments, {"granularity": granularity, "noise-std": noise})
@@ -149,19 +144,6 @@ def test_ae_latent_size_matches_the_model():
 # -- one federation end to end ------------------------------------------------------------------------------
 
 
-def _records(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _federate(cfg, wrap=None):
-    """The real ServerApp over an in-process grid; ``wrap(client, msg, ctx)`` may alter a node's reply."""
-    client = load_component(CLIENT_APP)
-    app = client if wrap is None else (lambda msg, ctx: wrap(client, msg, ctx))
-    nodes = Path(cfg.out_dir).parent / "nodes"
-    grid = InProcessGrid(app, cfg.num_clients, to_flat(cfg), state_root=nodes)
-    load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
-
-
 @pytest.fixture(scope="module")
 def dr_run(tmp_path_factory):
     """One dr-encoder round, privatised statistics; node 0's train message is also answered a second
@@ -182,13 +164,13 @@ def dr_run(tmp_path_factory):
             seen["std"] = msg.content["config"]["noise-std"]
         return reply
 
-    _federate(cfg, twice)
+    federate(cfg, twice)
     return run_dir, seen
 
 
 def test_dr_encoder_round_end_to_end_with_client_level_ledger(dr_run):
     run_dir, _ = dr_run
-    recs = _records(run_dir)
+    recs = records(run_dir)
     stats = next(r for r in recs if r.get("phase") == "stats")
     assert stats["replied"] == 2 and stats["rejected"] == []
     assert stats["stats_bytes_per_client"] > 0 and stats["stats_fraction_of_increment"] <= 0.01
@@ -221,14 +203,13 @@ def test_encoder_goes_to_each_node_once_and_stays_in_its_state_dir(dr_run):
 
     client_codec._ENCODERS.clear()
     layout = load_checkpoint(run_dir / AE_FILE)[0].layout
-    content = RecordDict(
-        {"config": ConfigRecord({"codec": "ae", "ae-version": version, "layout": layout.to_json()})}
-    )
-    codec = client_codec.round_codec(content, torch.device("cpu"), cached.parent.parent)
+    spec = {"codec": "ae", "ae-version": version, "layout": layout.to_json()}
+    ins = TrainInstruction(3, {}, 0.0, spec)  # a round without the encoder broadcast
+    codec = client_codec.round_codec(ins, torch.device("cpu"), cached.parent.parent)
     assert codec.version == version and codec.latent_size > 0
     client_codec._ENCODERS.clear()
     with pytest.raises(FedloraError, match="not cached on this node"):
-        client_codec.round_codec(content, torch.device("cpu"), run_dir)
+        client_codec.round_codec(ins, torch.device("cpu"), run_dir)
 
 
 def test_latent_noise_has_the_configured_std(dr_run):
@@ -273,8 +254,8 @@ def test_server_rejects_bad_latents_and_continues_with_the_others(tmp_path):
             _corrupt(kinds[pid - 1])(reply.content)
         return reply
 
-    _federate(cfg, corrupting)
-    (train,) = [r for r in _records(tmp_path / "r") if r.get("phase") == "train"]
+    federate(cfg, corrupting)
+    (train,) = [r for r in records(tmp_path / "r") if r.get("phase") == "train"]
     assert train["replied"] == 1 and len(train["rejected"]) == 4
     reasons = " | ".join(train["rejected"])
     for needle in ("latent: float32", "float64", "non-finite", "ae-version 'ae-0000000000000000'"):
@@ -304,7 +285,7 @@ def test_a_crashed_dr_encoder_run_resumes_with_its_statistics_and_autoencoder(tm
         return client(msg, ctx)
 
     with pytest.raises(RuntimeError, match="server machine lost"):
-        _federate(cfg, crash_in_round_2)
+        federate(cfg, crash_in_round_2)
     ae_bytes = (tmp_path / "r" / AE_FILE).read_bytes()
     queries = []
 
@@ -312,9 +293,9 @@ def test_a_crashed_dr_encoder_run_resumes_with_its_statistics_and_autoencoder(tm
         queries.append(msg.metadata.message_type)
         return client(msg, ctx)
 
-    _federate(cfg.replace(resume=True), count_queries)
+    federate(cfg.replace(resume=True), count_queries)
     assert "query.gradstats" not in queries and (tmp_path / "r" / AE_FILE).read_bytes() == ae_bytes
-    recs = _records(tmp_path / "r")
+    recs = records(tmp_path / "r")
     assert [r["phase"] for r in recs if r["round"] == 0].count("stats") == 1
     rows = Ledger.open(tmp_path / "r" / "ledger.sqlite", "client-level").rows()
     assert [(r["round"], r["status"]) for r in rows] == [(1, "applied"), (2, "interrupted")]

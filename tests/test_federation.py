@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Message
 from peft import PeftModel
 from safetensors import safe_open
 from transformers import AutoModelForSequenceClassification
@@ -17,15 +17,8 @@ from common.privacy.ledger import Ledger
 from common.wire import from_record, train_reply
 from server.checkpoint import CHECKPOINT_FILE
 from server.inprocess import InProcessGrid, load_component
-from server.simulate import CLIENT_APP, SERVER_APP, simulate
-
-TINY = dict(
-    num_clients=2, rounds=1, local_steps=3, batch_size=8, max_train_examples=200, eval_examples=40, seed=5
-)
-
-
-def _records(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+from server.simulate import CLIENT_APP, simulate
+from tests.harness import TINY, federate, records, serve
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +29,7 @@ def minilm_run(tmp_path_factory):
 
 
 def test_one_round_end_to_end(minilm_run):
-    recs = _records(minilm_run)
+    recs = records(minilm_run)
     assert [r["round"] for r in recs] == [0, 1]
     r1 = recs[1]
     assert r1["sampled"] == r1["replied"] == 2 and r1["rejected"] == []
@@ -64,7 +57,7 @@ def test_saved_adapter_loads_with_peft_and_differs_from_init(minilm_run):
 
 def test_round_with_nobody_sampled_is_recorded_and_skipped(tmp_path):
     simulate(preset("minilm-rt", **{**TINY, "sample_rate": 1e-9}).check(), tmp_path / "r")
-    recs = _records(tmp_path / "r")
+    recs = records(tmp_path / "r")
     assert {k: recs[1][k] for k in ("round", "phase", "sampled", "replied")} == {
         "round": 1,
         "phase": "skipped",
@@ -76,22 +69,20 @@ def test_round_with_nobody_sampled_is_recorded_and_skipped(tmp_path):
 
 def _run_with_corrupt_node(cfg, corrupt) -> None:
     """The federation with node 1's replies passed through ``corrupt(content)``."""
-    client = load_component(CLIENT_APP)
 
-    def corrupting_client(msg: Message, ctx):
+    def corrupting(client, msg: Message, ctx):
         reply = client(msg, ctx)
         if ctx.node_config["partition-id"] == 1:
             corrupt(reply.content)
         return reply
 
-    grid = InProcessGrid(corrupting_client, 2, to_flat(cfg))
-    load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
+    federate(cfg, corrupting)
 
 
 def test_invalid_reply_is_rejected_and_round_continues(tmp_path):
     cfg = preset("minilm-rt", **TINY).replace(out_dir=str(tmp_path / "r")).check()
     _run_with_corrupt_node(cfg, lambda content: content["meta"].__setitem__("round", 99))
-    r1 = _records(tmp_path / "r")[1]
+    r1 = records(tmp_path / "r")[1]
     assert r1["replied"] == 1 and len(r1["rejected"]) == 1 and "round 99" in r1["rejected"][0]
 
 
@@ -104,7 +95,7 @@ def test_distributed_noise_with_a_dropout_never_ends_above_the_target(tmp_path):
     cfg = preset("minilm-rt", **{**TINY, "num_clients": 3, "rounds": 2}, **dp)
     cfg = cfg.replace(out_dir=str(tmp_path / "r")).check()
     _run_with_node_dying(cfg)
-    recs = _records(tmp_path / "r")
+    recs = records(tmp_path / "r")
     assert [(r["replied"], r["applied"]) for r in recs[1:]] == [(3, True), (2, True)]
     ledger = Ledger.open(tmp_path / "r" / "ledger.sqlite", "client-level")
     rows = ledger.rows()
@@ -132,9 +123,7 @@ def test_replaying_the_published_seed_does_not_predict_the_sample(tmp_path):
             return Message(train_reply(zeros, rnd, 10, {}, meta), reply_to=msg)
 
         cfg = preset("minilm-rt", **{**TINY, "num_clients": 8, "rounds": 3, "sample_rate": 0.5})
-        cfg = cfg.replace(eval_examples=8, out_dir=str(out)).check()
-        grid = InProcessGrid(zero_client, cfg.num_clients, to_flat(cfg))
-        load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
+        federate(cfg.replace(eval_examples=8, out_dir=str(out)).check(), client=zero_client)
         return [frozenset(seen.get(r, ())) for r in (1, 2, 3)]
 
     first, second = sampled_sets(tmp_path / "a"), sampled_sets(tmp_path / "b")
@@ -149,7 +138,7 @@ def test_private_runs_average_uniformly_and_refuse_clear_counts(tmp_path):
     cfg = preset("minilm-rt", **TINY, mechanism="dp-adamw", sample_epsilon=8.0)
     cfg = cfg.replace(out_dir=str(tmp_path / "r")).check()
     _run_with_corrupt_node(cfg, lambda content: content["metrics"].__setitem__("num-examples", 50))
-    r1 = _records(tmp_path / "r")[1]
+    r1 = records(tmp_path / "r")[1]
     assert r1["replied"] == 1 and "num-examples" in r1["rejected"][0]
 
 
@@ -172,7 +161,7 @@ def test_prism_local_steps_compose_with_client_level_release(tmp_path):
         noise_multiplier=0.8,
     ).check()
     run_dir = simulate(cfg, tmp_path / "r")
-    recs = _records(run_dir)
+    recs = records(run_dir)
     assert [r["replied"] for r in recs[1:]] == [2, 2]
     for k in range(2):
         ledger = Ledger.open(run_dir / "nodes" / f"node-{k}" / "sample-ledger.sqlite", "sample-level")
@@ -198,13 +187,13 @@ def _run_with_node_dying(cfg, dying_partition: int = 2) -> None:
         return reply
 
     grid = InProcessGrid(dies_after_one_reply, cfg.num_clients, to_flat(cfg))
-    load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
+    serve(grid, cfg)
 
 
 def test_a_node_lost_mid_run_is_listed_as_a_dropout_and_the_run_finishes(tmp_path):
     cfg = preset("minilm-rt", **{**TINY, "num_clients": 3, "rounds": 2}).replace(out_dir=str(tmp_path / "r"))
     _run_with_node_dying(cfg.check())
-    recs = _records(tmp_path / "r")
+    recs = records(tmp_path / "r")
     assert [(r["round"], r["replied"], r["dropouts"]) for r in recs[1:]] == [(1, 3, []), (2, 2, [1003])]
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["rounds_completed"] == 2 and summary["dropouts"] == [{"round": 2, "nodes": [1003]}]
@@ -216,7 +205,7 @@ def test_too_few_replies_withhold_the_round_but_keep_its_charge(tmp_path):
         out_dir=str(tmp_path / "r")
     )
     _run_with_node_dying(cfg.check())
-    recs = _records(tmp_path / "r")
+    recs = records(tmp_path / "r")
     assert [(r["replied"], r["applied"]) for r in recs[1:]] == [(3, True), (2, False)]
     assert recs[2]["accuracy"] == recs[1]["accuracy"]  # nothing applied in round 2
     rows = Ledger.open(tmp_path / "r" / "ledger.sqlite", "client-level").rows()

@@ -41,8 +41,9 @@ from common.wire import (
     stats_reply,
     train_reply,
 )
-from server.federation import _train_round, accept_reply
-from server.inprocess import InProcessGrid
+from server.releases import make_release
+from server.round import accept_reply, run_round
+from tests.harness import message_identity
 
 ROUND = 3
 FIRST_NODE = 1001
@@ -135,7 +136,7 @@ class Case:
         return f"damage={sorted(self.damage.values())} harmless={self.harmless}"
 
     def message(self) -> Message:
-        InProcessGrid(lambda m, c: m, 0, {})  # sets Flower's TaskIdentity for Message construction
+        message_identity()
         kind = "train" if self.scenario.kind == "train" else "query.gradstats"
         ins = Message(RecordDict(), dst_node_id=self.node, message_type=kind, group_id=self.group_id)
         ins.metadata.__dict__["_message_id"] = "x"
@@ -784,8 +785,11 @@ def test_valid_and_harmlessly_odd_replies_are_accepted(case):
         run_stats_parser(case)
 
 
-def _plan(kind: str, clip: float) -> NoisePlan | None:
-    return None if kind == "none" else NoisePlan(1.0, 1.0, clip, kind, 0.0, 1e-5, False)
+def _release(kind: str, clip: float):
+    """The server side of a ``gaussian`` release under threat model ``kind`` (``none``: no release)."""
+    plan = None if kind == "none" else NoisePlan(1.0, 1.0, clip, kind, 0.0, 1e-5, False)
+    mechanism = "fedavg" if plan is None else "dp-fedavg"
+    return make_release(preset("minilm-rt", mechanism=mechanism, noise_multiplier=1.0), plan)
 
 
 @pytest.mark.timeout(300)
@@ -796,15 +800,15 @@ def _plan(kind: str, clip: float) -> NoisePlan | None:
     st.sampled_from([0.5, 5.0, 1e4]),
 )
 def test_server_reply_handler_rejects_malformed_replies_and_nothing_else(case, threat, clip):
-    """server.federation.accept_reply: the validator plus late replies and (central noise) the clip."""
-    plan = _plan(threat, clip)
+    """server.round.accept_reply: the validator plus late replies and (central noise) the clip."""
+    release = _release(threat, clip)
     norm = math.sqrt(sum(float((v.astype(np.float64) ** 2).sum()) for v in case.values.values()))
     if case.late:
         reject(case, "late", f"group {case.group_id!r}")
     if threat == "central" and norm > clip * (1 + 1e-4):
         reject(case, "clip", f"norm {norm:.3g} > {clip}")
     try:
-        result = accept_reply(case.message(), ROUND, case.scenario.shapes, case.scenario.expected, plan)
+        result = accept_reply(case.message(), ROUND, case.scenario.shapes, case.scenario.expected, release)
     except InvalidReply as exc:
         check_rejection(exc, case)
     else:
@@ -875,7 +879,7 @@ class Reasons(logging.Handler):
     st.integers(0, 2**32 - 1),
 )
 def test_round_applies_exactly_the_accepted_replies(batch, seed):
-    """server.federation._train_round over fuzzed replies: each rejected one is logged with its
+    """server.round.run_round over fuzzed replies: each rejected one is logged with its
     reason and leaves no trace; the global state moves by the weighted mean of the accepted ones
     only, and not at all when every reply is rejected."""
     shapes = FEDAVG.shapes
@@ -895,9 +899,10 @@ def test_round_applies_exactly_the_accepted_replies(batch, seed):
     logger.addHandler(reasons)
     logger.setLevel(logging.WARNING)
     try:
-        new, replied = _train_round(
-            ListGrid(replies), cfg, None, None, "run", ROUND, sampled, state, shapes, {}
+        new, record = run_round(
+            ListGrid(replies), make_release(cfg, None), cfg, ROUND, sampled, state, shapes
         )
+        replied = record.replied
     finally:
         logger.removeHandler(reasons)
         logger.setLevel(level)
@@ -939,12 +944,9 @@ def test_round_with_only_rejected_replies_leaves_the_state_alone():
         batch.append(case)
     state = {n: torch.zeros(s) for n, s in shapes.items()}
     cfg = preset("minilm-rt", mechanism="fedavg", num_clients=len(batch), min_replies=1)
-    record: dict = {}
     grid = ListGrid([c.message() for c in batch])
-    new, replied = _train_round(
-        grid, cfg, None, None, "run", ROUND, [c.node for c in batch], state, shapes, record
-    )
-    assert replied == 0 and record["replied"] == 0 and len(record["rejected"]) == 4
+    new, record = run_round(grid, make_release(cfg, None), cfg, ROUND, [c.node for c in batch], state, shapes)
+    assert not record.applied and record.replied == 0 and len(record.rejected) == 4
     assert all(torch.equal(new[n], torch.zeros(s)) for n, s in shapes.items())
 
 

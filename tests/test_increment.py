@@ -38,7 +38,7 @@ def test_horizontal_keeps_first_order_change_and_is_horizontal():
     start, local = _states(1)
     raw, hor = increment(local, start, "raw"), increment(local, start, "horizontal")
     torch.testing.assert_close(_first_order(start, hor), _first_order(start, raw))
-    # the horizontal gauge: Aᵀ dA = dBᵀ B (research/prism.md §4.6)
+    # the horizontal gauge: Aᵀ dA = dBᵀ B (PRISM Eq. 30; docs/design.md §7.6)
     torch.testing.assert_close(start["m.A"].T @ hor["m.A"], hor["m.B"].T @ start["m.B"])
     torch.testing.assert_close(hor["head.weight"], raw["head.weight"])  # dense entries stay raw
     assert not torch.allclose(hor["m.A"], raw["m.A"])
@@ -84,8 +84,8 @@ def test_unknown_form():
 
 def test_client_app_sends_the_configured_form(tmp_path):
     """The real ClientApp (one in-process node, 2 local steps): a horizontal run's reply is horizontal."""
-    from client.bench.codec import collect_increments
     from common.config import preset, to_flat
+    from server.bench.codec import collect_increments
     from server.evaluation import Evaluator
     from server.inprocess import InProcessGrid, load_component
     from server.simulate import CLIENT_APP

@@ -193,7 +193,16 @@ def test_config_checks_local_optimizer_settings():
     assert RunConfig().init_kind == "peft"
 
 
-FAST_LOCAL = ["--steps", "3", "--batch-size", "8", "--max-train-examples", "64", "--eval-examples", "16"]
+FAST_LOCAL = [
+    "--local-steps",
+    "3",
+    "--batch-size",
+    "8",
+    "--max-train-examples",
+    "64",
+    "--eval-examples",
+    "16",
+]
 
 
 def test_train_local_reports_accuracy_and_sample_level_epsilon(tmp_path, capsys):
@@ -226,7 +235,7 @@ def test_train_local_reports_accuracy_and_sample_level_epsilon(tmp_path, capsys)
     ("args", "message"),
     [
         (["--mechanism", "dp-adamw", "--targets", "nope"], "cannot attach LoRA"),
-        (["--mechanism", "prism", "--init", "peft"], "PRISM needs full-rank LoRA factors"),
+        (["--mechanism", "prism", "--lora-init", "peft"], "PRISM needs full-rank LoRA factors"),
         (["--mechanism", "ffa", "--batch-size", "100"], "exceeds the 64 training examples"),
         (["--mechanism", "prism", "--delta", "1.5"], "delta must be in (0, 1)"),
     ],
@@ -243,6 +252,6 @@ def test_train_local_never_writes_into_an_existing_run(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
     (out / "sample-ledger.sqlite").write_bytes(b"precious")
-    code = run_cli(["train-local", "--mechanism", "none", *FAST_LOCAL, "--out", str(out)])
+    code = run_cli(["train-local", "--mechanism", "fedavg", *FAST_LOCAL, "--out", str(out)])
     assert code == 2 and "not empty" in capsys.readouterr().err
     assert (out / "sample-ledger.sqlite").read_bytes() == b"precious"

@@ -1,4 +1,5 @@
-"""PRISM math (client/prism): research/prism.md §11 items 1–10, plus the init and eigh fallback.
+"""PRISM math (client/prism): the properties listed in docs/design.md §7.10 (items 1–10), plus the
+init and eigh fallback.
 
 Dense ``m × n`` matrices appear only here, as references. float64 where exactness matters.
 """
@@ -94,7 +95,7 @@ def test_2_intrinsic_norm_eq15_and_lift_free_formula():
     assert norms.shape == (5,)
     torch.testing.assert_close(norms, expected, atol=1e-9, rtol=1e-12)
     torch.testing.assert_close(tangent_sq_norm(geo, dA[0], dB[0]), expected[0], atol=1e-9, rtol=1e-12)
-    # Lift-free: g̃_A = g_A R_B⁻¹ = G Q_B, g̃_B = g_B R_A⁻¹ = Gᵀ Q_A (research/prism.md §2.3).
+    # Lift-free: g̃_A = g_A R_B⁻¹ = G Q_B, g̃_B = g_B R_A⁻¹ = Gᵀ Q_A (docs/design.md §7.2).
     QA, RA = torch.linalg.qr(A)
     _, RB = torch.linalg.qr(B)
     tA = torch.linalg.solve_triangular(RB, gA, upper=True, left=False)
@@ -252,8 +253,9 @@ def test_8_horizontalization():
         torch.testing.assert_close(dense(A, B, hA, hB), dense(A, B, dA, dB), atol=1e-10, rtol=0)
         assert float(hA.square().sum() + hB.square().sum()) <= float(dA.square().sum() + dB.square().sum())
         torch.testing.assert_close(horizontalize(geo, hA, hB), (hA, hB), atol=1e-10, rtol=0)
-    # Erratum 2: the Eq. 14 lift is not horizontal. Erratum 1: the paper's printed Eq. 39 RHS (BᵀdB − AᵀdA)
-    # does not give a horizontal lift; the code's (dBᵀB − AᵀdA) does (checked above).
+    # Errata 1 and 2 of docs/design.md §7.11. Erratum 2: the Eq. 14 lift is not horizontal. Erratum 1:
+    # the paper's printed Eq. 39 RHS (BᵀdB − AᵀdA) does not give a horizontal lift; the code's
+    # (dBᵀB − AᵀdA) does (checked above).
     dA, dB = lifted
     assert float(torch.linalg.norm(A.mT @ dA - dB.mT @ B)) > 1e-3 * float(torch.linalg.norm(A.mT @ dA))
     omega = torch.from_numpy(scipy.linalg.solve_sylvester(geo.M, geo.N, B.mT @ dB - A.mT @ dA))
@@ -294,7 +296,7 @@ def test_9_preconditioner_bound_and_orthogonal_invariance(floor):
         runs.append(torch.stack(dirs))
     assert state.step == 3
     torch.testing.assert_close(runs[1], runs[0], atol=1e-10, rtol=1e-8)
-    # Erratum 3: not invariant under a general R ∈ GL(r).
+    # Erratum 3 (docs/design.md §7.11): not invariant under a general R ∈ GL(r).
     geo = geometry(A, B)
     Ag, Bg = gauge(A, B, well_conditioned(3, g))
     geo_g = geometry(Ag, Bg)

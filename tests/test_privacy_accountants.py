@@ -69,7 +69,8 @@ def test_pld_heterogeneous_matches_dp_accounting():
     assert ours == pytest.approx(_dp_accounting_pld((1.0, 0.05, 30), (1.5, 0.1, 20)), rel=1e-6)
 
 
-# research/anchors.md §7.4: sigma, q, T -> eps GDP-CLT, eps PRV (est, upper), eps RDP at delta 1e-5
+# docs/design.md §5 (Opacus 1.5.4 reference values): sigma, q, T -> eps GDP-CLT, eps PRV (est, upper),
+# eps RDP at delta 1e-5
 TABLE_7_4 = [
     (1.0, 0.01, 1000, 1.618, 1.828, 1.838, 2.101),
     (1.0, 0.001, 1000, 0.130, 0.149, 0.159, 0.678),
@@ -153,7 +154,7 @@ def test_sigma_epsilon_roundtrip_on_the_safe_side(name, eps, p, T):
 
 
 def test_gdp_calibration_closed_form_matches_anchor():
-    # anchors §7.2: q = 0.1, T = 50, mu = 0.9268 gives sigma = 1.00007
+    # docs/design.md §5 (closed-form GDP calibration): q = 0.1, T = 50, mu = 0.9268 gives sigma = 1.00007
     assert gdp.sigma_for_mu(0.9268, 0.1, 50) == pytest.approx(1.00007, abs=1e-5)
 
 

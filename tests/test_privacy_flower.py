@@ -30,7 +30,7 @@ def test_privacy_spent_state_and_pld_backend():
     acc.compose(GaussianPrivacyEvent(noise_multiplier=1.0, sample_size=10, population_size=100), 50)
     spent = acc.get_privacy_spent()
     assert spent.delta == 1e-5 and spent.num_releases == 50 and spent.accounting_method == "pld"
-    assert spent.epsilon == pytest.approx(5.148, abs=0.011)  # anchors §7.4 (PRV est 5.148)
+    assert spent.epsilon == pytest.approx(5.148, abs=0.011)  # docs/design.md §5 table (PRV est 5.148)
     again = FlowerAccountant(_config(), "pld")
     again.load_state_dict(acc.state_dict())
     assert again.get_epsilon(1e-5) == spent.epsilon

@@ -146,3 +146,13 @@ def test_calibration_includes_the_noised_statistics_round():
     assert planned_client_epsilon(with_stats) > planned_client_epsilon(fixed.check())
     with pytest.raises(FedloraError, match="before round 1 alone"):
         plan_noise(preset("default", **base, stats_noise_multiplier=0.3).check())
+
+
+def test_release_registries_match_the_config():
+    """Every release the configuration accepts has a server side and a client side of that name."""
+    from client.releases import CLIENT_RELEASES
+    from common.config import RELEASES as NAMES
+    from server.releases import RELEASES
+
+    assert set(NAMES) == set(RELEASES) == set(CLIENT_RELEASES)
+    assert all(cls.name == name for name, cls in RELEASES.items())

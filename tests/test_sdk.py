@@ -29,9 +29,10 @@ from common.data.owner import read_jsonl
 from common.errors import FedloraError
 from common.models import adapter_state
 from common.privacy.ledger import Charge
-from common.wire import train_instruction
-from server.inprocess import InProcessGrid, load_component
+from common.wire import TrainInstruction
+from server.inprocess import load_component
 from tests.conftest import run_cli
+from tests.harness import message_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 README_DRAFT = Path("/tmp/sdk_readme.md")  # until the section is pasted into README.md
@@ -386,10 +387,9 @@ def test_policy_refuses_clear_statistics_unless_opted_in():
 
 # --- the node's own data and model in the ClientApp --------------------------------------------------
 def _message(state, rnd: int = 1) -> Message:
-    InProcessGrid(lambda m, c: m, 0, {})  # sets Flower's TaskIdentity for Message construction
-    round_cfg = {"local-steps": 2, "lr": 1e-3, "seed": 0, "release": "none", "clip": 0.0, "noise-std": 0.0}
+    message_identity()
     return Message(
-        train_instruction(state, rnd, round_cfg), dst_node_id=1001, message_type="train", group_id="1"
+        TrainInstruction(rnd, state).to_record(), dst_node_id=1001, message_type="train", group_id="1"
     )
 
 
@@ -579,3 +579,22 @@ def test_readme_sdk_example_joins_a_real_federation(tmp_path):
         for p in (node, link):
             if p is not None:
                 _stop(p)
+
+
+def test_client_refuses_a_round_that_asks_less_noise_than_the_plan(tmp_path, own_data):
+    """Local noise holds against the server: the client adds what the run's plan says (σC), never a
+    smaller std a round names."""
+    cfg = preset("minilm-rt", **RUN, mechanism="dp-fedavg", noise_multiplier=1.0, clip=0.5).check()
+    node = {"data-path": str(own_data), "state-dir": str(tmp_path / "st")}
+    _, _, shard = node_shard(node, cfg)
+    app = load_component("client.app:app")
+    message_identity()
+
+    def instruction(std: float) -> Message:
+        content = TrainInstruction(1, shard.bundle.initial, noise_std=std).to_record()
+        return Message(content, dst_node_id=1001, message_type="train", group_id="1")
+
+    with pytest.raises(FedloraError, match=r"round asks noise std 0\.01 < 0\.5"):
+        app(instruction(0.01), _context(cfg, node))
+    reply = app(instruction(0.5), _context(cfg, node))
+    assert reply.content["meta"]["noise-std"] == 0.5 and len(reply.content["metrics"]) == 0

@@ -9,7 +9,7 @@ import json
 from tests.conftest import run_cli
 
 TINY_LOCAL = [
-    "--steps",
+    "--local-steps",
     "2",
     "--batch-size",
     "4",

@@ -6,7 +6,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from common.wire import SCHEMA, InvalidReply, parse_train_reply, train_reply
-from server.inprocess import InProcessGrid
+from tests.harness import message_identity
 
 SHAPES = {"l.A": (4, 2), "l.B": (3, 2)}
 META = {"mechanism": "dp-fedavg", "release": "gaussian", "noise-std": 0.25}
@@ -17,7 +17,7 @@ def _state(fill=0.5):
 
 
 def _reply(content: RecordDict) -> Message:
-    InProcessGrid(lambda m, c: m, 0, {})  # sets Flower's TaskIdentity for Message construction
+    message_identity()
     ins = Message(RecordDict(), dst_node_id=1001, message_type="train", group_id="3")
     ins.metadata.__dict__["_message_id"] = "x"
     return Message(content, reply_to=ins)

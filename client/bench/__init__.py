@@ -1,1 +1,1 @@
-"""``fedlora bench``: measurements behind the README's mechanism figures."""
+"""Benches of the client's DP engine (gauge, prism-step); ``fedlora bench`` lives in server/bench."""

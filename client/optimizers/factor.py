@@ -1,6 +1,7 @@
 """Factor-space DP-SGD with AdamW on PEFT's LoRA weights: ``dp-adamw`` (the naive DP-LoRA: clip the
-concatenated per-example ``(∂lora_B, ∂lora_A)``, isotropic noise; PRISM §2 / research/prism.md §6.1)
-and ``ffa`` (FFA-LoRA, Sun et al. 2024: PEFT ``lora_A`` frozen, DP on ``lora_B`` only; prism.md §6.2).
+concatenated per-example ``(∂lora_B, ∂lora_A)``, isotropic noise; PRISM §2, Eq. 3–9) and ``ffa``
+(FFA-LoRA, Sun et al. 2024: PEFT ``lora_A`` frozen, DP on ``lora_B`` only; PRISM Table 1). Both are
+described in docs/design.md §7.8.
 
 Norms and noise live where Opacus + PEFT would put them, on the PEFT weights: with the scaling
 ``s = α/r``, ``∂L/∂lora_B = √s·g_A`` and ``∂L/∂lora_A = √s·g_Bᵀ`` (common/models/lora.py), so a clip C

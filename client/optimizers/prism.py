@@ -1,4 +1,4 @@
-"""PRISM as a local DP optimizer of LoRA factors (research/prism.md §4.7, the official code's final
+"""PRISM as a local DP optimizer of LoRA factors (docs/design.md §7.7, the official code's final
 variant): per-example Eq. 14 lifts and Eq. 15 intrinsic norms, the clipped sum, Eq. 19 tangent noise,
 Sylvester horizontalisation before the moments and before the retraction, the DP-aware adaptive step
 (Eq. 24–26) and the rank-2r retraction with balanced refactorisation and Procrustes alignment.
@@ -6,7 +6,7 @@ Sylvester horizontalisation before the moments and before the retraction, the DP
 The lift is linear in the factor gradients, so the clipped sum of lifts is the lift of the clipped sum
 of raw gradients: per example only the norm is computed; one lift per module and batch follows.
 Noise ``N(0, σ²C²)`` is added to the **sum** and the result divided by the expected batch size
-(prism.md §5 "DP subtlety": the official code divides by the realised Poisson batch).
+(docs/design.md §7.7: the official code divides by the realised Poisson batch).
 
 Floors (``floor``): ``"clamp"`` (the official code's eigenvalue floor ``max(w, λ)``) or ``"ridge"``
 (the paper's ``(V + λI)^{-1/2}``); see client/prism/adaptive.py. The default is ``clamp``, the official

@@ -1,6 +1,7 @@
 """PRISM math (gauge-invariant tangent-space DP for LoRA) as pure tensor functions.
 
-See research/prism.md. Factors: ``A: (m, r)`` output side, ``B: (n, r)`` input side, ``Z = A Bᵀ``.
+See docs/design.md §7 and the PRISM paper (Wang & Zhang, ICML 2026). Factors: ``A: (m, r)`` output
+side, ``B: (n, r)`` input side, ``Z = A Bᵀ``.
 """
 
 from client.prism.adaptive import (

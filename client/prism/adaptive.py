@@ -56,7 +56,7 @@ def noise_second_moments(geo: Geometry, tau: float | Tensor) -> tuple[Tensor, Te
 def dp_floors(
     geo: Geometry, tau: float | Tensor, mode: FloorMode = "scalar", factor: float = 0.5
 ) -> tuple[Tensor, Tensor]:
-    """DP-aware floors ``(λ_A, λ_B)`` as 0-dim tensors (PRISM Eq. 26; research/prism.md §4.5).
+    """DP-aware floors ``(λ_A, λ_B)`` as 0-dim tensors (PRISM Eq. 26; docs/design.md §7.4).
 
     ``"scalar"`` (official final runs): ``λ_A = λ_B = f τ²``. ``"geometry"`` (official code's reading of
     Eq. 26): ``λ_A = max(f τ², f·tr(E_A)/r)``, same for B, with ``E_A, E_B`` from :func:`noise_second_moments`

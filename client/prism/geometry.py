@@ -1,4 +1,4 @@
-"""Per-module quantities cached once per logical batch (research/prism.md §1.3).
+"""Per-module quantities cached once per logical batch (PRISM App. A.14; docs/design.md §7.1).
 
 All PRISM math runs in float32 (float64 inputs stay float64, which the tests use for exactness), except
 the ``r × r`` eigendecompositions of ``AᵀA`` and ``BᵀB``, which run in float64.

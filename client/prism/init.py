@@ -1,4 +1,4 @@
-"""Full-rank balanced LoRA initialisations for PRISM (research/prism.md §7.2; the paper is silent).
+"""Full-rank balanced LoRA initialisations for PRISM (docs/design.md §7.9; the paper is silent).
 
 Factors are in this project's convention (``common/models/lora.py``): ``A: (m, r)``, ``B: (n, r)`` with
 ``A Bᵀ = ΔW`` and the PEFT scaling ``s = α/r`` already folded in. The official code writes PEFT weights,

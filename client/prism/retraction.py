@@ -1,5 +1,5 @@
 """Rank-r retraction through a 2r × 2r core, balanced refactorisation and Procrustes alignment
-(research/prism.md §4.3–4.4)."""
+(PRISM Eq. 22, Alg. 1, Prop. 3.2; docs/design.md §7.5)."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def tangent_noise(geo: Geometry, generator: torch.Generator) -> tuple[Tensor, Te
 
 
 def horizontalize(geo: Geometry, dA: Tensor, dB: Tensor, floor: float = 1e-12) -> tuple[Tensor, Tensor]:
-    """Min-factor-norm (horizontal) lift of the same ``ΔZ``: ``(dA + AΩ, dB − BΩᵀ)`` (research/prism.md §4.6).
+    """Min-factor-norm (horizontal) lift of the same ``ΔZ``: ``(dA + AΩ, dB − BΩᵀ)`` (PRISM Prop. A.11; docs/design.md §7.6).
 
     ``dA: (m, r)``, ``dB: (n, r)``. ``Ω: (r, r)`` solves ``MΩ + ΩN = dBᵀB − AᵀdA`` (the official code's
     right-hand side; the paper's Eq. 39 prints ``BᵀdB``, which is wrong), so that ``AᵀdA' = dB'ᵀB``.

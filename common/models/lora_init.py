@@ -1,4 +1,4 @@
-"""LoRA initialisations shared by server and clients (research/prism.md §7.2, DESIGN §2).
+"""LoRA initialisations shared by server and clients (docs/design.md §2, §7.9; the PRISM paper is silent).
 
 ``peft``: PEFT's default (``lora_B = 0``, so ``Z = 0`` and the factors are rank-deficient).
 ``balanced``: the tiny full-rank balanced init PRISM needs; every method in a comparison uses it.

@@ -52,7 +52,7 @@ from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes
 from common.privacy.plan import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
 from common.privacy.release import clip_and_noise, global_norm
-from common.wire import InvalidReply, parse_train_reply, train_instruction
+from common.wire import InvalidReply, TrainInstruction, parse_train_reply
 from server.aggregate import private_mean, weighted_mean
 from server.checkpoint import CHECKPOINT_FILE
 from server.checkpoint import load as load_checkpoint
@@ -96,18 +96,24 @@ def bench_config(args: argparse.Namespace) -> RunConfig:
     ).check()
 
 
+def collection_config(cfg: RunConfig) -> RunConfig:
+    """The run config the bench's nodes hold: ``cfg`` without its release, so that a train round
+    returns each client's true increment (the bench applies codecs and noise itself)."""
+    return cfg.replace(release="none")
+
+
 def collect_increments(
     grid: Grid, cfg: RunConfig, nodes: Sequence[int], state: AdapterState
 ) -> list[AdapterState]:
-    """One train round (release ``none``) from ``state`` to every node; each client's true increment
-    (same names and shapes as ``state``), validated as the server validates it."""
-    round_cfg = {"local-steps": cfg.local_steps, "lr": cfg.lr, "seed": cfg.seed}
-    round_cfg |= {"release": "none", "clip": 0.0, "noise-std": 0.0}
+    """One train round from ``state`` to every node of ``grid``, whose run config is ``cfg`` with
+    release ``none`` (:func:`collection_config`); each client's true increment (same names and
+    shapes as ``state``), validated as the server validates it."""
     expected = {"mechanism": cfg.mechanism, "release": "none", "noise-std": 0.0}
+    counts = not collection_config(cfg).private
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     messages = [
         Message(
-            train_instruction(state, TRAIN_ROUND, round_cfg),
+            TrainInstruction(TRAIN_ROUND, state).to_record(),
             dst_node_id=node,
             message_type="train",
             group_id=str(TRAIN_ROUND),
@@ -117,7 +123,7 @@ def collect_increments(
     increments = []
     for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
         try:
-            increments.append(parse_train_reply(reply, TRAIN_ROUND, shapes, expected, not cfg.private)[0])
+            increments.append(parse_train_reply(reply, TRAIN_ROUND, shapes, expected, counts)[0])
         except InvalidReply as exc:
             raise FedloraError(f"node {reply.metadata.src_node_id}: invalid train reply: {exc}") from None
     if len(increments) != len(nodes):
@@ -312,7 +318,10 @@ def bench_codecs(cfg: RunConfig, echo: Callable[[str], None], start_from: str | 
     with tempfile.TemporaryDirectory(prefix="fedlora-bench-codec-") as tmp:
         run_dir = Path(tmp)
         grid = InProcessGrid(
-            load_component(CLIENT_APP), cfg.num_clients, to_flat(cfg), state_root=run_dir / "nodes"
+            load_component(CLIENT_APP),
+            cfg.num_clients,
+            to_flat(collection_config(cfg)),
+            state_root=run_dir / "nodes",
         )
         nodes = sorted(grid.get_node_ids())
         coders, phases = build_coders(grid, cfg, run_dir, nodes, state, echo)

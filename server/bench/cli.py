@@ -1,4 +1,6 @@
-"""``fedlora bench {gauge,...}``: each benchmark is a module with ``add_arguments`` and ``run``."""
+"""``fedlora bench {gauge,...}``: each benchmark is a module with ``add_arguments`` and ``run``.
+
+Named here as strings and loaded on demand: the client benches need no server code."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "gauge": ("client.bench.gauge", "noise energy of factor-space DP vs PRISM along (cA, B/c)"),
     "prism-step": ("client.bench.prism_step", "step time and peak memory of PRISM vs dp-adamw"),
     "codec": (
-        "client.bench.codec",
+        "server.bench.codec",
         "DR-Encoder codecs on real client increments: error, bytes, with/without DP",
     ),
 }

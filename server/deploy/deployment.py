@@ -1,0 +1,89 @@
+"""What a deployment is: the options it was asked for, its work directory and processes, and the
+finished run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from common.errors import FedloraError
+
+if TYPE_CHECKING:
+    from server.deploy.processes import Proc
+    from server.deploy.tls import Tls
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RunFailed(FedloraError):
+    """The run started but did not complete (the ServerApp failed, timed out, a process died)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``fedlora deploy up`` was asked for."""
+
+    nodes: int
+    tls: bool = False
+    work_dir: Path | None = None
+    run_config: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8000
+    timeout: float = 3600.0
+    grace: float = 10.0
+    app_dir: Path = REPO
+    quiet: bool = False
+    san: tuple[str, ...] = ()  # extra names/IPs for the SuperLink certificate (--tls)
+
+
+@dataclass
+class Deployment:
+    """A work directory and the processes started in it."""
+
+    opts: Options
+    work_dir: Path
+    env: dict[str, str]
+    tls: Tls | None = None
+    procs: list[Proc] = field(default_factory=list)
+    seen_pids: set[int] = field(default_factory=set)  # every PID shutdown() signalled
+    echo: Callable[[str], None] = print
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def flwr_home(self) -> Path:
+        return self.work_dir / "flwr"
+
+    @property
+    def address(self) -> str:
+        """Where local clients reach the SuperLink (a wildcard host means loopback)."""
+        host = "127.0.0.1" if self.opts.host in ("0.0.0.0", "::", "") else self.opts.host
+        return f"[{host}]:{self.opts.port}" if ":" in host else f"{host}:{self.opts.port}"
+
+    @property
+    def logs(self) -> Path:
+        return self.work_dir / "logs"
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            self.echo(line)
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished run: Flower's run id and status, the run directory, and the deployment."""
+
+    run_id: int
+    status: str
+    run_dir: Path
+    seconds: float  # from submission to the end of the run
+    deployment: Deployment | None = None
+
+
+def default_work_dir() -> Path:
+    return Path("runs") / f"deploy-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,0 +1,43 @@
+"""``--run-config`` as ``flwr run`` will get it, checked before anything starts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from common.config import from_flat
+from common.errors import FedloraError
+
+KEY_VALUE = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")  # flwr.common.config.parse_config_args
+
+
+def parse_run_config(items: tuple[str, ...] | list[str]) -> dict[str, object]:
+    """``"k=v k2='s'"`` strings (TOML values, as ``flwr run --run-config``) -> a flat dict."""
+    import click
+    from flwr.common.config import parse_config_args
+
+    if any(item.strip().endswith(".toml") for item in items):
+        raise FedloraError("--run-config takes 'key=value ...' here, not a TOML file")
+    for item in items:  # Flower silently drops what its pattern does not match
+        if rest := KEY_VALUE.sub(" ", item).strip():
+            raise FedloraError(f"bad --run-config: cannot read {rest.split()[0]!r} as key=value")
+    try:
+        return parse_config_args(list(items))
+    except (click.ClickException, ValueError) as exc:
+        message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        raise FedloraError(f"bad --run-config: {message}") from None
+
+
+def resolve_run_config(items: tuple[str, ...], nodes: int, work_dir: Path) -> dict[str, object]:
+    """The run config ``flwr run`` gets: ``num-clients`` = nodes and an absolute ``out-dir``
+    (default ``<work>/run``), checked here so a bad value fails before anything starts."""
+    flat = parse_run_config(items)
+    clients = flat.setdefault("num-clients", nodes)
+    if clients != nodes:
+        raise FedloraError(f"num-clients={clients} in --run-config, but --nodes {nodes}: they must agree")
+    flat["out-dir"] = str(Path(str(flat.get("out-dir") or work_dir / "run")).resolve())
+    cfg = from_flat(dict(flat)).check()
+    out = Path(cfg.out_dir)
+    if not cfg.resume and ((out / "config.json").exists() or (out / "ledger.sqlite").exists()):
+        raise FedloraError(f"run directory {out} already holds a run; give another out-dir or resume=true")
+    return flat

@@ -1,0 +1,84 @@
+"""What every client-level release does on the server, and the defaults (``none``'s).
+
+A release says what a round asks of its clients (:meth:`Release.noise_std`, :attr:`codec`,
+:meth:`records_for`),
+what a usable reply looks like (:meth:`expected`, :meth:`reply_shapes`, :meth:`check`) and how the
+usable replies become the increment the server applies (:meth:`aggregate`). The round loop
+(server/round.py, server/federation.py) calls these and never asks which release it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from flwr.serverapp import Grid
+
+from common.config import RunConfig
+from common.models import AdapterState
+from common.privacy.ledger import Ledger
+from common.privacy.plan import NoisePlan
+
+
+@dataclass(frozen=True)
+class RunHandles:
+    """What a release may use before round 1: the run directory, its ledger and run id, the
+    metrics log and the console."""
+
+    run_dir: Path
+    ledger: Ledger | None
+    run_id: str
+    log: Callable[[dict], None]
+    echo: Callable[[str], None]
+
+
+class Release:
+    """Server side of a client-level release; ``plan`` is None for ``none``."""
+
+    name = "none"
+
+    def __init__(self, cfg: RunConfig, plan: NoisePlan | None) -> None:
+        self.cfg, self.plan = cfg, plan
+
+    def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
+        """Work before round 1 (the DR-Encoder statistics round and autoencoder); returns what the
+        run summary records of it (empty: nothing)."""
+        return {}
+
+    def noise_std(self, sampled: int) -> float:
+        """Noise std each of ``sampled`` clients adds to its clipped release."""
+        return self.plan.client_std(sampled) if self.plan else 0.0
+
+    @property
+    def codec(self) -> dict[str, object]:
+        """The codec a train instruction names (``dr-encoder``); empty for the others."""
+        return {}
+
+    def records_for(self, node: int) -> dict:
+        """Extra records for ``node``'s instruction (the encoder broadcast)."""
+        return {}
+
+    def expected(self, sampled: int) -> dict[str, object]:
+        """Meta values a reply must carry, as the client applied them."""
+        return {"mechanism": self.cfg.mechanism, "release": self.name, "noise-std": self.noise_std(sampled)}
+
+    def reply_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """Names and shapes of a reply's tensors for an adapter of ``shapes``."""
+        return dict(shapes)
+
+    def check(self, increment: AdapterState) -> None:
+        """Raise :class:`common.wire.InvalidReply` for a parsed reply this release must not use."""
+
+    def answered(self, node: int, usable: bool) -> None:
+        """Bookkeeping after each reply (whether ``node``'s reply was usable)."""
+
+    def aggregate(
+        self, increments: Sequence[AdapterState], weights: Sequence[int | None], sampled: int
+    ) -> tuple[AdapterState, float | None]:
+        """The increment to apply from the usable replies, and the noise multiplier the aggregate
+        carried (None: no client-level noise)."""
+        raise NotImplementedError
+
+
+__all__ = ["Release", "RunHandles"]

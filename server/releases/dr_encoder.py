@@ -1,0 +1,51 @@
+"""``dr-encoder``: the Gaussian release of an autoencoder latent (DR-Encoder, AAAI 2025). Before
+round 1 the statistics round and the autoencoder (server/drencoder.py); every round names the codec
+and broadcasts the encoder to nodes that lack it; replies are coded updates, decoded here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from flwr.serverapp import Grid
+
+from common.models import AdapterState
+from server.drencoder import ServerCodec, prepare_codec
+from server.releases.base import RunHandles
+from server.releases.gaussian import GaussianRelease
+
+
+class DrEncoderRelease(GaussianRelease):
+    name = "dr-encoder"
+    coder: ServerCodec
+
+    def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
+        super().prepare(grid, nodes, state, run)
+        self.coder, info = prepare_codec(
+            grid, self.cfg, run.run_dir, nodes, state, run.ledger, run.run_id, run.log, run.echo
+        )
+        return info
+
+    @property
+    def codec(self) -> dict[str, object]:
+        return self.coder.round_config
+
+    def records_for(self, node: int) -> dict:
+        return self.coder.records_for(node)
+
+    def expected(self, sampled: int) -> dict[str, object]:
+        return {**super().expected(sampled), "ae-version": self.coder.version}
+
+    def reply_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        return self.coder.reply_shapes(shapes)
+
+    def answered(self, node: int, usable: bool) -> None:
+        self.coder.replied(node, usable)
+
+    def aggregate(
+        self, increments: Sequence[AdapterState], weights: Sequence[int | None], sampled: int
+    ) -> tuple[AdapterState, float | None]:
+        mean = self.coder.aggregate(increments, self.cfg.decode_order, self.plan, self.expected_count)
+        return mean, self.plan.released_sigma(sampled, len(increments))
+
+
+__all__ = ["DrEncoderRelease"]

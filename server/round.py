@@ -1,0 +1,139 @@
+"""One federated round: send the instructions, accept the replies, aggregate, apply.
+
+The release (server/releases) decides what the round asks and how replies become the increment;
+this module does the same for every release and returns a :class:`RoundRecord`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from common.config import RunConfig
+from common.models import AdapterState
+from common.wire import InvalidReply, TrainInstruction, parse_train_reply
+from server.aggregate import apply_increment
+from server.releases import Release
+
+log = logging.getLogger("fedlora.server")
+
+
+@dataclass
+class RoundRecord:
+    """A round's line in metrics.jsonl. ``applied``: the aggregate was applied (enough usable
+    replies); ``sigma_released``: the noise multiplier the applied aggregate carried."""
+
+    round: int
+    phase: str = "train"
+    sampled: int = 0
+    replied: int = 0
+    rejected: list[str] = field(default_factory=list)
+    dropouts: list[int] = field(default_factory=list)
+    applied: bool = False
+    train_loss: float | None = None
+    bytes_down: int = 0
+    bytes_up: int = 0
+    sigma_released: float | None = None
+
+    @classmethod
+    def skipped(cls, rnd: int) -> RoundRecord:
+        return cls(rnd, phase="skipped")
+
+    def to_json(self) -> dict:
+        """The metrics line's fields (a skipped round has only round, phase, sampled, replied)."""
+        values = asdict(self)
+        if self.phase == "skipped":
+            return {k: values[k] for k in ("round", "phase", "sampled", "replied")}
+        if self.sigma_released is None:
+            del values["sigma_released"]
+        return values
+
+
+def run_round(
+    grid: Grid,
+    release: Release,
+    cfg: RunConfig,
+    rnd: int,
+    sampled: Sequence[int],
+    state: AdapterState,
+    shapes: dict[str, tuple[int, ...]],
+) -> tuple[AdapterState, RoundRecord]:
+    """Send round ``rnd`` to the ``sampled`` nodes, validate their replies, apply the aggregate of the
+    usable ones when there are at least ``cfg.min_replies``; ``state`` is never changed in place."""
+    k = len(sampled)
+    messages = [
+        Message(
+            TrainInstruction(
+                rnd, state, release.noise_std(k), release.codec, release.records_for(node)
+            ).to_record(),
+            dst_node_id=node,
+            message_type="train",
+            group_id=str(rnd),
+        )
+        for node in sampled
+    ]
+    record = RoundRecord(rnd, sampled=k)
+    record.bytes_down = sum(
+        r.count_bytes() for m in messages for r in m.content.values() if hasattr(r, "count_bytes")
+    )
+    expected, reply_shapes = release.expected(k), release.reply_shapes(shapes)
+    increments, weights, losses, answered = [], [], [], set()
+    for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
+        node = reply.metadata.src_node_id
+        if reply.metadata.group_id == str(rnd):
+            answered.add(node)
+        try:
+            inc, weight, extra = accept_reply(reply, rnd, reply_shapes, expected, release, not cfg.private)
+        except InvalidReply as exc:
+            record.rejected.append(str(exc))
+            log.warning("round %d: rejected reply from node %s: %s", rnd, node, exc)
+            release.answered(node, False)
+            continue
+        release.answered(node, True)
+        record.bytes_up += reply.content["increment"].count_bytes()
+        increments.append(inc)
+        weights.append(weight)
+        losses.append(extra.get("train-loss", float("nan")))
+    record.dropouts = sorted(set(sampled) - answered)
+    if record.dropouts:
+        log.warning("round %d: no reply from sampled node(s) %s", rnd, record.dropouts)
+    record.replied = len(increments)
+    record.applied = record.replied >= cfg.min_replies
+    if increments and not record.applied:
+        log.warning(
+            "round %d: %d usable replies < min-replies %d: withheld", rnd, record.replied, cfg.min_replies
+        )
+    if record.applied:
+        mean, record.sigma_released = release.aggregate(increments, weights, k)
+        state = apply_increment(state, mean, cfg.server_lr)
+    finite = [x for x in losses if np.isfinite(x)]
+    record.train_loss = float(np.mean(finite)) if finite else None
+    return state, record
+
+
+def accept_reply(
+    reply: Message,
+    rnd: int,
+    shapes: dict,
+    expected: dict,
+    release: Release | None = None,
+    counts: bool = True,
+) -> tuple[AdapterState, int | None, dict[str, float]]:
+    """One train reply, validated for round ``rnd`` (common.wire.parse_train_reply, plus: not late,
+    and the release's own check, e.g. within the clip under central noise); :class:`InvalidReply`
+    says why it must not be used. ``counts`` False (a private run): no example count or metric may
+    come with it."""
+    if reply.metadata.group_id != str(rnd):
+        raise InvalidReply(f"late reply from round {reply.metadata.group_id!r}")
+    inc, weight, extra = parse_train_reply(reply, rnd, shapes, expected, counts)
+    if release is not None:
+        release.check(inc)
+    return inc, weight, extra
+
+
+__all__ = ["RoundRecord", "accept_reply", "run_round"]

@@ -1,0 +1,53 @@
+"""What the federation tests share: a tiny configuration, the in-process federation with an
+optional wrapper around the ClientApp, the run's metrics lines, and Flower's message identity."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from flwr.app import Context, Message, RecordDict
+
+from common.config import RunConfig, to_flat
+from server.inprocess import InProcessGrid, load_component
+from server.simulate import CLIENT_APP, SERVER_APP
+
+#: the smallest federation that trains: 2 MiniLM clients, 1 round of 2 local steps, 40 held-out examples
+TINY = dict(
+    num_clients=2, rounds=1, local_steps=2, batch_size=8, max_train_examples=200, eval_examples=40, seed=5
+)
+
+#: (real ClientApp, message, context) -> reply
+Wrapper = Callable[[Callable, Message, Context], Message]
+
+
+def federate(cfg: RunConfig, wrap: Wrapper | None = None, client: Callable | None = None) -> InProcessGrid:
+    """Run the real ServerApp for ``cfg`` (``cfg.out_dir`` set) over an in-process grid; each reply
+    passes through ``wrap(client_app, msg, ctx)`` when given, and ``client`` replaces the real
+    ClientApp. Node k keeps its state in ``<out_dir>/../nodes/node-k``. Returns the grid."""
+    app = client or load_component(CLIENT_APP)
+    handler = app if wrap is None else (lambda msg, ctx: wrap(app, msg, ctx))
+    grid = InProcessGrid(
+        handler, cfg.num_clients, to_flat(cfg), state_root=Path(cfg.out_dir).parent / "nodes"
+    )
+    serve(grid, cfg)
+    return grid
+
+
+def serve(grid: InProcessGrid, cfg: RunConfig) -> None:
+    """Run the real ServerApp for ``cfg`` over ``grid``."""
+    load_component(SERVER_APP)(grid, Context(1, 0, {}, RecordDict(), to_flat(cfg)))
+
+
+def records(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl lines."""
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def message_identity() -> None:
+    """Set Flower's task identity so that tests can build Messages outside a running app."""
+    InProcessGrid(lambda m, c: m, 0, {})
+
+
+__all__ = ["TINY", "federate", "message_identity", "records", "serve"]

@@ -1,0 +1,74 @@
+"""The package layers: common <- autoencoder <- client, server.
+
+``common`` imports none of the others, ``autoencoder`` only ``common``, ``client`` no ``server``,
+and ``server`` no ``client``: the server reaches the ClientApp only through strings such as the
+``client.app:app`` component reference. ``server/bench/`` and ``server/deploy/`` (benches and
+operations) may import both. Every ``import`` statement counts, inside functions too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: package -> the packages it must not import
+FORBIDDEN: dict[str, frozenset[str]] = {
+    "common": frozenset({"autoencoder", "client", "server"}),
+    "autoencoder": frozenset({"client", "server"}),
+    "client": frozenset({"server"}),
+    "server": frozenset({"client"}),
+}
+#: folders exempt from their package's rule (they sit above both client and server)
+BENCHES_AND_OPS = ("server/bench/", "server/deploy/")
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """``(line, absolute module)`` for every import statement in ``path``."""
+    rel = path.relative_to(REPO)
+    package = list(rel.parent.parts) if rel.name == "__init__.py" else list(rel.with_suffix("").parts[:-1])
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(rel))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the file's package, one level up per extra dot
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+    return found
+
+
+def violations() -> list[str]:
+    """``file:line: package imports module`` for every import that crosses a layer downwards."""
+    out = []
+    for package, forbidden in FORBIDDEN.items():
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel.startswith(BENCHES_AND_OPS):
+                continue
+            for line, module in sorted(imported_modules(path)):
+                if module.split(".")[0] in forbidden:
+                    out.append(f"{rel}:{line}: {package} imports {module}")
+    return out
+
+
+def test_packages_import_only_lower_layers():
+    if found := violations():
+        pytest.fail(
+            "imports against the layer order common <- autoencoder <- client, server:\n" + "\n".join(found),
+            pytrace=False,
+        )
+
+
+def test_the_check_sees_nested_and_relative_imports(tmp_path, monkeypatch):
+    pkg = tmp_path / "client" / "sub"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text("from ..node import policy\n\ndef f():\n    from server.app import app\n")
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    assert sorted(imported_modules(pkg / "mod.py")) == [(1, "client.node"), (4, "server.app")]
+    assert violations() == ["client/sub/mod.py:4: client imports server.app"]
