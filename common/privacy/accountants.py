@@ -11,6 +11,7 @@ where events are ``[σ, p, count]`` triples replayed on load (like dp_accounting
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +22,9 @@ from common.privacy import gdp, pld, rdp
 RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
 #: dp_accounting PLD grid (its default); the tight accountant's stated error is of this order.
 PLD_DISCRETIZATION = 1e-4
+#: coarsest PLD grid (nats) tried when a small σ would need more than pld.MAX_GRID_POINTS points on the
+#: requested one; a PLD that does not fit even then spans > 1e6 nats, and its ε is reported as ∞
+MAX_PLD_DISCRETIZATION = 1.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ class PldAccountant(Accountant):
     a fraction of the time.
 
     ``discretization`` is the PLD grid: every grid gives an upper bound on ε, finer ones tighter.
+    Small noise multipliers are accounted on a coarser grid where this one would be too large.
     """
 
     def __init__(self, discretization: float = PLD_DISCRETIZATION) -> None:
@@ -126,17 +131,27 @@ class PldAccountant(Accountant):
     def _triples(self) -> list[tuple[float, float, int]]:
         return [(e.sigma, e.p, e.count) for e in self.events]
 
+    def _on_fitting_grid(self, query: Callable[[float], float], no_guarantee: float) -> float:
+        """``query(d)`` on the requested grid d, else on the finest grid 2^k·d (a subset of it, so
+        still an upper bound, only looser) that fits in pld.MAX_GRID_POINTS; ``no_guarantee`` when
+        not even MAX_PLD_DISCRETIZATION does."""
+        d, coarsest = self.discretization, max(MAX_PLD_DISCRETIZATION, self.discretization)
+        while True:
+            try:
+                return query(d)
+            except pld.GridTooWideError as err:
+                factor = err.points / pld.MAX_GRID_POINTS  # grid points scale as 1/d
+                if not factor <= coarsest / d:  # also ∞ or NaN points
+                    return no_guarantee
+                d *= 2 ** max(1, math.ceil(math.log2(factor)))
+                if d > coarsest:
+                    return no_guarantee
+
     def _epsilon(self, delta: float) -> float:
-        try:
-            return pld.epsilon(self._triples(), delta, self.discretization)
-        except pld.GridTooWideError:  # noise too small to discretise: no meaningful guarantee
-            return math.inf
+        return self._on_fitting_grid(lambda d: pld.epsilon(self._triples(), delta, d), math.inf)
 
     def _delta(self, epsilon: float) -> float:
-        try:
-            return pld.delta(self._triples(), epsilon, self.discretization)
-        except pld.GridTooWideError:
-            return 1.0
+        return self._on_fitting_grid(lambda d: pld.delta(self._triples(), epsilon, d), 1.0)
 
 
 class RdpAccountant(Accountant):

@@ -4,7 +4,10 @@ A port of the path dp_accounting 0.6's ``PLDAccountant`` (add-or-remove-one, pes
 connect-the-dots, default truncations) takes for ``PoissonSampledDpEvent(p, GaussianDpEvent(σ))``
 (``GaussianDpEvent(σ)`` when p = 1) composed ``count`` times per event, then ``get_epsilon`` /
 ``get_delta``. It keeps their grids, truncations, rounding and FFT lengths, so ε and δ match theirs
-to floating-point noise, without importing dp_accounting, scipy.stats or scipy.signal.
+to floating-point noise, without importing dp_accounting, scipy.stats or scipy.signal. Where theirs
+breaks down for a small σ this one departs from it: a grid past MAX_GRID_POINTS raises
+GridTooWideError (theirs exhausts memory), ε at losses past ~700 nats is found in log space (theirs
+underflows e^{-l}, then returns the loss itself or ∞), and δ is kept in [0, 1].
 
 Privacy losses and ε are in nats; σ is the noise multiplier (noise std / L2 sensitivity); p is the
 per-round Poisson sampling probability. A PMF holds mass on the grid ``(lower + i)·d`` (d: the
@@ -24,6 +27,10 @@ from scipy import special
 _LOG_MASS_TRUNCATION = -50.0  # GaussianPrivacyLoss log_mass_truncation_bound
 _TAIL_MASS_TRUNCATION = 1e-15  # PrivacyLossDistribution.compose / self_compose default
 _MAX_SPARSE_SIZE = 1000  # pld_pmf._MAX_PMF_SPARSE_SIZE
+_MAX_NOISE_STD = 1e150
+#: from here on dp_accounting's 1 − 1/q (relative error ~1e-16/(1 − q)) is replaced: within ulps of
+#: q = 1 it cancels against e^ε to NaN
+_NEAR_ONE = 1 - 1e-6
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,11 @@ def _privacy_loss(x: float, s: float, q: float, add: bool) -> float:
     return loss if q == 1.0 else float(_log_a_exp_b_plus_c(q, loss, 1 - q))
 
 
+def _log_expm1(z: np.ndarray) -> np.ndarray:
+    """ln(e^z − 1) for z ≥ 0 (NaN below), without overflow for large z."""
+    return np.where(z > 1, z + np.log1p(-np.exp(-np.maximum(z, 1))), np.log(np.expm1(np.minimum(z, 1))))
+
+
 def _inverse_privacy_loss(eps: np.ndarray, s: float, q: float, add: bool) -> np.ndarray:
     """Largest output x whose privacy loss is ≥ eps (nats)."""
     # ports AdditiveNoisePrivacyLoss._inverse_privacy_loss_remove/_add with GaussianPrivacyLoss
@@ -70,7 +82,11 @@ def _inverse_privacy_loss(eps: np.ndarray, s: float, q: float, add: bool) -> np.
     else:
         sign = -1.0 if add else 1.0
         with np.errstate(divide="ignore", invalid="ignore"):
-            unsampled = sign * _log_a_exp_b_plus_c(1 / q, sign * eps, 1 - 1 / q)
+            if q < _NEAR_ONE:
+                unsampled = sign * _log_a_exp_b_plus_c(1 / q, sign * eps, 1 - 1 / q)
+            else:  # ln((1 − q)·(e^{±ε − ln(1−q)} − 1)/q): the same, without 1 − 1/q
+                log_1mq = math.log1p(-q)
+                unsampled = sign * (log_1mq + _log_expm1(sign * eps - log_1mq) - math.log(q))
         edge = sign * math.log(1 - q)  # where the unsampled loss is ∓∞ (math.isclose, as theirs)
         unsampled[np.abs(eps - edge) <= 1e-9 * np.maximum(np.abs(eps), abs(edge))] = -sign * math.inf
     x = -0.5 - unsampled * s**2
@@ -118,31 +134,49 @@ def _connect_dots(lower: int, deltas: np.ndarray, d: float) -> _Pmf:
     return _Pmf(lower, np.maximum(0.0, probs), float(deltas[-1]), d, len(probs) <= _MAX_SPARSE_SIZE)
 
 
-#: largest one-round PLD grid (float64 values: 400 MB); dp_accounting has no such guard and
-#: exhausts memory for a noise multiplier near 0 (σ = 1e-6 asks for 5e15 points)
-MAX_GRID_POINTS = 50_000_000
+#: largest PLD grid, one round's or a composition's (8 MB of float64; a query this size takes a few
+#: seconds). dp_accounting has no such guard and exhausts memory for a small noise multiplier
+#: (σ = 0.03 asks for 9e6 points per round and more per composition, σ = 1e-6 for 5e15).
+#: The accountant (``PldAccountant``) retries on a coarser grid, which is still an upper bound.
+MAX_GRID_POINTS = 1 << 20
 
 
 class GridTooWideError(ValueError):
-    """The privacy loss of a round spans more than MAX_GRID_POINTS grid points (noise too small)."""
+    """A PLD would span more than MAX_GRID_POINTS grid points (noise too small for the grid)."""
+
+    def __init__(self, what: str, points: float) -> None:
+        super().__init__(f"{what} needs {points:.3g} grid points (at most {MAX_GRID_POINTS})")
+        self.points = points
+
+
+def _check_grid(what: str, points: float) -> None:
+    if not points <= MAX_GRID_POINTS:  # also catches NaN
+        raise GridTooWideError(what, points)
 
 
 def _gaussian_pmf(s: float, q: float, d: float, add: bool) -> _Pmf:
     """One round of the Gaussian mechanism, noise std s (sensitivity 1), sampling probability q."""
     # ports privacy_loss_distribution._create_pld_pmf_from_monotone_privacy_loss (connect the dots)
     # with GaussianPrivacyLoss.privacy_loss_tail / connect_dots_bounds
-    tail_x = special.ndtri(0.5 * math.exp(_LOG_MASS_TRUNCATION)) * s
+    if s * s == 0:  # the privacy loss (·)/s² is unbounded in floating point
+        raise GridTooWideError(f"noise std {s:g}", math.inf)
+    tail_x = float(special.ndtri(0.5 * math.exp(_LOG_MASS_TRUNCATION))) * s
     lower_x, upper_x = (tail_x, -tail_x + 1) if add else (tail_x - 1, -tail_x)
-    hi = math.ceil(_privacy_loss(lower_x, s, q, add) / d)
-    lo = math.floor(_privacy_loss(upper_x, s, q, add) / d)
-    if hi - lo + 1 > MAX_GRID_POINTS:
-        raise GridTooWideError(f"noise std {s:g} needs {hi - lo + 1:.3g} grid points")
+    top, bottom = _privacy_loss(lower_x, s, q, add) / d, _privacy_loss(upper_x, s, q, add) / d
+    if not math.isfinite(top - bottom):
+        raise GridTooWideError(f"noise std {s:g}", math.inf)
+    lo, hi = math.floor(bottom), math.ceil(top)
+    _check_grid(f"noise std {s:g}", hi - lo + 1)
     return _connect_dots(lo, _hockey_stick(np.arange(lo, hi + 1) * d, s, q, add), d)
 
 
 @functools.lru_cache(maxsize=32)
 def _gaussian_pld(s: float, q: float, d: float) -> _Pld:
-    """PLD of one round; ports privacy_loss_distribution.from_gaussian_mechanism."""
+    """PLD of one round; ports privacy_loss_distribution.from_gaussian_mechanism.
+
+    Noise std is capped at _MAX_NOISE_STD, where s² would overflow: more noise only shrinks the
+    privacy loss, so the capped PLD dominates (an upper bound; both have ε ≈ 0 on any grid)."""
+    s = min(s, _MAX_NOISE_STD)
     remove = _gaussian_pmf(s, q, d, add=False)
     return (remove, remove) if q == 1.0 else (remove, _gaussian_pmf(s, q, d, add=True))
 
@@ -203,6 +237,7 @@ def _truncate_tails(probs: np.ndarray, tail: float) -> tuple[int, np.ndarray, fl
 def _compose(a: _Pmf, b: _Pmf, tail: float = _TAIL_MASS_TRUNCATION) -> _Pmf:
     """PMF of the sum of independent losses from a and b, tails truncated by ≤ tail."""
     # ports pld_pmf.compose_pmfs, SparsePLDPmf.compose and DensePLDPmf.compose
+    _check_grid("a composition", len(a.probs) + len(b.probs) - 1)
     sparse = a.sparse and b.sparse and len(a.probs) * len(b.probs) <= _MAX_SPARSE_SIZE
     offset, probs, to_inf = _truncate_tails(_convolve(a.probs, b.probs, exact=sparse), tail)
     inf_mass = a.inf_mass + b.inf_mass - a.inf_mass * b.inf_mass + to_inf
@@ -243,6 +278,7 @@ def _self_compose(pmf: _Pmf, n: int, tail: float = _TAIL_MASS_TRUNCATION) -> _Pm
     # ports DensePLDPmf.self_compose and common.self_convolve: FFT power at an 11-smooth length
     lower, upper = _self_convolve_bounds(pmf.probs, n, tail)
     size = upper - lower + 1
+    _check_grid(f"{n} rounds", size)
     fast = _next_fast_len(max(size, len(pmf.probs)), (2, 3, 5, 7, 11))
     probs = np.roll(np.real(np.fft.ifft(_fft(pmf.probs, fast) ** n)), -lower)[:size]
     inf_mass = tail - math.expm1(n * math.log1p(-pmf.inf_mass))
@@ -285,13 +321,35 @@ def _delta_for_epsilon(pmf: _Pmf, eps: float) -> float:
     # ports pld_pmf._get_delta_for_epsilon
     losses = _losses(pmf)
     above = losses > eps
-    return float(pmf.inf_mass + np.dot(-np.expm1(eps - losses[above]), pmf.probs[above]))
+    value = float(pmf.inf_mass + np.dot(-np.expm1(eps - losses[above]), pmf.probs[above]))
+    return min(1.0, max(0.0, value))  # FFT round-off can land a few ulps outside [0, 1]
+
+
+def _log_tail_exp_mass(losses: np.ndarray, probs: np.ndarray, d: float) -> np.ndarray:
+    """ln E[e^{-L}; L ≥ l_k] at each k for losses l_k descending by about d: ln of a signed sum (FFT
+    round-off leaves probabilities a few ulps below 0), −∞ where that sum is not positive.
+
+    The sum is carried as e^{-l_k}·t_k, t_k = e^{l_k − l_{k−1}}·t_{k−1} + p_k, so that nothing under- or
+    overflows however far the losses reach; blocks spanning ≤ 500 nats are summed with one cumsum."""
+    n, out, carry = len(losses), np.empty(len(losses)), 0.0
+    block = max(1, int(500 / d))
+    for start in range(0, n, block):
+        top, span = losses[start], losses[start : start + block]
+        before = losses[start - 1] if start else top
+        t = np.exp(span - top) * np.cumsum(probs[start : start + block] * np.exp(top - span))
+        t += np.exp(span - before) * carry
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[start : start + block] = np.where(t > 0, np.log(t), -np.inf) - span
+        carry = t[-1]
+    return out
 
 
 def _epsilon_for_delta(pmf: _Pmf, delta: float) -> float:
     """Smallest ε ≥ 0 (nats) whose hockey-stick divergence is ≤ delta; ∞ if none."""
     # ports pld_pmf._get_epsilon_for_delta, vectorised: scanning losses l from the top, state k holds
     # upper = P[L > l_k] (with +∞) and lower = E[e^{-L}; L > l_k]; stop once ln((upper−δ)/lower) ≥ l_k.
+    # lower is kept as a logarithm: dp_accounting's e^{-l} underflows for losses past ~700 nats (small
+    # σ), where it returns the loss itself rather than a bound, or its ratio overflows to ε = ∞.
     if pmf.inf_mass > delta:
         return math.inf
     n, probs = len(pmf.probs), pmf.probs[::-1]
@@ -300,19 +358,14 @@ def _epsilon_for_delta(pmf: _Pmf, delta: float) -> float:
     else:  # DensePLDPmf walks itertools.count(top, -d), accumulating the step
         losses = np.cumsum(np.r_[(pmf.lower + n - 1) * pmf.d, np.full(n - 1, -pmf.d)])
     upper = np.cumsum(np.r_[pmf.inf_mass, probs])
-    with np.errstate(all="ignore"):  # states past the stopping point may overflow; they are unused
-        lower = np.cumsum(np.r_[0.0, np.exp(-losses) * probs])
-        found = (
-            (upper[:-1] > delta) & (lower[:-1] > 0) & (np.log((upper[:-1] - delta) / lower[:-1]) >= losses)
-        )
+    log_lower = np.r_[-np.inf, _log_tail_exp_mass(losses, probs, pmf.d)]
+    with np.errstate(invalid="ignore", divide="ignore"):  # states with upper ≤ δ are never used
+        candidate = np.log(upper - delta) - log_lower  # the ε solving upper − e^ε·lower = δ
+    found = (upper[:-1] > delta) & (log_lower[:-1] > -np.inf) & (candidate[:-1] >= losses)
     stop = int(found.argmax()) if found.any() else n
-    # losses so large that e^{-l} underflows to 0: dp_accounting returns max(0, l) once upper ≥ δ
-    underflow = (upper[1:] >= delta) & (lower[1:] == 0)
-    if underflow[:stop].any():
-        return max(0.0, float(losses[underflow.argmax()]))
-    if upper[stop] <= lower[stop] + delta:
+    if upper[stop] <= delta or candidate[stop] <= 0:
         return 0.0
-    return math.log((upper[stop] - delta) / lower[stop])
+    return float(candidate[stop])
 
 
 def epsilon(events: Iterable[tuple[float, float, int]], delta: float, discretization: float = 1e-4) -> float:
