@@ -9,7 +9,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from common.config import from_flat
 from server.federation import run_federation
-from server.report import default_run_dir
+from server.run_dir import default_run_dir
 
 app = ServerApp()
 

@@ -28,9 +28,10 @@ from server import checkpoint
 from server.checkpoint import LoopState
 from server.evaluation import Evaluator
 from server.releases import RunHandles, make_release
-from server.report import RunDir, fingerprint, format_summary
 from server.round import RoundRecord, run_round
+from server.run_dir import RunDir, fingerprint
 from server.sampling import os_sampler, poisson_sample
+from server.summary import format_summary
 
 log = logging.getLogger("fedlora.server")
 

@@ -13,7 +13,7 @@ from common.errors import FedloraError
 from common.options import add_config_arguments as add_options
 from common.options import config_values
 from server.inprocess import InProcessGrid, load_component
-from server.report import default_run_dir
+from server.run_dir import default_run_dir
 
 CLIENT_APP = "client.app:app"  # as in pyproject.toml [tool.flwr.app.components]
 SERVER_APP = "server.app:app"

@@ -12,6 +12,8 @@ from common.errors import FedloraError
 from server.bench.codec import ORDERS
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.integration
+
 TINY = [
     "--preset",
     "minilm-rt",

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = Path(
     os.environ.get("FEDLORA_DOCKER_COMPOSE", ROOT / ".venv" / "compose-v1" / "bin" / "docker-compose")

@@ -25,6 +25,8 @@ from common.wire import InvalidReply, TrainInstruction, parse_stats_reply, stats
 from server.drencoder import AE_CONFIGS, AE_FILE, ServerCodec, ae_latent_size
 from tests.harness import TINY, federate, message_identity, records
 
+pytestmark = pytest.mark.integration
+
 DR = dict(mechanism="dr-encoder", noise_multiplier=1.0, clip=0.5, ae_steps=2)
 
 

@@ -15,7 +15,7 @@ from common.config import preset
 from server.simulate import simulate
 
 ROOT = Path(__file__).parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def _kill_local_superlink(flwr_home: Path) -> None:

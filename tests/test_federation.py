@@ -20,6 +20,8 @@ from server.inprocess import InProcessGrid, load_component
 from server.simulate import CLIENT_APP, simulate
 from tests.harness import TINY, federate, records, serve
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def minilm_run(tmp_path_factory):

@@ -16,6 +16,8 @@ import pytest
 
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.process
+
 SIGMA, CLIP, ROUNDS = 1.5, 0.5, 5
 RUN = [
     "simulate",
