@@ -9,14 +9,14 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from autoencoder.layout import is_factor
-from client.gradstats import local_stats, privatise
+from client.dp.sample_plan import SamplePlan, plan_sample_noise
+from client.drencoder.gradstats import local_stats, privatise
 from client.increment import increment as local_increment
-from client.local_train import local_update
-from client.node import NodePolicy
+from client.local_update import local_update
+from client.node.policy import NodePolicy
+from client.node.shard import MODEL_PATH, Shard, load_global, node_shard
+from client.node.state import node_state_dir, sample_ledger
 from client.releases import CLIENT_RELEASES
-from client.sample_privacy import SamplePlan, plan_sample_noise
-from client.shard import MODEL_PATH, Shard, load_global, node_shard
-from client.state import node_state_dir, sample_ledger
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_state
@@ -30,8 +30,8 @@ app = ClientApp()
 def _start(context: Context, global_state: AdapterState) -> tuple[RunConfig, int, int, Shard]:
     """``(cfg, partition id, partitions, shard)`` with ``global_state`` loaded into the shard's model.
 
-    The node config says where the data and model come from (client/shard.py) and what the node
-    accepts (client/node.py): a run its policy refuses raises before any training."""
+    The node config says where the data and model come from (client/node/shard.py) and what the node
+    accepts (client/node/policy.py): a run its policy refuses raises before any training."""
     node = dict(context.node_config)
     cfg = from_flat(dict(context.run_config)).check()
     NodePolicy.from_node_config(node).check_run(cfg)
@@ -42,7 +42,7 @@ def _start(context: Context, global_state: AdapterState) -> tuple[RunConfig, int
 
 @app.query("gradstats")
 def gradstats(msg: Message, context: Context) -> Message:
-    """DR-Encoder Algorithm 1 statistics of one round's local steps (client/gradstats.py), with the
+    """DR-Encoder Algorithm 1 statistics of one round's local steps (client/drencoder/gradstats.py), with the
     run config's settings (noised when ``stats-noise-multiplier`` > 0)."""
     query = StatsQuery.from_record(msg.content)
     cfg, pid, _, shard = _start(context, query.global_state)

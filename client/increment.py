@@ -6,7 +6,7 @@ so its norm and its statistics do too (docs/design.md §2).
 
 ``horizontal``: PRISM's horizontal (minimum-factor-norm) lift of the same first-order change
 ``dA Bᵀ + A dBᵀ`` at the global factors (PRISM Prop. A.11; docs/design.md §7.6;
-:func:`client.prism.horizontalize`): ``(dA + AΩ, dB − BΩᵀ)`` with ``AᵀdA' = dB'ᵀB``. The first-order
+:func:`client.dp.prism.horizontalize`): ``(dA + AΩ, dB − BΩᵀ)`` with ``AᵀdA' = dB'ᵀB``. The first-order
 change of ``Z`` is kept exactly and the gauge (vertical) component is removed; the second-order term
 ``dA dBᵀ`` that adding the factors also applies is not kept (at PEFT's init, ``A = 0``, the lift keeps
 ``dA`` and projects ``dB`` off ``span(B)``). Dense entries stay raw.
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
-from client.prism import geometry, horizontalize
+from client.dp.prism import geometry, horizontalize
 from common.config import INCREMENT_FORMS
 
 

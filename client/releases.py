@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from autoencoder.coded import encode_update
-from client.codec import round_codec
+from client.drencoder.round_codec import round_codec
 from common.config import RunConfig
 from common.models import AdapterState
 from common.privacy.release import clip_and_noise

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from client.local_train import local_update
-from client.sample_privacy import SAMPLE_ACCOUNTANT, plan_sample_noise
+from client.dp.sample_plan import SAMPLE_ACCOUNTANT, plan_sample_noise
+from client.local_update import local_update
 from common.config import MECHANISMS, RunConfig
 from common.errors import FedloraError
 from common.models import adapter_state, load_adapter_state

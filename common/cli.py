@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "server.deploy.cli",
         "run a real deployment: flower-superlink + N flower-supernodes + flwr run",
     ),
-    "node": ("client.node", "join a federation as a data owner: a flower-supernode over your own data"),
+    "node": ("client.node.cli", "join a federation as a data owner: a flower-supernode over your own data"),
 }
 
 

@@ -21,7 +21,7 @@ MECHANISMS: dict[str, tuple[str, str]] = {
     "ffa": ("ffa", "none"),
     "dr-encoder": ("none", "dr-encoder"),
 }
-#: sample-level local optimizers (client/optimizers registers the DP ones under these names)
+#: sample-level local optimizers (client/dp/optimizers registers the DP ones under these names)
 LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa")
 RELEASES = ("none", "gaussian", "dr-encoder")
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)

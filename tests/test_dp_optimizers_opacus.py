@@ -2,7 +2,7 @@
 independent implementation: per-example gradients, the global per-example clip, the clipped sum, the
 division by the expected batch size, and the noise scale.
 
-Opacus's clip factor is ``min(1, C / (‖g_i‖ + 1e-6))``; ours (client.prism.clip_coefficients) is
+Opacus's clip factor is ``min(1, C / (‖g_i‖ + 1e-6))``; ours (client.dp.prism.clip_coefficients) is
 ``min(1, C / sqrt(‖g_i‖² + 1e-12))``. The two differ by a relative ``≈ 1e-6 / ‖g_i‖`` on clipped
 examples. The float64 tests check both ways: exactly with Opacus's own factors fed to our
 accumulation, and with our factors within the bound that difference implies (nothing looser).
@@ -19,11 +19,11 @@ from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 from torch import Tensor, nn
 
-import client.dp_train as dp_train_module
-from client.dp_train import DpSteps, _DenseDp, dp_train
-from client.grad_sample import GradSampler
-from client.optimizers.factor import FactorDp
-from client.prism import clip_coefficients
+import client.dp.engine as dp_train_module
+from client.dp.engine import DpSteps, _DenseDp, dp_train
+from client.dp.grad_sample import GradSampler
+from client.dp.optimizers.factor import FactorDp
+from client.dp.prism import clip_coefficients
 from common.models.lora import dense_trainables, lora_layers
 from common.tasks.classifier import ClassifierTask
 from common.tasks.language_model import LanguageModelTask

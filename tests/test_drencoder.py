@@ -15,7 +15,7 @@ from autoencoder.layout import Layout
 from autoencoder.normalise import NORMALISATIONS
 from autoencoder.synthetic import GRANULARITIES, pack_stats, unpack_stats
 from autoencoder.train import LATENT_MODES
-from client.gradstats import privatise
+from client.drencoder.gradstats import privatise
 from common import config
 from common.config import preset
 from common.errors import FedloraError
@@ -201,7 +201,7 @@ def test_encoder_goes_to_each_node_once_and_stays_in_its_state_dir(dr_run):
     cached = run_dir.parent / "nodes" / "node-1" / "encoders" / f"{version}.safetensors"
     assert cached.is_file()
     # A restarted node (empty memory) encodes from its state dir alone; without it, a clear error.
-    from client import codec as client_codec
+    from client.drencoder import round_codec as client_codec
 
     client_codec._ENCODERS.clear()
     layout = load_checkpoint(run_dir / AE_FILE)[0].layout

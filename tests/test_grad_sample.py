@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from client.grad_sample import GradSampler
+from client.dp.grad_sample import GradSampler
 from common.data.prompts import prompt_for
 from common.models.lora import dense_trainables, lora_layers
 from common.tasks.classifier import ClassifierTask

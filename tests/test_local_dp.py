@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from client.dp_train import DpSteps, dp_train, poisson_batch
-from client.grad_sample import GradSampler
-from client.optimizers import DP_OPTIMIZERS, PrismDp, make_dp_optimizer
-from client.prism import clip_coefficients, lift, tangent_sq_norm
-from client.sample_privacy import plan_sample_noise
+from client.dp.engine import DpSteps, dp_train, poisson_batch
+from client.dp.grad_sample import GradSampler
+from client.dp.optimizers import DP_OPTIMIZERS, PrismDp, make_dp_optimizer
+from client.dp.prism import clip_coefficients, lift, tangent_sq_norm
+from client.dp.sample_plan import plan_sample_noise
 from common.config import LOCAL_OPTIMIZERS, MECHANISMS, RunConfig
 from common.errors import FedloraError
 from common.models.lora import get_factors, lora_layers

@@ -2,7 +2,7 @@
 
 import pytest
 
-from client.state import node_state_dir, sample_ledger
+from client.node.state import node_state_dir, sample_ledger
 from common.errors import FedloraError
 from common.privacy.ledger import Charge
 

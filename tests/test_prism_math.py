@@ -1,4 +1,4 @@
-"""PRISM math (client/prism): the properties listed in docs/design.md §7.10 (items 1–10), plus the
+"""PRISM math (client/dp/prism): the properties listed in docs/design.md §7.10 (items 1–10), plus the
 init and eigh fallback.
 
 Dense ``m × n`` matrices appear only here, as references. float64 where exactness matters.
@@ -12,7 +12,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from client.prism import (
+from client.dp.prism import (
     adaptive_direction,
     balanced_random_init,
     clip_coefficients,

@@ -15,8 +15,8 @@ import torch
 from peft.tuners.lora import LoraLayer
 from torch import Tensor
 
-from client.optimizers import PrismDp
-from client.prism import geometry, tangent_noise
+from client.dp.optimizers import PrismDp
+from client.dp.prism import geometry, tangent_noise
 from common.errors import FedloraError
 from common.models.lora import get_factors, lora_layers, set_factors
 from common.models.lora_init import apply_lora_init

@@ -131,7 +131,7 @@ def test_central_mean_clips_again_on_the_server():
 def test_calibration_includes_the_noised_statistics_round():
     """The statistics round is charged as round 0: σ is calibrated so that it and every round
     together meet the target, and a node's planned epsilon counts it."""
-    from client.node import planned_client_epsilon
+    from client.node.policy import planned_client_epsilon
 
     base = dict(mechanism="dr-encoder", target_epsilon=6.0, threat_model="central", rounds=5, sample_rate=0.5)
     plain = plan_noise(preset("default", **base).check())

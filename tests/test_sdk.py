@@ -1,5 +1,5 @@
-"""The client SDK (client/sdk.py), the node's policy (client/node.py), a node's own data and model
-(client/shard.py), and the README's SDK example run as a new user would, against a real
+"""The client SDK (client/node/sdk.py), the node's policy (client/node/policy.py), a node's own data and model
+(client/node/shard.py), and the README's SDK example run as a new user would, against a real
 flower-superlink (slow)."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pytest
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from client import sdk
-from client.node import NodePolicy, planned_client_epsilon
-from client.shard import load_own_shard, node_shard
-from client.state import sample_ledger
+from client.node import sdk
+from client.node.policy import NodePolicy, planned_client_epsilon
+from client.node.shard import load_own_shard, node_shard
+from client.node.state import sample_ledger
 from common.config import preset
 from common.data.owner import read_jsonl
 from common.errors import FedloraError

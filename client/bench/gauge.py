@@ -15,7 +15,7 @@ import json
 import numpy as np
 import torch
 
-from client.prism import geometry, tangent_noise, tangent_sq_norm
+from client.dp.prism import geometry, tangent_noise, tangent_sq_norm
 
 
 def gauge_sweep(

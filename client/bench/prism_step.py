@@ -1,7 +1,7 @@
 """``fedlora bench prism-step``: step time and peak memory of PRISM vs factor-space DP-AdamW.
 
 Both optimizers run on one model, batch, sequence length and set of LoRA targets, through the same
-engine (client/dp_train.py: per-example gradients, global clip, noise, step), interleaved in one
+engine (client/dp/engine.py: per-example gradients, global clip, noise, step), interleaved in one
 process; each figure is the median over ``--repeats`` steps after a warm-up step each. A step here is
 one logical batch of exactly ``--batch`` examples of ``--seq`` tokens (news-articles blocks).
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from client.dp_train import DpSteps, dp_train
-from client.optimizers import make_dp_optimizer
+from client.dp.engine import DpSteps, dp_train
+from client.dp.optimizers import make_dp_optimizer
 from common.config import RunConfig
 from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init

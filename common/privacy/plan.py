@@ -1,5 +1,5 @@
 """Client-level privacy of a run: the noise plan, the noise each client adds, the ε the run plans,
-and the budget stop. The server (server/federation.py) and a data owner's node (client/node.py)
+and the budget stop. The server (server/federation.py) and a data owner's node (client/node/policy.py)
 judge a run by this one plan.
 
 Distributed noise is sized for the fewest replies a round may be applied with: each of the K

@@ -1,6 +1,6 @@
-"""A data owner's node: the privacy policy its ClientApp enforces, and ``fedlora node``.
+"""A data owner's node: the privacy policy its ClientApp enforces (``fedlora node``: client/node/cli.py).
 
-The policy lives in the node config (``flower-supernode --node-config``, written by client/sdk.py):
+The policy lives in the node config (``flower-supernode --node-config``, written by client/node/sdk.py):
 
 ``mechanism``        the only mechanism the node takes part in (as the preset defines it: a run
                      that overrides its local optimizer or release is another mechanism)
@@ -19,7 +19,6 @@ reply starting ``node policy:``, which the server records as a rejected reply.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -150,62 +149,4 @@ def _flag(value: object) -> bool:
     raise ValueError(value)
 
 
-# --- fedlora node ----------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the federation's SuperLink")
-    parser.add_argument("--data", required=True, metavar="PATH", help="your examples: JSONL of {text, label}")
-    parser.add_argument(
-        "--mechanism", required=True, choices=list(MECHANISMS), help="the only mechanism this node joins"
-    )
-    parser.add_argument(
-        "--epsilon", type=float, help="your privacy budget for that mechanism (not with fedavg)"
-    )
-    parser.add_argument("--delta", type=float, default=1e-5, help="the largest delta you accept (1e-5)")
-    parser.add_argument(
-        "--dataset", help="the federation dataset your labels belong to (labels may be names)"
-    )
-    parser.add_argument("--model", help="load the base model from here (local directory or Hugging Face id)")
-    parser.add_argument(
-        "--state-dir", default="~/.fedlora/node", help="persistent node state (ledger, encoders)"
-    )
-    parser.add_argument("--root-certificates", metavar="CA.crt", help="CA certificate of the SuperLink's TLS")
-    parser.add_argument(
-        "--auth-key", metavar="KEY", help="this node's private key (SuperNode authentication)"
-    )
-    parser.add_argument("--insecure", action="store_true", help="plain HTTP, no TLS (your own machine only)")
-    parser.add_argument(
-        "--port", type=int, help="local port for the node's ClientApp process (default: free)"
-    )
-    parser.add_argument(
-        "--allow-clear-statistics",
-        action="store_true",
-        help="take part in dr-encoder runs that send the statistics round in the clear (not private)",
-    )
-    parser.add_argument(
-        "--print-command", action="store_true", help="print the flower-supernode command, run nothing"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    from client import sdk
-
-    options = {
-        "delta": args.delta,
-        "dataset": args.dataset,
-        "model": args.model,
-        "state_dir": args.state_dir,
-        "root_certificates": args.root_certificates,
-        "auth_key": args.auth_key,
-        "insecure": args.insecure,
-        "port": args.port,
-        "clear_statistics": args.allow_clear_statistics,
-    }
-    if args.print_command:
-        import shlex
-
-        print(shlex.join(sdk.command(args.superlink, args.data, args.mechanism, args.epsilon, **options)))
-        return 0
-    return sdk.join(args.superlink, args.data, args.mechanism, args.epsilon, **options)
-
-
-__all__ = ["NodePolicy", "add_arguments", "planned_client_epsilon", "run"]
+__all__ = ["NodePolicy", "planned_client_epsilon"]

@@ -4,7 +4,7 @@ See docs/design.md §7 and the PRISM paper (Wang & Zhang, ICML 2026). Factors: `
 side, ``B: (n, r)`` input side, ``Z = A Bᵀ``.
 """
 
-from client.prism.adaptive import (
+from client.dp.prism.adaptive import (
     Moments,
     adaptive_direction,
     dp_floors,
@@ -12,10 +12,10 @@ from client.prism.adaptive import (
     noise_second_moments,
     preconditioner,
 )
-from client.prism.geometry import Geometry, as_compute, geometry, psd_eigh
-from client.prism.init import balanced_random_init, spectral_init
-from client.prism.retraction import procrustes_align, retract
-from client.prism.tangent import clip_coefficients, horizontalize, lift, tangent_noise, tangent_sq_norm
+from client.dp.prism.geometry import Geometry, as_compute, geometry, psd_eigh
+from client.dp.prism.init import balanced_random_init, spectral_init
+from client.dp.prism.retraction import procrustes_align, retract
+from client.dp.prism.tangent import clip_coefficients, horizontalize, lift, tangent_noise, tangent_sq_norm
 
 __all__ = [
     "Geometry",

@@ -3,7 +3,7 @@
 You keep your data and your model; the federation's server sees only the LoRA adapter increments
 your node sends back, released under the privacy mechanism *you* choose. Three calls::
 
-    from client import sdk
+    from client.node import sdk
 
     data = sdk.prepare_data(my_examples, "my-node/data.jsonl", dataset="rotten-tomatoes")
     sdk.command(superlink="fl.example.org:8000", data=data, mechanism="dp-adamw", epsilon=8.0,
@@ -205,7 +205,7 @@ class NodeConfig:
         )
 
     def node_config(self) -> dict[str, str | float]:
-        """The ``--node-config`` keys the ClientApp reads (client/node.py, client/shard.py)."""
+        """The ``--node-config`` keys the ClientApp reads (client/node/policy.py, client/node/shard.py)."""
         values: dict[str, str | float] = {
             "data-path": str(self.data),
             "state-dir": str(self.state_dir),

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from client.prism.geometry import Geometry
+from client.dp.prism.geometry import Geometry
 from common.errors import FedloraError
 
 #: refusal of factors whose Gram has an eigenvalue ``≤ rcond·max`` (``what`` names the module)

@@ -1,4 +1,4 @@
-"""What every local DP optimizer of LoRA factors provides to the step engine (client/dp_train.py).
+"""What every local DP optimizer of LoRA factors provides to the step engine (client/dp/engine.py).
 
 One logical (Poisson-sampled) batch is: :meth:`begin`, then per micro-batch :meth:`sq_norms` of the
 per-example contributions and :meth:`accumulate` of the clipped ones, then one :meth:`step` that adds

@@ -16,7 +16,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 from torch import Tensor
 
-from client.optimizers.base import FactorGrads
+from client.dp.optimizers.base import FactorGrads
 
 
 class FactorDp:

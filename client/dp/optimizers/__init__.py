@@ -1,8 +1,8 @@
 """Local (sample-level) DP optimizers of LoRA factors, one registry (like Opacus's ``optimizers/``).
 
-``prism`` tangent-space DP (client/optimizers/prism.py); ``dp-adamw`` factor-space DP-SGD + AdamW
-and ``ffa`` (frozen ``lora_A``) (client/optimizers/factor.py). ``none`` (non-private AdamW) is not a
-DP optimizer and lives in client/local_train.py.
+``prism`` tangent-space DP (client/dp/optimizers/prism.py); ``dp-adamw`` factor-space DP-SGD + AdamW
+and ``ffa`` (frozen ``lora_A``) (client/dp/optimizers/factor.py). ``none`` (non-private AdamW) is not a
+DP optimizer and lives in client/local_update.py.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from peft.tuners.lora import LoraLayer
 
-from client.optimizers.base import FactorGrads, LoraDpOptimizer
-from client.optimizers.factor import FactorDp
-from client.optimizers.prism import PrismDp
+from client.dp.optimizers.base import FactorGrads, LoraDpOptimizer
+from client.dp.optimizers.factor import FactorDp
+from client.dp.optimizers.prism import PrismDp
 from common.errors import FedloraError
 
 #: name -> factory(layers, lr, **options)

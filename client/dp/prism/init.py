@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from client.prism.geometry import as_compute
+from client.dp.prism.geometry import as_compute
 from common.models.lora_init import balanced_random_init
 
 __all__ = ["balanced_random_init", "spectral_init"]

@@ -9,7 +9,7 @@ Noise ``N(0, σ²C²)`` is added to the **sum** and the result divided by the ex
 (docs/design.md §7.7: the official code divides by the realised Poisson batch).
 
 Floors (``floor``): ``"clamp"`` (the official code's eigenvalue floor ``max(w, λ)``) or ``"ridge"``
-(the paper's ``(V + λI)^{-1/2}``); see client/prism/adaptive.py. The default is ``clamp``, the official
+(the paper's ``(V + λI)^{-1/2}``); see client/dp/prism/adaptive.py. The default is ``clamp``, the official
 code's choice; the two have not yet been compared by a measured run here.
 """
 
@@ -19,8 +19,8 @@ import torch
 from peft.tuners.lora import LoraLayer
 from torch import Tensor
 
-from client.optimizers.base import FactorGrads
-from client.prism import (
+from client.dp.optimizers.base import FactorGrads
+from client.dp.prism import (
     Geometry,
     Moments,
     adaptive_direction,
@@ -33,8 +33,8 @@ from client.prism import (
     tangent_noise,
     tangent_sq_norm,
 )
-from client.prism.adaptive import Floor, FloorMode
-from client.prism.tangent import RANK_DEFICIENT
+from client.dp.prism.adaptive import Floor, FloorMode
+from client.dp.prism.tangent import RANK_DEFICIENT
 from common.errors import FedloraError
 from common.models.lora import get_factors, set_factors
 

@@ -1,5 +1,5 @@
 """A client's local optimisation: non-private AdamW on the mean loss (``none``), or sample-level DP
-steps with one of client/optimizers (``prism``, ``dp-adamw``, ``ffa``) through client/dp_train.py."""
+steps with one of client/dp/optimizers (``prism``, ``dp-adamw``, ``ffa``) through client/dp/engine.py."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from client.dp_train import DpSteps, dp_train
-from client.optimizers import make_dp_optimizer
-from client.sample_privacy import SamplePlan
+from client.dp.engine import DpSteps, dp_train
+from client.dp.optimizers import make_dp_optimizer
+from client.dp.sample_plan import SamplePlan
 from common.config import RunConfig
 from common.models.lora import lora_layers
 from common.tasks import Task, sample_batches

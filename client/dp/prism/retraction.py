@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from client.prism.geometry import as_compute
+from client.dp.prism.geometry import as_compute
 
 
 def procrustes_align(A_new: Tensor, B_new: Tensor, A_ref: Tensor, B_ref: Tensor) -> tuple[Tensor, Tensor]:

@@ -4,10 +4,10 @@ gradients, one global clip per example, noise on the clipped sum, an optimizer s
 Per step (DP-SGD, Abadi et al. 2016, as Opacus runs it): each example is included independently with
 probability ``q`` (a step may draw none: it still releases noise, as the accountant assumes); the
 logical batch is split into micro-batches of at most ``microbatch`` examples; per-example gradients of
-the LoRA factors and of dense trainables (a classifier head) come from client/grad_sample.py; each
+the LoRA factors and of dense trainables (a classifier head) come from client/dp/grad_sample.py; each
 example's whole contribution is clipped to ``C``; the sums get ``N(0, σ²C²)`` noise and are divided by
 the expected batch size ``qN``. Dense trainables always take factor-space DP with AdamW; the LoRA
-factors go to the chosen optimizer (client/optimizers). DP randomness (sampling and noise) comes from
+factors go to the chosen optimizer (client/dp/optimizers). DP randomness (sampling and noise) comes from
 the OS, never from the run's seed; tests may pass their own generators.
 """
 
@@ -23,9 +23,9 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from client.grad_sample import GradSampler
-from client.optimizers import LoraDpOptimizer
-from client.prism import clip_coefficients
+from client.dp.grad_sample import GradSampler
+from client.dp.optimizers import LoraDpOptimizer
+from client.dp.prism import clip_coefficients
 from common.models.lora import dense_trainables
 from common.tasks import Task
 from common.tasks.base import chunks

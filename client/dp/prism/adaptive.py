@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from client.prism.geometry import Geometry, as_compute, psd_eigh
+from client.dp.prism.geometry import Geometry, as_compute, psd_eigh
 
 Floor = Literal["clamp", "ridge"]
 FloorMode = Literal["scalar", "geometry", "none"]

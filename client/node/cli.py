@@ -1,0 +1,68 @@
+"""``fedlora node``: a data owner's flower-supernode over their own data, with their policy
+(client/node/policy.py) in its node config (client/node/sdk.py writes it)."""
+
+from __future__ import annotations
+
+import argparse
+
+from common.config import MECHANISMS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the federation's SuperLink")
+    parser.add_argument("--data", required=True, metavar="PATH", help="your examples: JSONL of {text, label}")
+    parser.add_argument(
+        "--mechanism", required=True, choices=list(MECHANISMS), help="the only mechanism this node joins"
+    )
+    parser.add_argument(
+        "--epsilon", type=float, help="your privacy budget for that mechanism (not with fedavg)"
+    )
+    parser.add_argument("--delta", type=float, default=1e-5, help="the largest delta you accept (1e-5)")
+    parser.add_argument(
+        "--dataset", help="the federation dataset your labels belong to (labels may be names)"
+    )
+    parser.add_argument("--model", help="load the base model from here (local directory or Hugging Face id)")
+    parser.add_argument(
+        "--state-dir", default="~/.fedlora/node", help="persistent node state (ledger, encoders)"
+    )
+    parser.add_argument("--root-certificates", metavar="CA.crt", help="CA certificate of the SuperLink's TLS")
+    parser.add_argument(
+        "--auth-key", metavar="KEY", help="this node's private key (SuperNode authentication)"
+    )
+    parser.add_argument("--insecure", action="store_true", help="plain HTTP, no TLS (your own machine only)")
+    parser.add_argument(
+        "--port", type=int, help="local port for the node's ClientApp process (default: free)"
+    )
+    parser.add_argument(
+        "--allow-clear-statistics",
+        action="store_true",
+        help="take part in dr-encoder runs that send the statistics round in the clear (not private)",
+    )
+    parser.add_argument(
+        "--print-command", action="store_true", help="print the flower-supernode command, run nothing"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from client.node import sdk
+
+    options = {
+        "delta": args.delta,
+        "dataset": args.dataset,
+        "model": args.model,
+        "state_dir": args.state_dir,
+        "root_certificates": args.root_certificates,
+        "auth_key": args.auth_key,
+        "insecure": args.insecure,
+        "port": args.port,
+        "clear_statistics": args.allow_clear_statistics,
+    }
+    if args.print_command:
+        import shlex
+
+        print(shlex.join(sdk.command(args.superlink, args.data, args.mechanism, args.epsilon, **options)))
+        return 0
+    return sdk.join(args.superlink, args.data, args.mechanism, args.epsilon, **options)
+
+
+__all__ = ["add_arguments", "run"]
