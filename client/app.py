@@ -21,7 +21,7 @@ from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_state
 from common.privacy.ledger import Ledger
-from common.privacy.plan import NoisePlan, plan_noise
+from common.privacy.plan import plan_noise
 from common.wire import StatsQuery, TrainInstruction, stats_reply, train_reply
 
 app = ClientApp()
@@ -60,7 +60,7 @@ def gradstats(msg: Message, context: Context) -> Message:
         seed=int(np.random.SeedSequence([cfg.seed, 0, pid]).generate_state(1)[0]),
         device=shard.bundle.device,
     )
-    noise_std = cfg.stats_noise_multiplier * cfg.stats_clip
+    noise_std = cfg.stats_noise_std
     if noise_std > 0:
         stats = privatise(stats, cfg.stats_clip, noise_std)
     reply = stats_reply(stats, {"granularity": cfg.stats_granularity, "noise-std": noise_std})
@@ -113,16 +113,11 @@ def train(msg: Message, context: Context) -> Message:
     return Message(reply, reply_to=msg)
 
 
-@lru_cache(maxsize=8)
-def _client_plan(cfg: RunConfig) -> NoisePlan | None:
-    return plan_noise(cfg)
-
-
 def _check_noise(cfg: RunConfig, noise_std: float) -> None:
     """Refuse a round whose noise is less than the run's plan allows: the client-level guarantee
     must not rest on the noise level the server names. ``local``: σC; ``distributed``: at least
     σC/sqrt(min-replies) (the smallest share, m = min(min-replies, K))."""
-    least = _client_plan(cfg).client_std(cfg.min_replies)
+    least = plan_noise(cfg).client_std(cfg.min_replies)
     if noise_std < least * (1 - 1e-9):
         raise FedloraError(f"round asks noise std {noise_std:.4g} < {least:.4g}, the run's plan")
 

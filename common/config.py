@@ -283,6 +283,11 @@ class RunConfig:
         return self.optimizer_kind != "none" or self.release_kind != "none"
 
     @property
+    def stats_noise_std(self) -> float:
+        """Noise std each client adds to its clipped DR-Encoder statistics (0: sent in the clear)."""
+        return self.stats_noise_multiplier * self.stats_clip
+
+    @property
     def init_kind(self) -> str:
         return self.lora_init or ("peft" if self.optimizer_kind == "none" else "balanced")
 

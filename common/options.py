@@ -30,9 +30,9 @@ def add_config_arguments(
         if f.name in _NOT_OPTIONS or (chosen is not None and f.name not in chosen):
             continue
         meta = f.metadata
-        group = groups.get(meta["group"]) or groups.setdefault(
-            meta["group"], parser.add_argument_group(meta["group"])
-        )
+        if meta["group"] not in groups:
+            groups[meta["group"]] = parser.add_argument_group(meta["group"])
+        group = groups[meta["group"]]
         kind = type(f.default)
         default = defaults.get(f.name)
         group.add_argument(

@@ -87,9 +87,7 @@ class TrainInstruction:
 
     @classmethod
     def from_record(cls, content: RecordDict) -> TrainInstruction:
-        config = dict(content["config"])
-        if config.pop("schema", None) != SCHEMA:
-            raise FedloraError(f"train instruction of another schema than {SCHEMA!r}")
+        config = _config_of(content, "train instruction")
         records = {k: v for k, v in content.items() if k not in ("global", "config")}
         rnd, std = int(config.pop("round")), float(config.pop("noise-std"))
         return cls(rnd, from_record(content["global"]), std, config, records)
@@ -109,9 +107,16 @@ class StatsQuery:
 
     @classmethod
     def from_record(cls, content: RecordDict) -> StatsQuery:
-        if content["config"].get("schema") != SCHEMA:
-            raise FedloraError(f"statistics query of another schema than {SCHEMA!r}")
+        _config_of(content, "statistics query")
         return cls(from_record(content["global"]))
+
+
+def _config_of(content: RecordDict, what: str) -> dict:
+    """An instruction's config record without its ``schema``, which must be :data:`SCHEMA`."""
+    config = dict(content["config"])
+    if config.pop("schema", None) != SCHEMA:
+        raise FedloraError(f"{what} of another schema than {SCHEMA!r}")
+    return config
 
 
 def stats_width(granularity: str, shapes: Mapping[str, tuple[int, ...]]) -> int:

@@ -1,5 +1,5 @@
-"""DR-Encoder on the server (docs/design.md §4, §6): statistics round, autoencoder training and versioning, the
-codec each train round names, and decode + aggregate of the clients' latents.
+"""DR-Encoder on the server (docs/design.md §4, §6): statistics round, autoencoder training and
+versioning, the codec each train round names, and decode + aggregate of the clients' latents.
 
 Phases, before round 1 of a ``dr-encoder`` run:
 1. ``query.gradstats`` to every connected node (no sampling: p = 1). Statistics sent in the clear are
@@ -42,7 +42,7 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.ledger import Charge, Ledger
-from common.privacy.plan import NoisePlan, uncovered
+from common.privacy.plan import STATS_ROUND, NoisePlan, uncovered
 from common.wire import InvalidReply, StatsQuery, parse_stats_reply
 from server.aggregate import private_mean
 
@@ -55,7 +55,6 @@ AE_CONFIGS: dict[str, Callable[[], AeConfig]] = {
     "paper": AeConfig.paper,
     "paper-best": AeConfig.paper_best,
 }
-STATS_ROUND = 0  # the statistics query's row in the client-level ledger
 
 
 class ServerCodec:
@@ -172,9 +171,9 @@ def _stats_round(
     echo: Callable[[str], None],
 ) -> tuple[list[Stats], dict]:
     t0 = time.monotonic()
-    noise_std = cfg.stats_noise_multiplier * cfg.stats_clip
-    for what in uncovered(cfg) if ledger else []:  # recorded before the query, like a charge
-        ledger.note_uncovered(run_id, STATS_ROUND, what)
+    noise_std = cfg.stats_noise_std
+    for rnd, what in uncovered(cfg) if ledger else []:  # recorded before the query, like a charge
+        ledger.note_uncovered(run_id, rnd, what)
     if ledger and noise_std > 0:  # committed before the query (and so any release) goes out
         if ledger.row(run_id, STATS_ROUND) is not None:
             raise FedloraError(

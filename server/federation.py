@@ -3,9 +3,10 @@ with the run's release from server/releases), evaluate, checkpoint, settle.
 
 Kept independent of how the grid is provided (in-process, Flower simulation or a real SuperLink).
 Crash safety (docs/privacy.md, "Crash safety"): a round's client-level charge is committed to the
-ledger before its instructions go out; its result is applied, checkpointed, then the charge is settled. A restart with
-``resume`` continues after the last charged round: a round that was charged but never checkpointed
-stays charged (its releases may have happened) and is recorded as interrupted, never run twice.
+ledger before its instructions go out; its result is applied, checkpointed, then the charge is
+settled. A restart with ``resume`` continues after the last charged round: a round that was charged
+but never checkpointed stays charged (its releases may have happened) and is recorded as
+interrupted, never run twice.
 """
 
 from __future__ import annotations

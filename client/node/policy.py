@@ -20,7 +20,6 @@ reply starting ``node policy:``, which the server records as a rejected reply.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from common.config import MECHANISMS, RunConfig
 from common.errors import FedloraError
@@ -91,7 +90,7 @@ class NodePolicy:
             self._check_client_budget(cfg)
         if self.restricted and not self.clear_statistics and (clear := uncovered(cfg)):
             raise FedloraError(
-                f"node policy: the run releases {clear[0].split(': ', 1)[1]}; this node has not "
+                f"node policy: the run releases {clear[0][1]}; this node has not "
                 "opted in to that (clear-statistics = true, fedlora node --allow-clear-statistics)"
             )
 
@@ -133,7 +132,6 @@ class NodePolicy:
             )
 
 
-@lru_cache(maxsize=8)
 def planned_client_epsilon(cfg: RunConfig) -> float:
     """The client-level ε a run plans, by the server's own plan (common/privacy/plan.py): the noised
     statistics round and every round, capped by the target where the server stops."""

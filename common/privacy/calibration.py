@@ -18,6 +18,18 @@ from common.privacy.accountants import Event, PldAccountant, make_accountant
 SEARCH_PLD_DISCRETIZATION = 1e-3
 
 
+def events_epsilon(accountant: str, events: Sequence[Event], delta: float, coarse: bool = False) -> float:
+    """ε of ``events`` composed; ``coarse`` uses the search grid for ``pld``."""
+    acc = (
+        PldAccountant(SEARCH_PLD_DISCRETIZATION)
+        if coarse and accountant == "pld"
+        else make_accountant(accountant)
+    )
+    for event in events:
+        acc.compose(event)
+    return acc.epsilon(delta)
+
+
 def epsilon_for(
     accountant: str,
     sigma: float,
@@ -29,14 +41,7 @@ def epsilon_for(
 ) -> float:
     """ε after the ``prior`` events and ``rounds`` identical rounds; ``coarse`` uses the search grid
     for ``pld``."""
-    acc = (
-        PldAccountant(SEARCH_PLD_DISCRETIZATION)
-        if coarse and accountant == "pld"
-        else make_accountant(accountant)
-    )
-    for event in (*prior, Event(sigma, p, rounds)):
-        acc.compose(event)
-    return acc.epsilon(delta)
+    return events_epsilon(accountant, (*prior, Event(sigma, p, rounds)), delta, coarse)
 
 
 def calibrate_sigma(
@@ -47,7 +52,7 @@ def calibrate_sigma(
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    if prior and epsilon_for(accountant, 1.0, 1.0, 0, delta, prior=prior) >= epsilon:
+    if prior and events_epsilon(accountant, prior, delta) >= epsilon:
         raise ValueError(f"the events before round 1 alone spend epsilon {epsilon:g} ({accountant})")
     if accountant == "gdp":
         # μ² composes additively (CLT): the rounds get μ*² minus what the prior spent
@@ -76,4 +81,4 @@ def calibrate_sigma(
     return sigma
 
 
-__all__ = ["calibrate_sigma", "epsilon_for"]
+__all__ = ["calibrate_sigma", "epsilon_for", "events_epsilon"]

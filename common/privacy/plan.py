@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from common.config import RunConfig
 from common.errors import FedloraError
-from common.privacy.accountants import Event, make_accountant
-from common.privacy.calibration import calibrate_sigma
+from common.privacy.accountants import Event
+from common.privacy.calibration import calibrate_sigma, events_epsilon
 from common.privacy.ledger import Ledger
 from common.privacy.threat import CLIENT_LEVEL, Guarantee
 
 #: accountants whose larger ε every budget decision uses
 BUDGET_ACCOUNTANTS = ("gdp", "pld")
+STATS_ROUND = 0  # the DR-Encoder statistics round's row in the client-level ledger
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class NoisePlan:
         """The larger ε of :data:`BUDGET_ACCOUNTANTS` after the prior events and ``rounds`` rounds,
         capped by the target (the server stops before exceeding it)."""
         events = [*self.prior, Event(self.sigma, self.p, rounds)]
-        eps = max(_epsilon(name, events, self.delta) for name in BUDGET_ACCOUNTANTS)
+        eps = max(events_epsilon(name, events, self.delta) for name in BUDGET_ACCOUNTANTS)
         return min(eps, self.target_epsilon) if self.target_epsilon > 0 else eps
 
 
@@ -81,20 +83,25 @@ def statistics_events(cfg: RunConfig) -> tuple[Event, ...]:
     return ()
 
 
-def uncovered(cfg: RunConfig) -> list[str]:
-    """Client data a run releases outside its client-level guarantee (empty for most runs)."""
+def uncovered(cfg: RunConfig) -> list[tuple[int, str]]:
+    """``(round, what)`` for client data a run releases outside its client-level guarantee (empty
+    for most runs); round 0 is the statistics round."""
     if cfg.release_kind == "dr-encoder" and cfg.stats_noise_multiplier == 0:
         return [
-            "round 0: DR-Encoder statistics sent in the clear (mean and std of every connected "
-            "client's local increment per LoRA factor, as in the paper)"
+            (
+                STATS_ROUND,
+                "DR-Encoder statistics sent in the clear (mean and std of every connected client's "
+                "local increment per LoRA factor, as in the paper)",
+            )
         ]
     return []
 
 
+@lru_cache(maxsize=8)
 def plan_noise(cfg: RunConfig) -> NoisePlan | None:
     """The run's noise plan, or None without a client-level release. With ``noise_multiplier`` 0 and
     a target ε, σ is calibrated so that the statistics round (if noised) and ``rounds`` rounds meet
-    the target under both accountants."""
+    the target under both accountants. Cached per configuration (a node checks it every round)."""
     if cfg.release_kind == "none":
         return None
     p = cfg.sample_rate if CLIENT_LEVEL[cfg.threat_model].amplified else 1.0
@@ -137,11 +144,12 @@ def budget_stop(ledger: Ledger, plan: NoisePlan) -> str | None:
     )
 
 
-def _epsilon(name: str, events: list[Event], delta: float) -> float:
-    acc = make_accountant(name)
-    for e in events:
-        acc.compose(e)
-    return acc.epsilon(delta)
-
-
-__all__ = ["BUDGET_ACCOUNTANTS", "NoisePlan", "budget_stop", "plan_noise", "statistics_events", "uncovered"]
+__all__ = [
+    "BUDGET_ACCOUNTANTS",
+    "STATS_ROUND",
+    "NoisePlan",
+    "budget_stop",
+    "plan_noise",
+    "statistics_events",
+    "uncovered",
+]

@@ -40,7 +40,7 @@ def sample_level(cfg: RunConfig) -> str:
 def outside(cfg: RunConfig) -> list[str]:
     """What leaves a client that no guarantee of the run covers."""
     clear = [] if cfg.private else ["each reply's example count and training loss (non-private run)"]
-    return [*uncovered(cfg), *clear, ALWAYS_VISIBLE]
+    return [*(f"round {rnd}: {what}" for rnd, what in uncovered(cfg)), *clear, ALWAYS_VISIBLE]
 
 
 def statement(cfg: RunConfig, plan: NoisePlan | None, totals: dict | None) -> dict[str, object]:

@@ -1,9 +1,8 @@
 """What every client-level release does on the server, and the defaults (``none``'s).
 
 A release says what a round asks of its clients (:meth:`Release.noise_std`, :attr:`codec`,
-:meth:`records_for`),
-what a usable reply looks like (:meth:`expected`, :meth:`reply_shapes`, :meth:`check`) and how the
-usable replies become the increment the server applies (:meth:`aggregate`). The round loop
+:meth:`records_for`), what a usable reply looks like (:meth:`expected`, :meth:`reply_shapes`,
+:meth:`check`) and how the usable replies become the increment the server applies (:meth:`aggregate`). The round loop
 (server/round.py, server/federation.py) calls these and never asks which release it runs.
 """
 

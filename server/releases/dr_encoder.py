@@ -41,11 +41,9 @@ class DrEncoderRelease(GaussianRelease):
     def answered(self, node: int, usable: bool) -> None:
         self.coder.replied(node, usable)
 
-    def aggregate(
-        self, increments: Sequence[AdapterState], weights: Sequence[int | None], sampled: int
-    ) -> tuple[AdapterState, float | None]:
-        mean = self.coder.aggregate(increments, self.cfg.decode_order, self.plan, self.expected_count)
-        return mean, self.plan.released_sigma(sampled, len(increments))
+    def mean(self, increments: Sequence[AdapterState]) -> AdapterState:
+        """The decoded DP-FedAvg mean of the coded releases, in the run's decode order."""
+        return self.coder.aggregate(increments, self.cfg.decode_order, self.plan, self.expected_count)
 
 
 __all__ = ["DrEncoderRelease"]

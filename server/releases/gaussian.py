@@ -38,9 +38,12 @@ class GaussianRelease(Release):
     def aggregate(
         self, increments: Sequence[AdapterState], weights: Sequence[int | None], sampled: int
     ) -> tuple[AdapterState, float | None]:
+        return self.mean(increments), self.plan.released_sigma(sampled, len(increments))
+
+    def mean(self, increments: Sequence[AdapterState]) -> AdapterState:
+        """The DP-FedAvg mean of the clipped, noised releases."""
         plan = self.plan
-        mean = private_mean(increments, plan.threat_model, plan.sigma, plan.clip, self.expected_count)
-        return mean, plan.released_sigma(sampled, len(increments))
+        return private_mean(increments, plan.threat_model, plan.sigma, plan.clip, self.expected_count)
 
     @property
     def expected_count(self) -> float:
