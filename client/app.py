@@ -16,7 +16,7 @@ from client.local_update import local_update
 from client.node.policy import NodePolicy
 from client.node.shard import MODEL_PATH, Shard, load_global, node_shard
 from client.node.state import node_state_dir, sample_ledger
-from client.releases import CLIENT_RELEASES
+from client.releases import CLIENT_RELEASES, round_clip
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_state
@@ -73,7 +73,7 @@ def train(msg: Message, context: Context) -> Message:
     cfg, pid, parts, shard = _start(context, ins.global_state)
     model, kind, release = shard.bundle.model, cfg.optimizer_kind, cfg.release_kind
     if release != "none":
-        _check_noise(cfg, ins.noise_std)
+        _check_noise(cfg, ins.noise_std, round_clip(ins, cfg))
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     node = dict(context.node_config)
     ledger = None
@@ -113,11 +113,11 @@ def train(msg: Message, context: Context) -> Message:
     return Message(reply, reply_to=msg)
 
 
-def _check_noise(cfg: RunConfig, noise_std: float) -> None:
+def _check_noise(cfg: RunConfig, noise_std: float, clip: float) -> None:
     """Refuse a round whose noise is less than the run's plan allows: the client-level guarantee
     must not rest on the noise level the server names. ``local``: σC; ``distributed``: at least
-    σC/sqrt(min-replies) (the smallest share, m = min(min-replies, K))."""
-    least = plan_noise(cfg).client_std(cfg.min_replies)
+    σC/sqrt(min-replies) (the smallest share, m = min(min-replies, K)); C is the round's ``clip``."""
+    least = plan_noise(cfg).client_std(cfg.min_replies, clip)
     if noise_std < least * (1 - 1e-9):
         raise FedloraError(f"round asks noise std {noise_std:.4g} < {least:.4g}, the run's plan")
 

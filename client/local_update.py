@@ -30,11 +30,16 @@ def train_steps(
     device: torch.device,
     desc: str = "local steps",
     after_step: Callable[[], None] | None = None,
+    optimizer: str = "adamw",
 ) -> dict[str, float]:
-    """Run ``steps`` AdamW steps on batches of ``examples``; returns the mean training loss.
-    ``after_step()`` runs after each step (the DR-Encoder statistics)."""
+    """Run ``steps`` steps of ``optimizer`` (AdamW from a fresh state, or plain SGD) on batches of
+    ``examples``; returns the mean training loss. ``after_step()`` runs after each step (the
+    DR-Encoder statistics)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=lr)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     model.train()
@@ -82,6 +87,7 @@ def local_update(
             seed=seed,
             device=device,
             desc=desc,
+            optimizer=cfg.client_optimizer,
         )
     if plan is None:
         raise ValueError(f"local optimizer {kind} needs a sample-level noise plan")

@@ -16,9 +16,11 @@ import torch
 from autoencoder.coded import encode_update
 from client.drencoder.round_codec import round_codec
 from common.config import RunConfig
+from common.errors import FedloraError
 from common.models import AdapterState
-from common.privacy.release import clip_and_noise
-from common.wire import TrainInstruction
+from common.privacy.plan import plan_noise
+from common.privacy.release import add_noise, clip
+from common.wire import CLIP_BIT, TrainInstruction
 
 Sent = tuple[AdapterState, dict]
 #: (increment, instruction, run config, device, node state dir) -> (what is sent, extra reply meta)
@@ -30,11 +32,34 @@ def release_none(increment: AdapterState, ins: TrainInstruction, cfg: RunConfig,
     return increment, {}
 
 
+def round_clip(ins: TrainInstruction, cfg: RunConfig) -> float:
+    """The C this round clips to: the server's under adaptive clipping, else the run config's."""
+    if not cfg.adaptive_clip:
+        return cfg.clip
+    if ins.clip <= 0:
+        raise FedloraError("an adaptive-clipping round must name its clip (> 0)")
+    return ins.clip
+
+
 def release_gaussian(
     increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device, state_dir
 ) -> Sent:
-    """The increment clipped to the run's C plus this client's noise share for the round."""
-    return clip_and_noise(increment, cfg.clip, ins.noise_std), {}
+    """The increment clipped to the round's C plus this client's noise share for the round; with
+    adaptive clipping also the bit [‖Δ‖ ≤ C], with its noise share under distributed noise."""
+    bound = round_clip(ins, cfg)
+    clipped, norm = clip(increment, bound)
+    sent = add_noise(clipped, ins.noise_std)
+    if not cfg.adaptive_clip:
+        return sent, {}
+    plan = plan_noise(cfg)
+    # the count's share is sized like the update's: σ_b/sqrt(m) against z_Δ·C/sqrt(m)
+    share = (
+        ins.noise_std * plan.count_std / (plan.update_sigma * bound)
+        if plan.threat_model == "distributed"
+        else 0.0
+    )
+    sent[CLIP_BIT] = add_noise({CLIP_BIT: torch.tensor([float(norm <= bound)])}, share)[CLIP_BIT]
+    return sent, {"clip": bound}
 
 
 def release_dr_encoder(

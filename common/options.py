@@ -35,15 +35,22 @@ def add_config_arguments(
         group = groups[meta["group"]]
         kind = type(f.default)
         default = defaults.get(f.name)
+        help_text = meta["help"] + ("" if default is None else f" (default {default})")
+        name = f"--{f.name.replace('_', '-')}"
+        if kind is bool:  # --flag / --no-flag
+            group.add_argument(
+                name, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
+            continue
         group.add_argument(
-            f"--{f.name.replace('_', '-')}",
+            name,
             dest=f.name,
             type=kind,
             default=default,
             required=f.name in required,
             # choices are checked by RunConfig.check (one line, exit 2), not by argparse
             metavar="{" + ",".join(meta["choices"]) + "}" if meta["choices"] else kind.__name__.upper(),
-            help=meta["help"] + ("" if default is None else f" (default {default})"),
+            help=help_text,
         )
 
 

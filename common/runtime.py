@@ -30,4 +30,6 @@ def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit
 def open_model(cfg: RunConfig, split: FederatedSplit) -> ModelBundle:
     """The model with LoRA; a classification head gets one output per label."""
     num_labels = max(2, len(split.corpus.label_names))
-    return load_model(cfg.model, lora_spec(cfg), resolve_device(cfg.device), num_labels, cfg.seed)
+    return load_model(
+        cfg.model, lora_spec(cfg), resolve_device(cfg.device), num_labels, cfg.seed, cfg.pooling
+    )

@@ -5,7 +5,8 @@ clip, statistics settings) come from the run config that server and clients both
 
 Train instruction (server -> client), message type ``train`` (:class:`TrainInstruction`):
   ``global``  ArrayRecord   the round's global adapter state (absolute; see common.models.lora)
-  ``config``  ConfigRecord  ``schema``, ``round``, ``noise-std`` (the client's noise share); a
+  ``config``  ConfigRecord  ``schema``, ``round``, ``noise-std`` (the client's noise share), ``clip``
+                            (adaptive clipping only: the round's C); a
                             ``dr-encoder`` release adds ``codec``, ``ae-version``, ``latent-size``,
                             ``codec-seed``, ``layout`` (JSON)
   ``encoder`` ArrayRecord   (``dr-encoder`` with codec ``ae`` only) the encoder's parameters and scale
@@ -13,13 +14,15 @@ Train instruction (server -> client), message type ``train`` (:class:`TrainInstr
 Train reply (client -> server):
   ``increment`` ArrayRecord   client state minus global state, same names and shapes; under a
                               ``dr-encoder`` release its code: ``latent`` (k,) and the dense entries
-                              (e.g. a classification head) that the codec does not cover
+                              (e.g. a classification head) that the codec does not cover; with
+                              adaptive clipping also ``clip-bit`` (1,): [‖Δ‖ ≤ C] (plus a noise share
+                              under distributed noise)
   ``metrics``   MetricRecord  ``num-examples`` (FedAvg weight) and ``train-loss``, only without DP:
                               under any DP mechanism a reply carries no count and no loss (neither
                               is private), and the server averages with uniform weights
   ``meta``      ConfigRecord  ``schema``, ``round``, ``mechanism``, ``release``, ``noise-std``
                               (must equal what the round asked for; ``ae-version`` too
-                              under ``dr-encoder``)
+                              under ``dr-encoder``, ``clip`` under adaptive clipping)
 Statistics query (server -> client), message type ``query.gradstats`` (DR-Encoder Algorithm 1,
 :class:`StatsQuery`):
   ``global``  ArrayRecord   as in ``train``
@@ -49,6 +52,7 @@ MAX_REPLY_BYTES = 512 * 2**20
 MAX_NUM_EXAMPLES = 2**63 - 1  # the wire's sint64
 _NUMPY_STYPE = "numpy.ndarray"  # flwr.common.constant.SType.NUMPY
 _FLOAT32 = np.dtype("<f4")
+CLIP_BIT = "clip-bit"  # adaptive clipping's tensor in a train reply
 _NPY_HEADERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
 
 
@@ -71,17 +75,20 @@ class TrainInstruction:
 
     ``noise_std``: the client's noise share (it depends on the round's sample); ``codec``: the
     ``dr-encoder`` codec (``codec``, ``ae-version``, ``latent-size``, ``codec-seed``, ``layout``);
-    ``records``: further named records (the encoder broadcast)."""
+    ``records``: further named records (the encoder broadcast); ``clip``: the round's C under
+    adaptive clipping (0: the run config's)."""
 
     round: int
     global_state: AdapterState
     noise_std: float = 0.0
     codec: Mapping[str, object] = field(default_factory=dict)
     records: Mapping[str, object] = field(default_factory=dict)
+    clip: float = 0.0
 
     def to_record(self) -> RecordDict:
+        clip = {"clip": self.clip} if self.clip else {}
         config = ConfigRecord(
-            {"schema": SCHEMA, "round": self.round, "noise-std": self.noise_std, **self.codec}
+            {"schema": SCHEMA, "round": self.round, "noise-std": self.noise_std, **clip, **self.codec}
         )
         return RecordDict({"global": to_record(self.global_state), "config": config, **self.records})
 
@@ -90,7 +97,10 @@ class TrainInstruction:
         config = _config_of(content, "train instruction")
         records = {k: v for k, v in content.items() if k not in ("global", "config")}
         rnd, std = int(config.pop("round")), float(config.pop("noise-std"))
-        return cls(rnd, from_record(content["global"]), std, config, records)
+        clip = float(config.pop("clip", 0.0))
+        if not (math.isfinite(clip) and clip >= 0):
+            raise FedloraError(f"train instruction: clip must be >= 0 and finite, got {clip}")
+        return cls(rnd, from_record(content["global"]), std, config, records, clip)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 One safetensors file, replaced atomically (write, fsync, rename): after a crash it holds either the
 previous committed round or this one, never a mix. Loop state (round, counters, the round's metrics
-record) is JSON in the file's metadata; nothing is unpickled. The client sampler's state is not kept
-(it is drawn from OS entropy; a resumed run draws afresh).
+record, the release's clip, the server optimizer's step count) is JSON in the file's metadata and
+the server optimizer's moments are tensors under ``server-optimizer/``; nothing is unpickled. The
+client sampler's state is not kept (it is drawn from OS entropy; a resumed run draws afresh).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
+from torch import Tensor
 
 from common.errors import FedloraError
 from common.models import AdapterState
 
 FORMAT = "fedlora-checkpoint/1"
 CHECKPOINT_FILE = "checkpoint.safetensors"  # in a run directory
+OPTIMIZER_PREFIX = "server-optimizer/"
 
 
 @dataclass
@@ -38,6 +41,9 @@ class LoopState:
     record: dict = field(default_factory=dict)  # the metrics line of the last committed round
     withheld: int = 0  # rounds whose aggregate was not applied (fewer than min-replies usable replies)
     dropouts: list = field(default_factory=list)  # [{"round": r, "nodes": [ids]}]: sampled, never answered
+    release: dict = field(default_factory=dict)  # the release's state (server.releases.Release.state)
+    optimizer_steps: int = 0  # steps the server optimizer has taken
+    stale: bool = False  # the adapter changed after the last evaluation (--eval-every)
 
     def count(self, result) -> None:
         """Add one round's :class:`server.round.RoundRecord` to the counters."""
@@ -53,17 +59,24 @@ class LoopState:
         self.bytes_up += result.bytes_up
 
 
-def save(path: Path, state: AdapterState, loop: LoopState) -> None:
+def save(
+    path: Path, state: AdapterState, loop: LoopState, optimizer: Mapping[str, Tensor] | None = None
+) -> None:
+    """Write the checkpoint atomically; ``optimizer``: the server optimizer's state tensors."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tensors = {k: v.detach().float().contiguous() for k, v in state.items()}
+    extra = {OPTIMIZER_PREFIX + k: v for k, v in (optimizer or {}).items()}
+    tensors = {k: v.detach().float().contiguous() for k, v in {**state, **extra}.items()}
     save_file(tensors, tmp, metadata={"format": FORMAT, "loop": json.dumps(loop.__dict__)})
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
-def load(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> tuple[AdapterState, LoopState]:
-    """The checkpoint at ``path``; its tensors must have the model's names and ``shapes``."""
+def load(
+    path: Path, shapes: Mapping[str, tuple[int, ...]]
+) -> tuple[AdapterState, LoopState, dict[str, Tensor]]:
+    """The checkpoint at ``path``: adapter state (the model's names and ``shapes``), loop state and
+    the server optimizer's state tensors (empty for sgd)."""
     try:
         with safe_open(path, framework="pt") as fh:
             meta = fh.metadata() or {}
@@ -75,6 +88,9 @@ def load(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> tuple[AdapterStat
         loop = LoopState(**fields)
     except (SafetensorError, OSError, KeyError, TypeError, ValueError) as exc:
         raise FedloraError(f"checkpoint {path} is unreadable ({exc})") from None
+    optimizer = {
+        k[len(OPTIMIZER_PREFIX) :]: state.pop(k) for k in list(state) if k.startswith(OPTIMIZER_PREFIX)
+    }
     if {k: tuple(v.shape) for k, v in state.items()} != {k: tuple(v) for k, v in shapes.items()}:
         raise FedloraError(f"checkpoint {path} was written for another model or LoRA configuration")
-    return state, loop
+    return state, loop, optimizer

@@ -22,12 +22,13 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import adapter_shapes
 from common.privacy.ledger import Charge, Ledger
-from common.privacy.plan import NoisePlan, budget_stop, plan_noise
+from common.privacy.plan import NoisePlan, budget_stop, plan_noise, what_if
 from common.privacy.report import write_report
 from common.privacy.statement import statement
 from server import checkpoint
 from server.checkpoint import LoopState
 from server.evaluation import Evaluator
+from server.optimizers import ServerOptimizer, ServerOptimizerSpec
 from server.releases import RunHandles, make_release
 from server.round import RoundRecord, run_round
 from server.run_dir import RunDir, fingerprint
@@ -61,8 +62,16 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
     ledger = ledger or _open_ledger(out, cfg, plan, run_id)
     shapes = adapter_shapes(evaluator.bundle.model)
     metric = evaluator.task.metric
+    optimizer = ServerOptimizer(
+        ServerOptimizerSpec(
+            cfg.server_optimizer, cfg.server_lr, cfg.server_momentum, cfg.server_beta2, cfg.server_tau
+        )
+    )
+    release = make_release(cfg, plan)
     if cfg.resume and out.checkpoint_path.exists():
-        state, loop = checkpoint.load(out.checkpoint_path, shapes)
+        state, loop, moments = checkpoint.load(out.checkpoint_path, shapes)
+        optimizer.load_state(moments, loop.optimizer_steps)
+        release.restore(loop.release)
         echo(f"resuming {run_dir} after round {loop.round}")
     else:
         state, loop = evaluator.initial_state(), LoopState()
@@ -72,7 +81,6 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
         echo(f"round 0: held-out {metric} {loop.before[metric]:.4f} (untrained adapter)")
     first = _reconcile(out, ledger, run_id, loop, echo) + 1
     nodes = wait_for_nodes(grid, cfg.min_nodes or cfg.num_clients, cfg.round_timeout)
-    release = make_release(cfg, plan)
     prepared = release.prepare(grid, nodes, state, RunHandles(out.path, ledger, run_id, out.log, echo))
     rng = os_sampler()  # never from cfg.seed, never checkpointed: the sample must stay secret
     stopped = None
@@ -81,29 +89,36 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
             out.log({"round": rnd, "phase": "stopped", "reason": stopped})
             echo(f"round {rnd}: not run: {stopped}")
             break
-        t0 = time.monotonic()
+        t0, clip = time.monotonic(), release.clip
         sampled = poisson_sample(nodes, cfg.sample_rate, rng)
         if ledger:  # committed before any instruction (and so any release) goes out
-            ledger.charge(_charge(cfg, plan, run_id, rnd, len(sampled)))
+            ledger.charge(_charge(cfg, plan, run_id, rnd, len(sampled), release.clip))
         if sampled:
-            state, result = run_round(grid, release, cfg, rnd, sampled, state, shapes)
+            state, result = run_round(grid, release, cfg, rnd, sampled, state, shapes, optimizer)
         else:
             result = RoundRecord.skipped(rnd)
         loop.count(result)
-        if result.applied:
+        evaluated = result.applied and (rnd % cfg.eval_every == 0 or rnd == cfg.rounds)
+        if evaluated:
             loop.after = evaluator(state)
+        loop.stale = (loop.stale or result.applied) and not evaluated
         record = result.to_json()
         if ledger:
             row = ledger.row(run_id, rnd)
             record.update({k: row[k] for k in ("sigma", "mu", "eps_gdp", "eps_tight")})
-        record.update(seconds=round(time.monotonic() - t0, 3), **loop.after)
+        if cfg.adaptive_clip:
+            record.update(clip=clip, next_clip=release.clip)
+        record.update(seconds=round(time.monotonic() - t0, 3), **({} if loop.stale else loop.after))
         loop.round, loop.record = rnd, record
-        checkpoint.save(out.checkpoint_path, state, loop)
+        loop.release, loop.optimizer_steps = release.state(), optimizer.steps
+        checkpoint.save(out.checkpoint_path, state, loop, optimizer.state_tensors())
         if ledger:
             status = "applied" if result.applied or result.phase == "skipped" else "withheld"
             ledger.settle(run_id, rnd, status, replied=result.replied)
         out.log(record)
         echo(_round_line(record, metric, ledger))
+    if loop.stale:  # stopped by the budget between evaluations
+        loop.after, loop.stale = evaluator(state), False
     summary = _summary(cfg, out, evaluator, state, loop, ledger, plan, len(nodes), stopped, start)
     if prepared:
         summary[release.name.replace("-", "_")] = prepared
@@ -112,7 +127,7 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
     return summary
 
 
-def _charge(cfg: RunConfig, plan: NoisePlan, run_id: str, rnd: int, sampled: int) -> Charge:
+def _charge(cfg: RunConfig, plan: NoisePlan, run_id: str, rnd: int, sampled: int, clip: float) -> Charge:
     return Charge(
         run=run_id,
         round=rnd,
@@ -121,20 +136,22 @@ def _charge(cfg: RunConfig, plan: NoisePlan, run_id: str, rnd: int, sampled: int
         count=1,
         sample_rate=cfg.sample_rate,
         sampled=sampled,
-        clip=plan.clip,
+        clip=clip,
         threat_model=plan.threat_model,
         mechanism=cfg.mechanism,
     )
 
 
 def _open_ledger(out: RunDir, cfg: RunConfig, plan: NoisePlan | None, run_id: str) -> Ledger | None:
-    """The run's client-level ledger: created with a new run, reopened (and checked) on resume."""
-    if plan is None:
+    """The run's client-level ledger: created with a new run, reopened (and checked) on resume;
+    none without a client-level guarantee (no release, or the clip-only diagnostic)."""
+    if plan is None or not plan.private:
         return None
     owner = f"run {run_id}"
     if cfg.resume and out.ledger_path.exists():
         return Ledger.open(out.ledger_path, "client-level", owner)
-    return Ledger.create(out.ledger_path, "client-level", owner, cfg.delta, plan.target_epsilon)
+    validity = what_if(plan)
+    return Ledger.create(out.ledger_path, "client-level", owner, cfg.delta, plan.target_epsilon, validity)
 
 
 def _reconcile(out: RunDir, ledger: Ledger | None, run_id: str, loop: LoopState, echo) -> int:
@@ -161,10 +178,11 @@ def _round_line(record: dict, metric: str, ledger: Ledger | None) -> str:
     if record["phase"] == "skipped":
         line = f"round {rnd}: nobody sampled, skipped"
     else:
-        loss = record["train_loss"]
+        loss, score = record["train_loss"], record.get(metric)
         line = (
             f"round {rnd}: {record['replied']}/{record['sampled']} replies, "
-            f"train loss {'n/a' if loss is None else f'{loss:.4f}'}, held-out {metric} {record[metric]:.4f}, "
+            f"train loss {'n/a' if loss is None else f'{loss:.4f}'}, "
+            f"held-out {metric} {'not evaluated' if score is None else f'{score:.4f}'}, "
             f"{(record['bytes_down'] + record['bytes_up']) / 1e6:.2f} MB, {record['seconds']:.1f} s"
         )
     if ledger:

@@ -18,6 +18,7 @@ from common.config import RunConfig
 from common.models import AdapterState
 from common.wire import InvalidReply, TrainInstruction, parse_train_reply
 from server.aggregate import apply_increment
+from server.optimizers import ServerOptimizer
 from server.releases import Release
 
 log = logging.getLogger("fedlora.server")
@@ -62,14 +63,21 @@ def run_round(
     sampled: Sequence[int],
     state: AdapterState,
     shapes: dict[str, tuple[int, ...]],
+    optimizer: ServerOptimizer | None = None,
 ) -> tuple[AdapterState, RoundRecord]:
     """Send round ``rnd`` to the ``sampled`` nodes, validate their replies, apply the aggregate of the
-    usable ones when there are at least ``cfg.min_replies``; ``state`` is never changed in place."""
+    usable ones when there are at least ``cfg.min_replies`` (by ``optimizer``; None: ``state +
+    server-lr · mean``); ``state`` is never changed in place."""
     k = len(sampled)
     messages = [
         Message(
             TrainInstruction(
-                rnd, state, release.noise_std(k), release.codec, release.records_for(node)
+                rnd,
+                state,
+                release.noise_std(k),
+                release.codec,
+                release.records_for(node),
+                release.clip if cfg.adaptive_clip else 0.0,
             ).to_record(),
             dst_node_id=node,
             message_type="train",
@@ -110,7 +118,10 @@ def run_round(
         )
     if record.applied:
         mean, record.sigma_released = release.aggregate(increments, weights, k)
-        state = apply_increment(state, mean, cfg.server_lr)
+        if optimizer is None:
+            state = apply_increment(state, mean, cfg.server_lr)
+        else:
+            state = optimizer.step(state, mean)
     finite = [x for x in losses if np.isfinite(x)]
     record.train_loss = float(np.mean(finite)) if finite else None
     return state, record

@@ -29,6 +29,23 @@ FAST = ["--preset", "minilm-rt", "--rounds", "1", "--eval-examples", "8"]
         (["--model", "nobody/no-such-model"], "cannot load model config for 'nobody/no-such-model'"),
         (["--dataset", "news-articles"], "needs a causal LM"),
         (["--sample-rate", "half"], "invalid float value"),
+        (["--target-quantile", "-0.5"], "target-quantile must be in (0, 1)"),
+        (["--server-lr", "-1"], "server-lr must be > 0"),
+        (["--clip-lr", "-0.1"], "clip-lr must be > 0"),
+        (["--adaptive-clip"], "--adaptive-clip needs a client-level release"),
+        (
+            [
+                "--mechanism",
+                "dp-fedavg",
+                "--threat-model",
+                "central",
+                "--noise-multiplier",
+                "1",
+                "--noise-cohort",
+                "2",
+            ],
+            "--noise-cohort 2 is below the simulated cohort",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, message, capsys, tmp_path):

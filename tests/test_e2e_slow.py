@@ -71,3 +71,18 @@ def test_smollm2_federation_improves_held_out_loss(tmp_path):
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["rounds_completed"] == 2
     assert summary["after"]["loss"] < summary["before"]["loss"]
+
+
+def test_bench_scale_through_flowers_ray_simulation(capsys):
+    """`fedlora bench scale --backend ray`: the same federation through `flwr run .` (Ray workers)."""
+    import argparse
+
+    from server.bench import scale
+
+    args = argparse.Namespace(
+        preset="minilm-rt", populations="2", cohort=2, rounds=2, backend="ray", json=True
+    )
+    assert scale.run(args) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["backend"] == "ray" and row["replies"] >= 1 and row["client_s"] > 0
+    assert row["peak_rss_mb"] is None  # spread over the Ray workers: not reported

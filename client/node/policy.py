@@ -110,6 +110,15 @@ class NodePolicy:
             raise FedloraError(
                 f"node policy: this node needs client-level DP; mechanism {cfg.mechanism} has none"
             )
+        if cfg.clip_only or cfg.noise_cohort:
+            what = (
+                "a clip-only diagnostic (no noise)"
+                if cfg.clip_only
+                else (
+                    f"a what-if run whose epsilon holds for a cohort of {cfg.noise_cohort}, not for this run"
+                )
+            )
+            raise FedloraError(f"node policy: this node needs client-level DP; the run is {what}")
         planned = planned_client_epsilon(cfg)
         if planned > self.client_epsilon * (1 + TOLERANCE):
             raise FedloraError(

@@ -94,7 +94,7 @@ def node_model(cfg: RunConfig, label_count: int, model_path: str = "") -> ModelB
     spec = lora_spec(cfg)
     if model_path and spec.targets is None and cfg.model in MODELS:
         spec = LoraSpec(spec.rank, spec.alpha, spec.dropout, MODELS[cfg.model].default_targets or None)
-    return load_model(name, spec, resolve_device(cfg.device), max(2, label_count), cfg.seed)
+    return load_model(name, spec, resolve_device(cfg.device), max(2, label_count), cfg.seed, cfg.pooling)
 
 
 def load_global(shard: Shard, state: AdapterState, cfg: RunConfig, model_path: str = "") -> None:

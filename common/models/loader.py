@@ -16,7 +16,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from common.errors import FedloraError
 from common.models.lora import AdapterState, LoraSpec, adapter_state, attach_lora
+from common.models.pooling import use_mean_pooling
 from common.models.registry import ModelSpec, resolve_model
 
 
@@ -39,10 +41,12 @@ def load_model(
     device: torch.device,
     num_labels: int = 2,
     seed: int = 0,
+    pooling: str = "cls",
 ) -> ModelBundle:
-    """Base model + LoRA (``seed`` fixes the LoRA and head init). Cached per process: callers
-    that share a bundle must load the adapter state they need before using it."""
-    return _load(name, lora, str(device), num_labels, seed)
+    """Base model + LoRA (``seed`` fixes the LoRA and head init; ``pooling`` what an encoder's head
+    reads, common/models/pooling.py). Cached per process: callers that share a bundle must load the
+    adapter state they need before using it."""
+    return _load(name, lora, str(device), num_labels, seed, pooling)
 
 
 def _quiet_transformers() -> None:
@@ -53,7 +57,7 @@ def _quiet_transformers() -> None:
 
 
 @lru_cache(maxsize=4)
-def _load(name: str, lora: LoraSpec, device: str, num_labels: int, seed: int) -> ModelBundle:
+def _load(name: str, lora: LoraSpec, device: str, num_labels: int, seed: int, pooling: str) -> ModelBundle:
     _quiet_transformers()
     spec = resolve_model(name)
     path = str(spec.locate())
@@ -62,6 +66,10 @@ def _load(name: str, lora: LoraSpec, device: str, num_labels: int, seed: int) ->
         tokenizer.pad_token = tokenizer.eos_token
     torch.manual_seed(seed)
     if spec.kind == "causal-lm":
+        if pooling != "cls":
+            raise FedloraError(
+                f"--pooling {pooling} is for encoder classifiers; {spec.name} scores label words"
+            )
         base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         task_type = "CAUSAL_LM"
     else:
@@ -69,6 +77,8 @@ def _load(name: str, lora: LoraSpec, device: str, num_labels: int, seed: int) ->
             path, num_labels=num_labels, dtype=torch.float32
         )
         base.config.pad_token_id = tokenizer.pad_token_id
+        if pooling == "mean":
+            use_mean_pooling(base)
         task_type = "SEQ_CLS"
     targets = lora.targets or _defaults(spec)
     model = attach_lora(base, LoraSpec(lora.rank, lora.alpha, lora.dropout, targets), task_type)

@@ -105,8 +105,17 @@ class Ledger:
         self.delta = float(meta["delta"])
 
     @classmethod
-    def create(cls, path: Path, unit: str, owner: str, delta: float, target_epsilon: float = 0.0) -> Ledger:
-        """A new ledger at ``path``; refuses a path that exists (nothing is ever overwritten)."""
+    def create(
+        cls,
+        path: Path,
+        unit: str,
+        owner: str,
+        delta: float,
+        target_epsilon: float = 0.0,
+        validity: str = "",
+    ) -> Ledger:
+        """A new ledger at ``path``; refuses a path that exists (nothing is ever overwritten).
+        ``validity``: where the charges hold when not for the run itself (a what-if noise cohort)."""
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}")
         if not 0 < delta < 1:
@@ -124,6 +133,7 @@ class Ledger:
             "delta": repr(delta),
             "target_epsilon": repr(target_epsilon),  # 0 = no budget
             "created": repr(time.time()),
+            **({"validity": validity} if validity else {}),
         }
         with conn:
             conn.executescript(_TABLES + _UNCOVERED)

@@ -5,6 +5,13 @@ judge a run by this one plan.
 Distributed noise is sized for the fewest replies a round may be applied with: each of the K
 sampled clients adds N(0, σ²C²/m) with m = min(min-replies, K), so every applied round's sum
 carries at least σ (dropouts can only add noise), and the planned σ is what the ledger charges.
+
+Adaptive clipping (Andrew et al. 2021) releases the noised count of unclipped clients beside the
+update; the pair is one Gaussian mechanism of multiplier σ (the charged one) when the update carries
+z_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) (common/privacy/adaptive_clip.py). A what-if ``noise-cohort`` K' run
+charges the σ a cohort of K' clients per round needs and adds that noise scaled to this simulation's
+expected cohort K (the sum's std times K/K', pfl-research's ``noise_cohort_size``): the mean carries
+the noise a K'-client round would, and the ε is valid for that deployment, not for this run.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from functools import lru_cache
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy.accountants import Event
+from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import calibrate_sigma, events_epsilon
 from common.privacy.ledger import Ledger
 from common.privacy.threat import CLIENT_LEVEL, Guarantee
@@ -40,10 +48,31 @@ class NoisePlan:
     calibrated: bool
     min_replies: int = 1
     prior: tuple[Event, ...] = ()
+    count_std: float = 0.0  # adaptive clipping: std σ_b of the noised unclipped count (0: fixed clip)
+    noise_cohort: int = 0  # what-if: the cohort the noise is sized for (0: this run's)
+    cohort_scale: float = 1.0  # K / K' (≤ 1): the sum's noise std relative to a K'-cohort plan
+
+    @property
+    def private(self) -> bool:
+        """False for the clip-only diagnostic (σ = 0): no guarantee, no ledger."""
+        return self.sigma > 0
 
     @property
     def event(self) -> Event:
         return Event(self.sigma, self.p)
+
+    @property
+    def update_sigma(self) -> float:
+        """Noise multiplier of the update itself: σ, or z_Δ beside a noised count (adaptive clip)."""
+        if self.count_std == 0 or self.sigma == 0:
+            return self.sigma
+        return update_noise_multiplier(self.sigma, self.count_std)
+
+    @property
+    def simulated_sigma(self) -> float:
+        """The noise multiplier this run's releases carry (below σ in a what-if noise-cohort run)."""
+        scale = math.sqrt(self.cohort_scale) if self.threat_model == "local" else self.cohort_scale
+        return self.sigma * scale
 
     @property
     def guarantee(self) -> Guarantee:
@@ -53,19 +82,37 @@ class NoisePlan:
         """m = min(min-replies, K): the replies a distributed-noise share is sized for."""
         return max(1, min(self.min_replies, sampled))
 
-    def client_std(self, sampled: int) -> float:
-        """Noise std one of ``sampled`` clients adds to its clipped increment."""
+    def client_std(self, sampled: int, clip: float = 0.0) -> float:
+        """Noise std one of ``sampled`` clients adds to its increment clipped to ``clip`` (0: C)."""
+        clip = clip or self.clip
         if self.threat_model == "local":
-            return self.sigma * self.clip
+            return self.update_sigma * clip * math.sqrt(self.cohort_scale)
         if self.threat_model == "distributed":
-            return self.sigma * self.clip / math.sqrt(self.shares(sampled))
+            return self.update_sigma * clip / math.sqrt(self.shares(sampled)) * self.cohort_scale
         return 0.0  # central: the server adds it
 
-    def released_sigma(self, sampled: int, replied: int) -> float:
-        """Noise multiplier of the sum of ``replied`` releases; at least σ once replied ≥ m."""
+    def server_std(self, clip: float = 0.0) -> float:
+        """Noise std the server adds to the sum of increments clipped to ``clip`` (0: C); central only."""
+        return (
+            self.update_sigma * (clip or self.clip) * self.cohort_scale
+            if self.threat_model == "central"
+            else 0.0
+        )
+
+    def count_stds(self, sampled: int) -> tuple[float, float]:
+        """Adaptive clipping: noise std (each client's share, the server's) on the unclipped count."""
+        std = self.count_std * self.cohort_scale
         if self.threat_model == "distributed":
-            return self.sigma * math.sqrt(replied / self.shares(sampled))
-        return self.sigma
+            return std / math.sqrt(self.shares(sampled)), 0.0
+        return 0.0, std
+
+    def released_sigma(self, sampled: int, replied: int) -> float:
+        """Noise multiplier of the update in the sum of ``replied`` releases (z_Δ with adaptive
+        clipping, scaled in a what-if run); at least the planned one once replied ≥ m."""
+        sigma = self.update_sigma * self.cohort_scale
+        if self.threat_model == "distributed":
+            return sigma * math.sqrt(replied / self.shares(sampled))
+        return sigma
 
     def planned_epsilon(self, rounds: int) -> float:
         """The larger ε of :data:`BUDGET_ACCOUNTANTS` after the prior events and ``rounds`` rounds,
@@ -107,6 +154,8 @@ def plan_noise(cfg: RunConfig) -> NoisePlan | None:
     p = cfg.sample_rate if CLIENT_LEVEL[cfg.threat_model].amplified else 1.0
     prior = statistics_events(cfg)
     sigma, calibrated = cfg.noise_multiplier, False
+    if cfg.clip_only:
+        return NoisePlan(0.0, p, cfg.clip, cfg.threat_model, 0.0, cfg.delta, False, cfg.min_replies)
     if sigma == 0:
         try:
             sigma = max(
@@ -116,7 +165,7 @@ def plan_noise(cfg: RunConfig) -> NoisePlan | None:
         except ValueError as exc:
             raise FedloraError(f"cannot calibrate the noise: {exc}") from None
         calibrated = True
-    return NoisePlan(
+    plan = NoisePlan(
         sigma,
         p,
         cfg.clip,
@@ -126,6 +175,31 @@ def plan_noise(cfg: RunConfig) -> NoisePlan | None:
         calibrated,
         cfg.min_replies,
         prior,
+        count_std=_count_std(cfg),
+        noise_cohort=cfg.noise_cohort,
+        cohort_scale=cfg.expected_cohort / cfg.noise_cohort if cfg.noise_cohort else 1.0,
+    )
+    plan.update_sigma  # noqa: B018 -- adaptive clipping: refuses 2σ_b <= σ now, in one line
+    return plan
+
+
+def _count_std(cfg: RunConfig) -> float:
+    """σ_b of adaptive clipping: the configured one, or K'/20 for the cohort the noise is sized for."""
+    if not cfg.adaptive_clip:
+        return 0.0
+    return cfg.clip_count_std or default_count_std(cfg.noise_cohort or cfg.expected_cohort)
+
+
+def what_if(plan: NoisePlan) -> str:
+    """For a what-if noise-cohort run: where its ε holds and what this simulation itself carries
+    (its own ε at the same p, δ and planned rounds); empty otherwise."""
+    if not plan.noise_cohort:
+        return ""
+    own = Event(plan.simulated_sigma, plan.p, 1)
+    return (
+        f"valid for a cohort of {plan.noise_cohort} clients per round, not for this simulation: the "
+        f"ledger charges sigma {plan.sigma:.4g} (the deployment's); this simulation's releases carry "
+        f"sigma {plan.simulated_sigma:.4g} (epsilon {events_epsilon('pld', [own], plan.delta):.4g} per round, pld)"
     )
 
 
@@ -152,4 +226,5 @@ __all__ = [
     "plan_noise",
     "statistics_events",
     "uncovered",
+    "what_if",
 ]

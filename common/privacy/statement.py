@@ -5,21 +5,25 @@ summary.json keeps it whole."""
 from __future__ import annotations
 
 from common.config import RunConfig
-from common.privacy.plan import NoisePlan, uncovered
+from common.privacy.plan import NoisePlan, uncovered, what_if
 from common.privacy.threat import ALWAYS_VISIBLE, SAMPLE_LEVEL
 
 
 def client_level(plan: NoisePlan | None, totals: dict | None) -> str:
     """The client-level guarantee in one line; ``totals``: the ledger's report (ε spent)."""
+    if plan is not None and not plan.private:
+        return f"NOT PRIVATE: clip-only diagnostic (increments clipped to C {plan.clip:g}, no noise)"
     if plan is None or totals is None:
         return "none (no client-level release)"
     g = plan.guarantee
-    return (
+    clip = f"adaptive C from {plan.clip:g}" if plan.count_std else f"C {plan.clip:g}"
+    line = (
         f"client-level ({plan.threat_model} noise, sigma {plan.sigma:.4g}"
-        f"{' calibrated' if plan.calibrated else ''}, C {plan.clip:g}): "
+        f"{' calibrated' if plan.calibrated else ''}, {clip}): "
         f"epsilon {totals['eps_gdp']:.4g} (gdp, mu {totals['mu']:.4g}) / "
         f"{totals['eps_tight']:.4g} (pld) at delta {plan.delta:g}; {g.adjacency}; against {g.observer}"
     )
+    return f"WHAT-IF, {what_if(plan)}: {line}" if plan.noise_cohort else line
 
 
 def sample_level(cfg: RunConfig) -> str:

@@ -67,3 +67,19 @@ def sample_batches(n: int, batch_size: int, steps: int, rng: np.random.Generator
 def chunks(items: Sequence, size: int) -> Iterator[Sequence]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def classification_metrics(preds: Tensor, gold: Tensor, nll: float, classes: int) -> dict[str, float]:
+    """``accuracy``, mean ``loss`` (``nll`` summed), ``top_class_share`` (the most predicted class's
+    share of predictions: 1.0 is a one-class predictor) and, for two classes, ``positive_rate``
+    (share predicted as class 1). ``preds``, ``gold``: ``(n,)`` class ids."""
+    n = len(gold)
+    counts = torch.bincount(preds.cpu(), minlength=classes)
+    metrics = {
+        "accuracy": int((preds == gold).sum()) / n,
+        "loss": nll / n,
+        "top_class_share": int(counts.max()) / n,
+    }
+    if classes == 2:
+        metrics["positive_rate"] = int(counts[1]) / n
+    return metrics

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.tasks.base import Batch, chunks, logits_of, token_batch
+from common.tasks.base import Batch, chunks, classification_metrics, logits_of, token_batch
 
 
 class ClassifierTask:
@@ -34,10 +34,12 @@ class ClassifierTask:
     def evaluate(
         self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
     ) -> dict[str, float]:
-        correct, nll = 0, 0.0
+        preds, gold, nll = [], [], 0.0
         for part in chunks(examples, batch_size):
             batch = self.collate(part, device)
             logits = logits_of(model, batch)
-            correct += int((logits.argmax(1) == batch["labels"]).sum())
+            preds.append(logits.argmax(1))
+            gold.append(batch["labels"])
             nll += float(F.cross_entropy(logits, batch["labels"], reduction="sum"))
-        return {"accuracy": correct / len(examples), "loss": nll / len(examples)}
+        classes = int(logits.shape[1])
+        return classification_metrics(torch.cat(preds), torch.cat(gold), nll, classes)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.data.prompts import Prompt
-from common.tasks.base import Batch, chunks, logits_of, pad, token_batch
+from common.tasks.base import Batch, chunks, classification_metrics, logits_of, pad, token_batch
 
 
 class VerbalizerTask:
@@ -72,13 +72,14 @@ class VerbalizerTask:
     def evaluate(
         self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
     ) -> dict[str, float]:
-        correct, nll = 0, 0.0
+        preds, golds, nll = [], [], 0.0
         for part in chunks(examples, batch_size):
             scores = self.label_scores(model, part, device)
             gold = torch.tensor([ex["label"] for ex in part], device=device)
-            correct += int((scores.argmax(1) == gold).sum())
+            preds.append(scores.argmax(1))
+            golds.append(gold)
             nll += float(F.cross_entropy(scores, gold, reduction="sum"))
-        return {"accuracy": correct / len(examples), "loss": nll / len(examples)}
+        return classification_metrics(torch.cat(preds), torch.cat(golds), nll, len(self.words))
 
 
 def _logits_at(model: nn.Module, batch: Batch, positions: Tensor) -> Tensor:

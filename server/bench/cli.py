@@ -15,6 +15,7 @@ BENCHES: dict[str, tuple[str, str]] = {
         "server.bench.codec",
         "DR-Encoder codecs on real client increments: error, bytes, with/without DP",
     ),
+    "scale": ("server.bench.scale", "round and per-client time and peak memory at 10 / 100 / 1,000 nodes"),
 }
 
 

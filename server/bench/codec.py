@@ -301,7 +301,7 @@ def start_state(evaluator: Evaluator, start_from: str | None) -> tuple[AdapterSt
         return evaluator.initial_state(), "round 0 (initial adapter)"
     path = Path(start_from)
     path = path / CHECKPOINT_FILE if path.is_dir() else path
-    state, loop = load_checkpoint(path, adapter_shapes(evaluator.bundle.model))
+    state, loop, _ = load_checkpoint(path, adapter_shapes(evaluator.bundle.model))
     return state, f"{path} (after round {loop.round})"
 
 

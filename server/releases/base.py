@@ -39,6 +39,15 @@ class Release:
 
     def __init__(self, cfg: RunConfig, plan: NoisePlan | None) -> None:
         self.cfg, self.plan = cfg, plan
+        self.clip = plan.clip if plan else cfg.clip  # the round's C (moves under adaptive clipping)
+
+    def state(self) -> dict[str, float]:
+        """What the checkpoint keeps of the release between rounds (JSON numbers)."""
+        return {"clip": self.clip}
+
+    def restore(self, state: dict[str, float]) -> None:
+        """Continue from :meth:`state` of a checkpoint (absent keys: as at the start)."""
+        self.clip = float(state.get("clip", self.plan.clip if self.plan else self.cfg.clip))
 
     def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
         """Work before round 1 (the DR-Encoder statistics round and autoencoder); returns what the
@@ -47,7 +56,7 @@ class Release:
 
     def noise_std(self, sampled: int) -> float:
         """Noise std each of ``sampled`` clients adds to its clipped release."""
-        return self.plan.client_std(sampled) if self.plan else 0.0
+        return self.plan.client_std(sampled, self.clip) if self.plan else 0.0
 
     @property
     def codec(self) -> dict[str, object]:

@@ -1,0 +1,163 @@
+"""``fedlora bench scale``: what a federation costs as the population grows.
+
+For each population N (default 10, 100 and 1,000 nodes) a fresh process runs ``fedlora simulate``
+in-process (real ServerApp and ClientApp) for ``--rounds`` rounds with about ``--cohort`` clients
+sampled per round (Poisson rate cohort / N), one local step each, no evaluation until the end.
+Reported per N, from the run's metrics lines (the first round, which loads the model, is left out):
+``round_s`` (mean wall time of a round), ``client_s`` (round time per reply: the cost of one
+client's round), and ``peak_rss_mb`` (the whole process's peak resident memory, from the kernel).
+Per-client time and memory should stay flat as N grows: a node costs nothing until it is sampled.
+
+``--backend ray`` runs the same federation through Flower's own Ray simulation (``flwr run .`` with
+``num-supernodes = N`` and one CPU per client actor, so as many workers as cores, each keeping one
+model per process); its round and per-client times come from the same metrics lines, its memory is
+spread over the Ray workers and is not reported. Pointing that backend at a multi-machine Ray cluster
+is Flower's ``[tool.flwr.federations]`` / ``--federation-config`` business (docs/cross-device.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common.errors import FedloraError
+from common.flower_processes import flower_env, flower_executable, toml_pairs
+
+ROOT = Path(__file__).resolve().parents[2]  # the Flower app (pyproject.toml)
+
+POPULATIONS = (10, 100, 1000)
+#: the child runs the CLI, then reports its own peak RSS (KiB on Linux) on the last stderr line
+_CHILD = (
+    "import resource, sys; from common.cli import main; rc = main(sys.argv[1:]); "
+    "print('peak-rss-kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preset", default="minilm-rt-xdev", help="base configuration (default minilm-rt-xdev)"
+    )
+    parser.add_argument(
+        "--populations", default=",".join(map(str, POPULATIONS)), help="comma-separated node counts N"
+    )
+    parser.add_argument("--cohort", type=int, default=10, help="expected clients per round (default 10)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds per population (default 3; the first is warm-up)"
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("inprocess", "ray"),
+        default="inprocess",
+        help="inprocess (fedlora simulate) or ray (flwr run . on Flower's Ray simulation)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+
+
+def _options(preset: str, population: int, cohort: int, rounds: int) -> dict[str, object]:
+    return {
+        "preset": preset,
+        "mechanism": "fedavg",
+        "num-clients": population,
+        "sample-rate": min(1.0, cohort / population),
+        "rounds": rounds,
+        "local-steps": 1,
+        "eval-examples": 50,
+        "eval-every": rounds,
+    }
+
+
+def _inprocess(options: dict[str, object], out: Path) -> tuple[subprocess.CompletedProcess, float | None]:
+    args = [x for k, v in options.items() for x in (f"--{k}", str(v))]
+    cmd = [sys.executable, "-c", _CHILD, "simulate", *args, "--out", str(out)]
+    done = subprocess.run(cmd, env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True, text=True)
+    tail = done.stderr.strip().splitlines()
+    peak = int(tail[-1].split()[-1]) / 1024 if done.returncode == 0 else None
+    return done, peak
+
+
+def _ray(options: dict[str, object], out: Path) -> tuple[subprocess.CompletedProcess, float | None]:
+    home = out.parent / f"{out.name}-flwr"
+    run_config = toml_pairs({**options, "out-dir": str(out)})
+    federation = (
+        f"num-supernodes={options['num-clients']} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+    )
+    cmd = [flower_executable("flwr"), "run", str(ROOT), "--stream", "--run-config", run_config]
+    env = {
+        **flower_env(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+    }
+    try:
+        done = subprocess.run(
+            [*cmd, "--federation-config", federation], env=env, capture_output=True, text=True
+        )
+    finally:  # `flwr run` leaves a detached SuperLink behind: stop the one with our FLWR_HOME
+        subprocess.run(["pkill", "-f", str(home)], capture_output=True)
+    return done, None
+
+
+def measure(
+    preset: str, population: int, cohort: int, rounds: int, work: Path, backend: str = "inprocess"
+) -> dict:
+    """One population in a fresh process; ``client_s`` and ``round_s`` over rounds 2..``rounds``."""
+    out = work / f"{backend}-n{population}"
+    start = time.monotonic()
+    runner = _ray if backend == "ray" else _inprocess
+    done, peak = runner(_options(preset, population, cohort, rounds), out)
+    if done.returncode != 0 or not (out / "metrics.jsonl").exists():
+        lines = [x for x in (done.stderr + done.stdout).strip().splitlines() if "peak-rss-kib" not in x]
+        raise FedloraError(f"population {population} ({backend}): {(lines or ['failed'])[-1][:300]}")
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in lines if r.get("phase") == "train" and r["round"] > 1 and r["replied"]]
+    if not timed:
+        raise FedloraError(f"population {population}: no sampled round after the first; raise --rounds")
+    seconds, replies = sum(r["seconds"] for r in timed), sum(r["replied"] for r in timed)
+    return {
+        "population": population,
+        "rounds_timed": len(timed),
+        "replies": replies,
+        "round_s": round(seconds / len(timed), 3),
+        "client_s": round(seconds / replies, 4),
+        "backend": backend,
+        "peak_rss_mb": None if peak is None else round(peak, 1),
+        "wall_s": round(time.monotonic() - start, 1),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    populations = [int(x) for x in args.populations.split(",") if x.strip()]
+    if not populations or min(populations) < 1 or args.cohort < 1 or args.rounds < 2:
+        raise FedloraError("--populations must be positive counts, --cohort >= 1 and --rounds >= 2")
+    with tempfile.TemporaryDirectory() as work:
+        rows = []
+        for n in populations:  # each in its own process: its own peak RSS
+            rows.append(measure(args.preset, n, args.cohort, args.rounds, Path(work), args.backend))
+            print(f"N = {n}: {rows[-1]}", file=sys.stderr)
+    base = rows[0]
+    for row in rows:
+        row["client_s_ratio"] = round(row["client_s"] / base["client_s"], 3)
+        if row["peak_rss_mb"] is not None:
+            row["peak_rss_ratio"] = round(row["peak_rss_mb"] / base["peak_rss_mb"], 3)
+    result = {
+        "preset": args.preset,
+        "cohort": args.cohort,
+        "rounds": args.rounds,
+        "device": "cpu",
+        "rows": rows,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{'N':>6} {'round s':>8} {'client s':>9} {'x':>6} {'peak RSS MB':>12}")
+        for r in rows:
+            print(
+                f"{r['population']:>6} {r['round_s']:>8} {r['client_s']:>9} {r['client_s_ratio']:>6} "
+                f"{r['peak_rss_mb'] or 'n/a':>12}"
+            )
+    return 0
