@@ -95,8 +95,8 @@ class ServerCodec:
         """The round's decoded mean increment from the clients' (clipped, noised) coded updates."""
         if order == "decode-first":
             decoded = [decode_update(self.codec, c) for c in coded]
-            return private_mean(decoded, plan.threat_model, plan.sigma, plan.clip, expected)
-        mean = private_mean(coded, plan.threat_model, plan.sigma, plan.clip, expected)
+            return private_mean(decoded, plan.threat_model, plan.server_sigma, plan.clip, expected)
+        mean = private_mean(coded, plan.threat_model, plan.server_sigma, plan.clip, expected)
         return decode_update(self.codec, mean)
 
 

@@ -91,13 +91,11 @@ class NoisePlan:
             return self.update_sigma * clip / math.sqrt(self.shares(sampled)) * self.cohort_scale
         return 0.0  # central: the server adds it
 
-    def server_std(self, clip: float = 0.0) -> float:
-        """Noise std the server adds to the sum of increments clipped to ``clip`` (0: C); central only."""
-        return (
-            self.update_sigma * (clip or self.clip) * self.cohort_scale
-            if self.threat_model == "central"
-            else 0.0
-        )
+    @property
+    def server_sigma(self) -> float:
+        """Noise multiplier (std / C) of the noise the server adds to the sum under central noise:
+        z_Δ (σ without adaptive clipping), scaled in a what-if noise-cohort run."""
+        return self.update_sigma * self.cohort_scale
 
     def count_stds(self, sampled: int) -> tuple[float, float]:
         """Adaptive clipping: noise std (each client's share, the server's) on the unclipped count."""
@@ -109,7 +107,7 @@ class NoisePlan:
     def released_sigma(self, sampled: int, replied: int) -> float:
         """Noise multiplier of the update in the sum of ``replied`` releases (z_Δ with adaptive
         clipping, scaled in a what-if run); at least the planned one once replied ≥ m."""
-        sigma = self.update_sigma * self.cohort_scale
+        sigma = self.server_sigma
         if self.threat_model == "distributed":
             return sigma * math.sqrt(replied / self.shares(sampled))
         return sigma

@@ -21,6 +21,11 @@ from server.releases.base import Release, RunHandles
 CLIP_SLACK = 1e-4
 
 
+def split_clip_bit(increment: AdapterState) -> tuple[AdapterState, torch.Tensor | None]:
+    """A reply's update without its adaptive-clipping bit, and the bit (None when absent)."""
+    return {k: v for k, v in increment.items() if k != CLIP_BIT}, increment.get(CLIP_BIT)
+
+
 class GaussianRelease(Release):
     name = "gaussian"
 
@@ -51,7 +56,7 @@ class GaussianRelease(Release):
         return {**shapes, CLIP_BIT: (1,)} if self.cfg.adaptive_clip else dict(shapes)
 
     def check(self, increment: AdapterState) -> None:
-        update = {k: v for k, v in increment.items() if k != CLIP_BIT}
+        update, _ = split_clip_bit(increment)
         if self.plan.threat_model == "central" and global_norm(update) > self.clip * (1 + CLIP_SLACK):
             raise InvalidReply(f"increment norm {global_norm(update):.4g} exceeds the clip {self.clip:g}")
         if self.cfg.adaptive_clip and self.plan.threat_model == "central":
@@ -62,8 +67,7 @@ class GaussianRelease(Release):
     def aggregate(
         self, increments: Sequence[AdapterState], weights: Sequence[int | None], sampled: int
     ) -> tuple[AdapterState, float | None]:
-        bits = [inc[CLIP_BIT] for inc in increments if CLIP_BIT in inc]
-        updates = [{k: v for k, v in inc.items() if k != CLIP_BIT} for inc in increments]
+        updates, bits = zip(*map(split_clip_bit, increments), strict=True)
         mean = self.mean(updates)
         if self.cfg.adaptive_clip:
             self._move_clip(bits, sampled)
@@ -72,15 +76,14 @@ class GaussianRelease(Release):
     def mean(self, increments: Sequence[AdapterState]) -> AdapterState:
         """The DP-FedAvg mean of the clipped, noised releases (the server's noise: central only)."""
         plan = self.plan
-        sigma = plan.update_sigma * plan.cohort_scale
-        return private_mean(increments, plan.threat_model, sigma, self.clip, self.expected_count)
+        return private_mean(increments, plan.threat_model, plan.server_sigma, self.clip, self.expected_count)
 
-    def _move_clip(self, bits: Sequence[torch.Tensor], sampled: int) -> None:
+    def _move_clip(self, bits: Sequence[torch.Tensor | None], sampled: int) -> None:
         """C ← C·exp(−η(b̄ − γ)) from the noised count of unclipped replies (Andrew et al. 2021)."""
         _, server_std = self.plan.count_stds(sampled)
         # Σ(b − ½) + N(0, σ_b²) + K/2: the centred bit moves the sum by ½ whether a client is added
         # or removed (the sensitivity the composition assumes); K = p·N, never the replies' count
-        centred = sum(float(b[0]) - 0.5 for b in bits)
+        centred = sum(float(b[0]) - 0.5 for b in bits if b is not None)
         noised = float(add_noise({"count": torch.tensor(centred, dtype=torch.float64)}, server_std)["count"])
         count = noised + self.expected_count / 2
         cfg = self.cfg
