@@ -28,6 +28,7 @@ from common.privacy.statement import statement
 from server import checkpoint
 from server.checkpoint import LoopState
 from server.evaluation import Evaluator
+from server.model_card import model_card
 from server.optimizers import ServerOptimizer, ServerOptimizerSpec
 from server.releases import RunHandles, make_release
 from server.round import RoundRecord, run_round
@@ -191,7 +192,6 @@ def _round_line(record: dict, metric: str, ledger: Ledger | None) -> str:
 
 
 def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped, start) -> dict:
-    adapter = out.save_adapter(evaluator.bundle, state)
     summary = {
         "model": cfg.model,
         "dataset": cfg.dataset,
@@ -211,7 +211,7 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
         "bytes_up_per_round": loop.bytes_up / max(loop.completed, 1),
         **statement(cfg, plan, ledger.report() if ledger else None),
         "wall_time_s": round(time.monotonic() - start, 1),
-        "adapter": str(adapter),
+        "adapter": str(out.adapter_path),
         "metrics_file": str(out.metrics_path),
     }
     if ledger:
@@ -224,6 +224,9 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
             ledger=str(ledger.path),
             privacy_report=[str(report_json), str(report_png)],
         )
+    bundle = evaluator.bundle
+    head = bundle.model.base_model.model.num_labels if bundle.kind == "seq-cls" else None
+    out.save_adapter(bundle, state, cfg.pooling, model_card(cfg, summary, head))
     out.write_summary(summary)
     return summary
 

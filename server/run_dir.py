@@ -14,6 +14,7 @@ from pathlib import Path
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, ModelBundle, load_adapter_state
+from common.models.portable import save_adapter
 from server.checkpoint import CHECKPOINT_FILE
 
 
@@ -79,13 +80,16 @@ class RunDir:
                 continue
         return rounds
 
-    def save_adapter(self, bundle: ModelBundle, state: AdapterState) -> Path:
-        """Standard PEFT checkpoint (``PeftModel.from_pretrained`` loads it), published atomically."""
+    @property
+    def adapter_path(self) -> Path:
+        return self.path / "adapter"
+
+    def save_adapter(self, bundle: ModelBundle, state: AdapterState, pooling: str, card: str) -> Path:
+        """A portable PEFT adapter with its model card (common/models/portable.py), published atomically."""
         load_adapter_state(bundle.model, state)
-        final, tmp = self.path / "adapter", self.path / ".adapter.tmp"
+        final, tmp = self.adapter_path, self.path / ".adapter.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        bundle.model.save_pretrained(tmp)
-        bundle.tokenizer.save_pretrained(tmp)
+        save_adapter(bundle, tmp, pooling, card)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

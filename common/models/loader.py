@@ -8,6 +8,7 @@ from functools import lru_cache
 
 import torch
 from peft import PeftModel
+from torch import nn
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -58,32 +59,37 @@ def _quiet_transformers() -> None:
 
 @lru_cache(maxsize=4)
 def _load(name: str, lora: LoraSpec, device: str, num_labels: int, seed: int, pooling: str) -> ModelBundle:
-    _quiet_transformers()
     spec = resolve_model(name)
+    torch.manual_seed(seed)
+    base, tokenizer, task_type = load_base(spec, num_labels, pooling)
+    targets = lora.targets or _defaults(spec)
+    model = attach_lora(base, LoraSpec(lora.rank, lora.alpha, lora.dropout, targets), task_type)
+    model.to(device)
+    return ModelBundle(spec.name, spec.kind, model, tokenizer, torch.device(device), adapter_state(model))
+
+
+def load_base(
+    spec: ModelSpec, num_labels: int, pooling: str
+) -> tuple[nn.Module, PreTrainedTokenizerBase, str]:
+    """The base model (float32, no LoRA yet), its tokenizer (a pad token set) and PEFT's task type."""
+    _quiet_transformers()
     path = str(spec.locate())
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    torch.manual_seed(seed)
     if spec.kind == "causal-lm":
         if pooling != "cls":
             raise FedloraError(
                 f"--pooling {pooling} is for encoder classifiers; {spec.name} scores label words"
             )
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        task_type = "CAUSAL_LM"
-    else:
-        base = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=num_labels, dtype=torch.float32
-        )
-        base.config.pad_token_id = tokenizer.pad_token_id
-        if pooling == "mean":
-            use_mean_pooling(base)
-        task_type = "SEQ_CLS"
-    targets = lora.targets or _defaults(spec)
-    model = attach_lora(base, LoraSpec(lora.rank, lora.alpha, lora.dropout, targets), task_type)
-    model.to(device)
-    return ModelBundle(spec.name, spec.kind, model, tokenizer, torch.device(device), adapter_state(model))
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokenizer, "CAUSAL_LM"
+    base = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=num_labels, dtype=torch.float32
+    )
+    base.config.pad_token_id = tokenizer.pad_token_id
+    if pooling == "mean":
+        use_mean_pooling(base)
+    return base, tokenizer, "SEQ_CLS"
 
 
 def _defaults(spec: ModelSpec) -> tuple[str, ...] | None:

