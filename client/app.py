@@ -59,6 +59,7 @@ def gradstats(msg: Message, context: Context) -> Message:
         lr=cfg.lr,
         seed=int(np.random.SeedSequence([cfg.seed, 0, pid]).generate_state(1)[0]),
         device=shard.bundle.device,
+        optimizer=cfg.client_optimizer,
     )
     noise_std = cfg.stats_noise_std
     if noise_std > 0:

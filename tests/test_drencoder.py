@@ -301,3 +301,20 @@ def test_a_crashed_dr_encoder_run_resumes_with_its_statistics_and_autoencoder(tm
     assert [r["phase"] for r in recs if r["round"] == 0].count("stats") == 1
     rows = Ledger.open(tmp_path / "r" / "ledger.sqlite", "client-level").rows()
     assert [(r["round"], r["status"]) for r in rows] == [(1, "applied"), (2, "interrupted")]
+
+
+def test_the_statistics_round_trains_with_the_clients_optimizer(tmp_path, monkeypatch):
+    """Algorithm 1's statistics describe the increments the train rounds make, so they come from the
+    same local optimizer (--client-optimizer sgd was ignored there: AdamW always)."""
+    import client.drencoder.gradstats as gradstats
+
+    used, real = [], gradstats.train_steps
+
+    def spy(*args, **kwargs):
+        used.append(kwargs.get("optimizer", "adamw"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gradstats, "train_steps", spy)
+    cfg = preset("minilm-rt", **TINY, **DR, client_optimizer="sgd", out_dir=str(tmp_path / "r")).check()
+    federate(cfg)
+    assert used and set(used) == {"sgd"}

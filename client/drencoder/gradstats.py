@@ -41,9 +41,12 @@ def local_stats(
     lr: float,
     seed: int,
     device: torch.device,
+    optimizer: str = "adamw",
 ) -> Tensor:
     """Moments ``(F, 2, w)`` of ``factors`` (increments in ``form``, Algorithm 1 floor h1 = ``floor``) in
-    sorted-name order (:func:`autoencoder.synthetic.pack_stats`) after ``steps`` AdamW steps; the model is left trained (a train round reloads the global state)."""
+    sorted-name order (:func:`autoencoder.synthetic.pack_stats`) after ``steps`` steps of the clients'
+    ``optimizer`` (adamw or sgd: the increments their train rounds make); the model is left trained
+    (a train round reloads the global state)."""
     names = sorted(factors)
     start = {k: adapter_state(model)[k].detach().clone() for k in names}
     stats = track({k: tuple(v.shape) for k, v in start.items()}, floor=floor)
@@ -63,6 +66,7 @@ def local_stats(
         device=device,
         desc="statistics",
         after_step=record,
+        optimizer=optimizer,
     )
     return pack_stats(export_all(stats, granularity, debias=True), names).cpu()
 
