@@ -93,7 +93,7 @@ def local_update(
         raise ValueError(f"local optimizer {kind} needs a sample-level noise plan")
     options = {"floor": cfg.prism_floor} if kind == "prism" else {}
     optimizer = make_dp_optimizer(kind, lora_layers(model), lr, **options)
-    dp_plan = DpSteps(steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch)
+    dp_plan = DpSteps(steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch_size)
     return dp_train(
         model,
         task,

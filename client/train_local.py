@@ -15,20 +15,21 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 from safetensors.torch import save_file
 
 from client.dp.sample_plan import SAMPLE_ACCOUNTANT, plan_sample_noise
 from client.local_update import local_update
 from common.config import MECHANISMS, RunConfig
 from common.errors import FedloraError
-from common.models import adapter_state, load_adapter_state
+from common.models import adapter_state
 from common.models.lora import lora_norm
-from common.models.lora_init import apply_lora_init
 from common.options import add_config_arguments, config_values
 from common.privacy.ledger import Ledger
-from common.runtime import open_model, open_split
+from common.runtime import initial_adapter, open_model, open_split
 from common.tasks import make_task
 
 LEDGER_FILE = "sample-ledger.sqlite"
@@ -43,13 +44,15 @@ LOCAL_DEFAULTS: dict[str, object] = {
     "delta": 1e-5,
     "local_steps": 100,
     "batch_size": 32,
-    "microbatch": 16,
+    "microbatch": 0,
     "sample_clip": 1.0,
     "lr": 1e-3,
     "rank": 8,
     "lora_alpha": 16.0,
     "targets": "",
     "lora_init": "balanced",
+    "pooling": "cls",
+    "head_init": "random",
     "prism_floor": "clamp",
     "max_train_examples": 2000,
     "eval_examples": 500,
@@ -65,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add = parser.add_argument
     add("--charge-every", type=int, default=25, help="steps per ledger row")
+    add(
+        "--validation",
+        type=int,
+        default=0,
+        help="hold out this many training examples (seeded, never trained on) and evaluate on them "
+        "instead of the test split: for choosing hyper-parameters (0 = evaluate on the test split)",
+    )
     add("--out", default=None, help="run directory (default runs/local-<time>-<mechanism>-<model>)")
     add("--json", action="store_true", help="print the result as one JSON object")
 
@@ -84,8 +94,9 @@ def config_of(args: argparse.Namespace) -> RunConfig:
     return RunConfig(num_clients=1, partition="iid", **values).check()
 
 
-def train_local(cfg: RunConfig, out: Path, charge_every: int = 25) -> dict:
-    """Train one client per ``cfg`` into the new directory ``out``; returns the result record."""
+def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: int = 0) -> dict:
+    """Train one client per ``cfg`` into the new directory ``out``; returns the result record.
+    ``validation`` > 0: that many training examples are held out and evaluated instead of the test split."""
     if out.exists() and any(out.iterdir()):
         raise FedloraError(f"{out} is not empty; train-local never writes into an existing run")
     if charge_every < 1:
@@ -94,11 +105,13 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25) -> dict:
     split = open_split(cfg, 1)
     bundle = open_model(cfg, split)
     model, device = bundle.model, bundle.device
-    load_adapter_state(model, bundle.initial)  # the bundle is shared per process: start from its load state
-    apply_lora_init(model, cfg.init_kind, cfg.seed)
+    initial_adapter(cfg, bundle, split)  # the bundle is shared per process: start from its load state
     task = make_task(bundle.kind, split.corpus, bundle.tokenizer, cfg.max_length)
-    train = task.encode(split.texts(split.clients[0]), split.labels(split.clients[0]))
-    test = task.encode(split.texts(split.test), split.labels(split.test))
+    pool, held_out = _split_validation(split.clients[0], validation, cfg.seed)
+    train = task.encode(split.texts(pool), split.labels(pool))
+    held_out = held_out if validation else split.test
+    test = task.encode(split.texts(held_out), split.labels(held_out))
+    before = task.evaluate(model, test, device, batch_size=32)
     kind = cfg.optimizer_kind
     plan = None
     if kind != "none":
@@ -120,6 +133,7 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25) -> dict:
 
         # Its stats stay unpublished: under DP, ``examples-used`` and ``empty-batches`` are realised Poisson
         # batch sizes, which depend on the private data and are not covered by the sample-level guarantee.
+        trained = time.time()
         local_update(
             model,
             task,
@@ -134,6 +148,7 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25) -> dict:
             block=charge_every,
             desc=f"train-local {kind}",
         )
+        train_seconds = time.time() - trained
         for row in ledger.rows():
             ledger.settle(row["run"], row["round"], "applied")
         privacy = ledger.report()
@@ -147,16 +162,24 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25) -> dict:
         "seed": cfg.seed,
         "init": cfg.init_kind,
         "examples": len(train),
+        "eval_split": "validation" if validation else "test",
         "eval_examples": len(test),
+        "pooling": cfg.pooling,
+        "head_init": cfg.head_init,
         "steps": cfg.local_steps,
         "batch_size": cfg.batch_size,
         "lr": cfg.lr,
         "clip": cfg.sample_clip if plan else None,
         "sample_rate": plan.sample_rate if plan else None,
         "noise_multiplier": plan.sigma if plan else None,
+        "before": before[task.metric],
         task.metric: metrics[task.metric],
+        "top_class_share": metrics.get("top_class_share"),
+        "train_seconds": round(train_seconds, 1),
+        # planned, not realised: realised Poisson batch sizes depend on the private data
+        "examples_per_second": round(cfg.local_steps * cfg.batch_size / max(train_seconds, 1e-9), 2),
         "lora_norm": lora_norm(model),
-        "privacy": _privacy(plan, privacy, cfg.delta),
+        "privacy": _privacy(plan, privacy, cfg.delta, validation),
         "seconds": round(time.time() - start, 1),
     }
     save_file(adapter_state(model), str(out / "adapter.safetensors.tmp"))
@@ -165,10 +188,24 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25) -> dict:
     return result
 
 
-def _privacy(plan, report: dict, delta: float) -> dict:
+def _split_validation(pool: Sequence[int], count: int, seed: int) -> tuple[list[int], list[int]]:
+    """``pool`` without ``count`` seeded examples, and those examples (``count`` = 0: all, none)."""
+    if count < 0 or count >= len(pool):
+        raise FedloraError(f"--validation must be in [0, {len(pool)}) (the training examples), got {count}")
+    order = np.random.default_rng([seed, 7]).permutation(len(pool))
+    kept = sorted(int(i) for i in order[count:])
+    held = sorted(int(i) for i in order[:count])
+    return [pool[i] for i in kept], [pool[i] for i in held]
+
+
+def _privacy(plan, report: dict, delta: float, validation: int) -> dict:
     if plan is None:
         return {"unit": "sample-level", "epsilon": None, "note": "non-private: no guarantee"}
+    outside = ["wall times (they depend on the realised batch sizes)"]
+    if validation:
+        outside.append(f"the validation metrics (computed on {validation} of the client's own examples)")
     return {
+        "not_covered": outside,
         "unit": "sample-level (add/remove one of this client's examples)",
         "threat_model": "the client's noisy steps and the adapter they produce are public",
         "accountant": f"{SAMPLE_ACCOUNTANT} (tight); CLT mu-GDP beside it",
@@ -187,7 +224,11 @@ def _print(result: dict) -> None:
         f"train-local {result['mechanism']} on {result['model']} / {result['dataset']}: "
         f"N = {result['examples']}, {result['steps']} steps, batch {result['batch_size']}, lr {result['lr']:g}"
     )
-    print(f"held-out {metric}: {result[metric]:.4f} ({result['eval_examples']} examples)")
+    print(
+        f"{result['eval_split']} {metric}: {result['before']:.4f} before -> {result[metric]:.4f} after "
+        f"({result['eval_examples']} examples); {result['examples_per_second']:g} examples/s "
+        f"({result['steps'] * result['batch_size']} planned in {result['train_seconds']:g} s)"
+    )
     if p["epsilon"] is None:
         print("sample-level privacy: none (non-private AdamW)")
     else:
@@ -206,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         else Path("runs")
         / (f"local-{time.strftime('%Y%m%d-%H%M%S')}-{args.mechanism}-{cfg.model.replace('/', '_')}")
     )
-    result = train_local(cfg, out, args.charge_every)
+    result = train_local(cfg, out, args.charge_every, args.validation)
     if args.json:
         print(json.dumps(result))
     else:

@@ -213,7 +213,10 @@ class RunConfig:
         1.0, "per-example clip C of the DP local optimizers", SAMPLE_DP, rule=POSITIVE
     )
     microbatch: int = option(
-        16, "examples per forward/backward within one DP step (memory)", SAMPLE_DP, rule=AT_LEAST_ONE
+        0,
+        "examples per forward/backward within one DP step (memory; 0 = 16, or the batch if smaller)",
+        SAMPLE_DP,
+        rule=NON_NEGATIVE,
     )
     prism_floor: str = option(
         "clamp",
@@ -362,6 +365,11 @@ class RunConfig:
         return self.stats_noise_multiplier * self.stats_clip
 
     @property
+    def microbatch_size(self) -> int:
+        """Examples per forward/backward of a DP step (``--microbatch``, else at most 16)."""
+        return self.microbatch or min(16, self.batch_size)
+
+    @property
     def init_kind(self) -> str:
         return self.lora_init or ("peft" if self.optimizer_kind == "none" else "balanced")
 
@@ -393,6 +401,10 @@ class RunConfig:
             raise FedloraError(
                 f"local optimizer {self.optimizer_kind} needs exactly one of --sample-epsilon and "
                 "--sample-noise-multiplier (> 0)"
+            )
+        if self.optimizer_kind != "none" and self.microbatch > self.batch_size:
+            raise FedloraError(
+                f"--microbatch {self.microbatch} exceeds the logical batch --batch-size {self.batch_size}"
             )
         self._check_client_level()
         if self.release_kind == "dr-encoder":
@@ -535,6 +547,27 @@ PRESETS: dict[str, dict[str, object]] = {
         "max_length": 128,
         "eval_examples": 445,
         "delta": 1e-6,
+    },
+    # Cross-silo (issue 18): 4 nodes with ~2,100 records each (the whole train split, label skew),
+    # every node every round, each training under its own sample-level budget (no client-level
+    # release); the summary prints each node's epsilon from its ledger.
+    "minilm-rt-silo": {
+        "model": "minilm-l6",
+        "dataset": "rotten-tomatoes",
+        "pooling": "mean",
+        "head_init": "zero-shot",
+        "partition": "dirichlet",
+        "num_clients": 4,
+        "sample_rate": 1.0,
+        "rounds": 5,
+        "local_steps": 10,
+        "batch_size": 64,
+        "mechanism": "dp-adamw",
+        "lr": 2e-3,
+        "sample_epsilon": 3.0,
+        "delta": 1e-5,
+        "max_train_examples": 0,
+        "eval_examples": 1000,
     },
     # GPU-sized; on a CPU pass --rounds 5 (a round of 100 SmolLM2 clients takes minutes there).
     "smollm2-rt-xdev": {

@@ -5,7 +5,10 @@ from __future__ import annotations
 from common.config import RunConfig
 from common.data import FederatedSplit, federated_split
 from common.device import resolve_device
-from common.models import LoraSpec, ModelBundle, load_model
+from common.errors import FedloraError
+from common.models import AdapterState, LoraSpec, ModelBundle, adapter_state, load_adapter_state, load_model
+from common.models.head_init import apply_zero_shot_head, descriptions
+from common.models.lora_init import apply_lora_init
 
 
 def lora_spec(cfg: RunConfig) -> LoraSpec:
@@ -33,3 +36,19 @@ def open_model(cfg: RunConfig, split: FederatedSplit) -> ModelBundle:
     return load_model(
         cfg.model, lora_spec(cfg), resolve_device(cfg.device), num_labels, cfg.seed, cfg.pooling
     )
+
+
+def initial_adapter(cfg: RunConfig, bundle: ModelBundle, split: FederatedSplit) -> AdapterState:
+    """The run's starting adapter, set on ``bundle.model``: the model as loaded, LoRA re-initialised
+    per ``lora-init`` (seeded: every process computes the same factors), the head per ``head-init``
+    (zero-shot: from public label descriptions, no privacy cost)."""
+    load_adapter_state(bundle.model, bundle.initial)
+    apply_lora_init(bundle.model, cfg.init_kind, cfg.seed)
+    if cfg.head_init == "zero-shot":
+        if bundle.kind != "seq-cls":
+            raise FedloraError(
+                f"--head-init zero-shot is for encoder classifiers; {cfg.model} scores label words"
+            )
+        texts = descriptions(split.corpus.name, split.corpus.label_names)
+        apply_zero_shot_head(bundle.model, bundle.tokenizer, texts, bundle.device)
+    return adapter_state(bundle.model)

@@ -224,6 +224,9 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
             ledger=str(ledger.path),
             privacy_report=[str(report_json), str(report_png)],
         )
+    nodes = out.node_privacy()
+    if nodes:
+        summary["node_privacy"] = nodes
     bundle = evaluator.bundle
     head = bundle.model.base_model.model.num_labels if bundle.kind == "seq-cls" else None
     out.save_adapter(bundle, state, cfg.pooling, model_card(cfg, summary, head))

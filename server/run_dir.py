@@ -15,7 +15,14 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, ModelBundle, load_adapter_state
 from common.models.portable import save_adapter
+from common.privacy.ledger import Ledger
 from server.checkpoint import CHECKPOINT_FILE
+
+NODE_LEDGER = "sample-ledger.sqlite"  # client/node/state.py (the server does not import the client)
+
+
+def _node_index(ledger_path: Path) -> int:
+    return int(ledger_path.parent.name.removeprefix("node-"))
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -94,6 +101,21 @@ class RunDir:
             shutil.rmtree(final)
         tmp.rename(final)
         return final
+
+    def node_privacy(self) -> list[dict]:
+        """Each simulated node's sample-level ledger totals (``nodes/node-k``, where ``fedlora simulate``
+        keeps node state; a deployment's nodes keep theirs on their own machines: empty here)."""
+        rows = []
+        for path in sorted((self.path / "nodes").glob("node-*/" + NODE_LEDGER), key=_node_index):
+            ledger = Ledger.open(path, "sample-level")
+            try:
+                totals = ledger.report()
+            finally:
+                ledger.close()
+            node = _node_index(path)
+            keys = ("eps_tight", "eps_gdp", "mu", "delta")
+            rows.append({"node": node, **{k: float(totals[k]) for k in keys}, "ledger": str(path)})
+        return rows
 
     def write_summary(self, summary: dict) -> None:
         self._write_json("summary.json", summary)

@@ -37,6 +37,11 @@ def format_summary(s: dict) -> str:
             if s.get("sample_privacy", "none").startswith("sample")
             else []
         ),
+        *(
+            f"  node {n['node']:<14} sample-level epsilon {n['eps_tight']:.4g} (pld) / {n['eps_gdp']:.4g} "
+            f"(gdp) at delta {n['delta']:g}, from its ledger"
+            for n in s.get("node_privacy", [])
+        ),
         *(f"  not covered        {what}" for what in s.get("not_covered", [])),
         *([f"  stopped early      {s['stopped']}"] if s.get("stopped") else []),
         *([f"  privacy report     {', '.join(s['privacy_report'])}"] if s.get("privacy_report") else []),

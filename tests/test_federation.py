@@ -219,3 +219,20 @@ def test_too_few_replies_withhold_the_round_but_keep_its_charge(tmp_path):
     report = json.loads((tmp_path / "r" / "privacy.json").read_text())
     assert all(r["guarantee"].startswith("zero-out adjacency") for r in report["rounds"])
     assert any("who replied" in line for line in summary["not_covered"])
+
+
+def test_a_cross_silo_summary_reports_each_nodes_sample_level_epsilon(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    silo = dict(
+        max_train_examples=200, eval_examples=40, rounds=1, local_steps=2, batch_size=8, max_length=16
+    )
+    simulate(preset("minilm-rt-silo", **silo).check(), run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    nodes = summary["node_privacy"]
+    assert [n["node"] for n in nodes] == [0, 1, 2, 3]
+    for n in nodes:
+        ledger = Ledger.open(run_dir / "nodes" / f"node-{n['node']}" / "sample-ledger.sqlite", "sample-level")
+        assert n["eps_tight"] == pytest.approx(ledger.report()["eps_tight"]) and 0 < n["eps_tight"] <= 3.0
+        ledger.close()
+    assert summary["privacy"].startswith("none") and summary["sample_privacy"].startswith("sample-level")
+    assert "node 3" in capsys.readouterr().out

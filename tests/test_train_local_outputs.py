@@ -39,6 +39,16 @@ PUBLISHED = {
     "lora_norm",
     "privacy",
     "seconds",
+    # added with a threat-model check: evaluations of the held-out split (test, or --validation,
+    # which privacy.not_covered names), the run's options, and planned throughput with wall times
+    # (side channels like "seconds"; privacy.not_covered names them)
+    "eval_split",
+    "pooling",
+    "head_init",
+    "before",
+    "top_class_share",
+    "train_seconds",
+    "examples_per_second",
 }
 
 
@@ -52,3 +62,29 @@ def test_dp_run_publishes_no_realised_batch_sizes(tmp_path, capsys):
     assert set(result) <= PUBLISHED, set(result) - PUBLISHED
     assert result["steps"] == 2 and result["privacy"]["epsilon"] > 0
     assert "sample-level epsilon" in printed and "empty" not in printed and "examples-used" not in printed
+
+
+def test_zero_shot_head_and_validation_split(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["--head-init", "zero-shot", "--pooling", "mean", "--validation", "8", "--out", str(out)]
+    code = run_cli(["train-local", "--mechanism", "dp-adamw", *TINY_LOCAL, *args])
+    printed = capsys.readouterr().out
+    assert code == 0
+    result = json.loads((out / "result.json").read_text(encoding="utf-8"))
+    assert result["eval_split"] == "validation" and result["eval_examples"] == 8
+    assert result["examples"] == 32 - 8  # the held-out examples are never trained on
+    assert (result["head_init"], result["pooling"]) == ("zero-shot", "mean")
+    assert 0.0 <= result["before"] <= 1.0 and result["examples_per_second"] > 0
+    assert any("validation" in item for item in result["privacy"]["not_covered"])
+    assert "validation accuracy" in printed and "before ->" in printed
+
+
+def test_bad_logical_batches_fail_with_one_line(tmp_path, capsys):
+    base = ["train-local", "--mechanism", "dp-adamw", "--max-train-examples", "32", "--eval-examples", "8"]
+    code = run_cli([*base, "--batch-size", "64", "--out", str(tmp_path / "a")])
+    assert code != 0 and "exceeds the 32 training examples" in capsys.readouterr().err
+    code = run_cli([*base, "--batch-size", "8", "--microbatch", "16", "--out", str(tmp_path / "b")])
+    assert code != 0 and "--microbatch 16 exceeds the logical batch --batch-size 8" in capsys.readouterr().err
+    code = run_cli([*base, "--batch-size", "8", "--validation", "32", "--out", str(tmp_path / "c")])
+    assert code != 0 and "--validation must be in [0, 32)" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written
