@@ -15,6 +15,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "server.bench.codec",
         "DR-Encoder codecs on real client increments: error, bytes, with/without DP",
     ),
+    "compare": (
+        "client.bench.compare",
+        "DP local optimizers vs non-private: one lr x clip grid on validation, then seeds on test",
+    ),
     "scale": ("server.bench.scale", "round and per-client time and peak memory at 10 / 100 / 1,000 nodes"),
 }
 
