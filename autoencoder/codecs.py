@@ -15,7 +15,11 @@ latent's device.
 - ``random-projection``: ``k`` numbers (default: the ``ae`` latent size); decode projects back onto a
   seeded random ``k``-dimensional subspace (:class:`RandomProjectionCodec`).
 
-``identity`` and ``random-projection`` are linear; ``constant-mean`` is constant (the "learns nothing"
+- ``pca`` (:func:`fit_pca`, not yet a federation option): ``k`` numbers, the coordinates in an
+  orthonormal basis fitted on public increments (their mean direction, then their top principal
+  directions); decode maps back, so ``decode∘encode`` is the projection onto that subspace.
+
+``identity``, ``random-projection`` and ``pca`` are linear; ``constant-mean`` is constant (the "learns nothing"
 baseline of docs/design.md §6); ``ae`` is neither.
 """
 
@@ -202,6 +206,51 @@ class RandomProjectionCodec:
         x = torch.empty_like(xp)
         x[self.perm.to(z.device)] = xp
         return self.layout.from_vector(x)
+
+
+class PcaCodec:
+    """``z = Qᵀ x``, ``x̂ = Q z`` with ``Q: (D, k)`` orthonormal columns (float32): linear and norm-preserving
+    on the subspace, so a clip of the latent is a clip of the decoded increment."""
+
+    name = "pca"
+
+    def __init__(self, layout: Layout, basis: Tensor) -> None:
+        if basis.ndim != 2 or basis.shape[0] != layout.num_coords:
+            raise FedloraError(f"pca basis must be ({layout.num_coords}, k), got {tuple(basis.shape)}")
+        self.layout, self.basis = layout, basis.float().contiguous()
+        self.latent_size = basis.shape[1]
+
+    def encode(self, state: Mapping[str, Tensor]) -> Tensor:
+        x = self.layout.to_vector(state).float()
+        return self.basis.to(x.device).T @ x
+
+    def decode(self, latent: Tensor) -> dict[str, Tensor]:
+        z = check_latent(latent, self.latent_size)
+        return self.layout.from_vector(self.basis.to(z.device) @ z)
+
+
+def fit_pca(layout: Layout, samples: Tensor, k: int) -> PcaCodec:
+    """The ``pca`` codec of ``k`` numbers fitted on ``samples: (n, D)`` (flattened increments in layout
+    order): the basis is the samples' mean direction followed by the top ``k - 1`` principal directions
+    of the samples with that direction projected out (float64 SVD). Needs ``1 <= k <= min(D, n)``."""
+    n, D = samples.shape
+    if layout.num_coords != D:
+        raise FedloraError(f"pca samples have {D} coordinates, the layout {layout.num_coords}")
+    if not 1 <= k <= D:
+        raise FedloraError(f"pca latent size must be in [1, {D}] (the factor entries), got {k}")
+    if k > n:
+        raise FedloraError(f"pca latent size {k} exceeds the {n} public increments it is fitted on")
+    x = samples.double()
+    mean = x.mean(0)
+    if mean.norm() == 0:
+        raise FedloraError("pca samples have a zero mean: no direction to start the basis")
+    first = mean / mean.norm()
+    rest = x - mean
+    rest = rest - (rest @ first)[:, None] * first[None, :]
+    _, _, vh = torch.linalg.svd(rest, full_matrices=False)
+    basis = torch.cat([first[:, None], vh[: k - 1].T], dim=1)
+    basis, _ = torch.linalg.qr(basis)  # exact orthonormality in float64 (columns keep their spans)
+    return PcaCodec(layout, basis)
 
 
 def make_codec(

@@ -128,6 +128,13 @@ class RunConfig:
     test_fraction: float = option(
         0.2, "fraction of the corpus held out for evaluation", MODEL, rule=PROBABILITY
     )
+    public_fraction: float = option(
+        0.0,
+        "fraction of the training pool split off as the server's public data before partitioning "
+        "(never given to a client; 0 = none)",
+        MODEL,
+        rule=(lambda v: v == 0 or 0 < v <= 0.5, "0 or in (0, 0.5]"),
+    )
     max_length: int = option(64, "maximum tokens per example", MODEL, rule=AT_LEAST_ONE)
     # -- federation
     mechanism: str = option(

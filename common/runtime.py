@@ -27,6 +27,7 @@ def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit
         max_train=cfg.max_train_examples,
         max_test=cfg.eval_examples,
         seed=cfg.seed,
+        public_fraction=cfg.public_fraction,
     )
 
 

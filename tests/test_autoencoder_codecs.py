@@ -3,13 +3,14 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from autoencoder.checkpoint import CHECKPOINT_FORMAT, ae_version, load_checkpoint, save_checkpoint
-from autoencoder.codecs import CODECS, Codec, RandomProjectionCodec, make_codec
+from autoencoder.codecs import CODECS, Codec, RandomProjectionCodec, fit_pca, make_codec
 from autoencoder.layout import Layout
 from autoencoder.train import TrainConfig, train_autoencoder
 from autoencoder.uformer import AeConfig
@@ -248,3 +249,61 @@ def test_corrupt_or_foreign_files_are_refused(trained, tmp_path):
     with pytest.raises(FedloraError, match="does not exist"):
         load_checkpoint(tmp_path / "missing.safetensors")
     assert meta["format"] == CHECKPOINT_FORMAT
+
+
+# -- pca: a basis fitted on (public) increments ---------------------------------------------------------
+def _low_rank_samples(layout: Layout, n: int, rank: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` samples ``m + U c`` (``U: (D, rank)``), plus 2 % isotropic noise, and the ``(D, rank)`` U."""
+    g = torch.Generator().manual_seed(seed)
+    D = layout.num_coords
+    basis = torch.randn(D, rank, generator=g, dtype=torch.float64)
+    mean = torch.randn(D, generator=g, dtype=torch.float64)
+    coefficients = 3 * torch.randn(n, rank, generator=g, dtype=torch.float64)
+    noise = 0.02 * torch.randn(n, D, generator=g, dtype=torch.float64)
+    return mean + coefficients @ basis.T + noise, basis
+
+
+def test_pca_fits_the_subspace_numpy_finds():
+    layout = Layout.from_shapes(SHAPES, 4)
+    samples, _ = _low_rank_samples(layout, 40, 6)
+    codec = fit_pca(layout, samples, 8)
+    q = codec.basis.double()
+    torch.testing.assert_close(q.T @ q, torch.eye(8, dtype=torch.float64), atol=1e-6, rtol=0)
+    # Independent construction: the mean direction, then numpy's eigenvectors of the covariance of
+    # the samples with that direction removed.
+    x = samples.numpy()
+    m = x.mean(0)
+    u0 = m / np.linalg.norm(m)
+    c = (x - m) - np.outer((x - m) @ u0, u0)
+    _, vecs = np.linalg.eigh(c.T @ c)
+    ref = np.column_stack([u0, vecs[:, ::-1][:, :7]])
+    np.testing.assert_allclose(q.numpy() @ q.numpy().T, ref @ ref.T, atol=1e-5)
+
+
+def test_pca_is_linear_exact_on_its_subspace_and_captures_what_random_projection_does_not():
+    layout = Layout.from_shapes(SHAPES, 4)
+    samples, _ = _low_rank_samples(layout, 60, 5)
+    codec = fit_pca(layout, samples, 6)
+    inside = layout.from_vector(codec.basis @ torch.randn(6))
+    torch.testing.assert_close(layout.to_vector(codec.decode(codec.encode(inside))), layout.to_vector(inside))
+    z = codec.encode(inside)
+    torch.testing.assert_close(codec.encode({k: 2.5 * v for k, v in inside.items()}), 2.5 * z)
+    assert abs(float(z.norm()) - float(layout.to_vector(inside).norm())) < 1e-4  # a latent clip = a clip
+    projection = RandomProjectionCodec(layout, 6, seed=1)
+    for x in samples[:3].float():  # the fitted distribution: pca keeps ~all the energy, random ~k/D
+        state = layout.from_vector(x)
+        kept = float(layout.to_vector(codec.decode(codec.encode(state))).norm() ** 2 / x.norm() ** 2)
+        rand = float(
+            layout.to_vector(projection.decode(projection.encode(state))).norm() ** 2 / x.norm() ** 2
+        )
+        assert kept > 0.99 and rand < 0.2
+
+
+@pytest.mark.parametrize(
+    "k, n, message",
+    [(0, 10, "must be in"), (10**6, 10, "must be in"), (11, 10, "exceeds the 10 public increments")],
+)
+def test_pca_refuses_sizes_it_cannot_fit(k, n, message):
+    layout = Layout.from_shapes(SHAPES, 4)
+    with pytest.raises(FedloraError, match=message):
+        fit_pca(layout, _low_rank_samples(layout, n, 3)[0], k)

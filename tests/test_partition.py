@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from common.data import dirichlet_partition, iid_partition, train_test_split
+from common.config import preset
+from common.data import dirichlet_partition, federated_split, iid_partition, train_test_split
 from common.errors import FedloraError
 
 
@@ -55,3 +56,23 @@ def test_more_clients_than_examples_is_an_error():
         iid_partition(3, 4, seed=0)
     with pytest.raises(FedloraError, match="more clients"):
         dirichlet_partition(np.zeros(3, dtype=int), 4, 1.0, seed=0)
+
+
+@pytest.mark.parametrize("method", ["iid", "dirichlet"])
+def test_the_public_split_never_overlaps_a_clients_data_or_the_test_set(method):
+    whole = federated_split("rotten-tomatoes", 7, method=method, seed=3)
+    split = federated_split("rotten-tomatoes", 7, method=method, seed=3, public_fraction=0.25)
+    clients = np.concatenate(split.clients)
+    assert len(np.intersect1d(split.public, clients)) == 0
+    assert len(np.intersect1d(split.public, split.test)) == 0
+    np.testing.assert_array_equal(split.test, whole.test)  # the held-out set does not move
+    pool = np.sort(np.concatenate([clients, split.public]))
+    np.testing.assert_array_equal(pool, np.sort(np.concatenate(whole.clients)))
+    assert len(split.public) == round(0.25 * len(pool))
+    assert len(federated_split("rotten-tomatoes", 7, method=method, seed=3).public) == 0
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 0.6, 1.0])
+def test_a_public_fraction_outside_the_range_is_one_line(fraction):
+    with pytest.raises(FedloraError, match=r"public-fraction must be 0 or in \(0, 0.5\]"):
+        preset("default", public_fraction=fraction).check()

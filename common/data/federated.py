@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -12,11 +12,13 @@ from common.data.split import partition, train_test_split
 
 @dataclass(frozen=True)
 class FederatedSplit:
-    """Index arrays into ``corpus``: ``test`` (server evaluation) and ``clients[k]`` (client k)."""
+    """Index arrays into ``corpus``: ``test`` (server evaluation), ``clients[k]`` (client k) and
+    ``public`` (the server's public data, split off before partitioning; empty unless asked for)."""
 
     corpus: Corpus
     test: np.ndarray
     clients: tuple[np.ndarray, ...]
+    public: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def texts(self, idx: np.ndarray) -> list[str]:
         return [self.corpus.texts[i] for i in idx]
@@ -35,11 +37,16 @@ def federated_split(
     max_train: int = 0,
     max_test: int = 0,
     seed: int = 0,
+    public_fraction: float = 0.0,
 ) -> FederatedSplit:
-    """Seeded split: the test set is capped at ``max_test`` and the training pool at
-    ``max_train`` (0 = no cap) before partitioning it over ``num_clients``."""
+    """Seeded split: ``public_fraction`` of the training pool becomes the server's public data, then
+    the test set is capped at ``max_test`` and the rest of the pool at ``max_train`` (0 = no cap)
+    before partitioning it over ``num_clients``."""
     corpus = load_corpus(dataset)
     train, test = train_test_split(len(corpus), test_fraction, seed)
+    public = np.zeros(0, dtype=np.int64)
+    if public_fraction > 0:
+        train, public = split_off(train, public_fraction, seed)
     rng = np.random.default_rng([seed, 0xCA9])
     if max_train and len(train) > max_train:
         train = np.sort(rng.choice(train, max_train, replace=False))
@@ -47,4 +54,10 @@ def federated_split(
         test = np.sort(rng.choice(test, max_test, replace=False))
     labels = np.asarray(corpus.labels)[train]
     parts = partition(labels, num_clients, method, alpha, seed)
-    return FederatedSplit(corpus, test, tuple(train[p] for p in parts))
+    return FederatedSplit(corpus, test, tuple(train[p] for p in parts), public)
+
+
+def split_off(pool: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``pool`` as disjoint ``(rest, part)`` with ``part`` a seeded ``fraction`` of it."""
+    rest, part = train_test_split(len(pool), fraction, seed + 0x9B1)
+    return pool[rest], pool[part]
