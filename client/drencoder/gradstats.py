@@ -21,10 +21,10 @@ from torch import Tensor, nn
 
 from autoencoder.synthetic import H1, export_all, pack_stats, track, update_all
 from client.increment import increment
-from client.local_update import train_steps
 from common.models import adapter_state
 from common.privacy.release import clip_and_noise
 from common.tasks import Task
+from common.tasks.training import train_steps
 
 
 def local_stats(

@@ -19,6 +19,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "client.bench.compare",
         "DP local optimizers vs non-private: one lr x clip grid on validation, then seeds on test",
     ),
+    "subspace": (
+        "server.bench.subspace",
+        "energy of real client increments kept by a PCA basis fitted on public data vs random projection",
+    ),
     "scale": ("server.bench.scale", "round and per-client time and peak memory at 10 / 100 / 1,000 nodes"),
 }
 
