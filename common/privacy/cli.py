@@ -1,4 +1,5 @@
-"""``fedlora privacy epsilon|sigma``: plan a federation's noise and budget."""
+"""``fedlora privacy epsilon|sigma``: plan a federation's noise and budget; ``epsilon --accountant
+wishart``: the Wishart-amplified ε of noise before a random projection (M2) beside the baseline."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ from common.errors import FedloraError
 from common.privacy import gdp
 from common.privacy.accountants import ACCOUNTANTS
 from common.privacy.calibration import calibrate_sigma, epsilon_for
+from common.privacy.wishart import DEFAULT_FAIL_FRAC, wishart_epsilon
 
 GUARANTEES = {
     "gdp": "CLT mu-GDP (DR-Encoder paper): an approximation, not a bound",
     "rdp": "Renyi DP of the Poisson-subsampled Gaussian: an upper bound",
     "pld": "privacy-loss distribution (dp_accounting's algorithm, pessimistic): a tight upper bound",
+    "wishart": (
+        "noise before a fresh Gaussian rank-r projection (M2; Wishart paper Thm 5 + App. F.2) on the pld "
+        "accountant: an upper bound only for a mechanism meeting M2's assumptions, else only the baseline holds"
+    ),
 }
+#: options only --accountant wishart takes (argparse dest -> flag)
+WISHART_OPTIONS = {"rank": "--rank", "dim": "--dim", "grad_rank": "--grad-rank", "fail_frac": "--fail-frac"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +34,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eps.add_argument("--noise-multiplier", type=float, required=True, metavar="S")
     sig = sub.add_parser("sigma", help="noise multiplier that meets a target epsilon")
     sig.add_argument("--epsilon", type=float, required=True, metavar="E")
+    eps.add_argument("--accountant", choices=[*sorted(ACCOUNTANTS), "wishart"], default="pld")
+    sig.add_argument("--accountant", choices=sorted(ACCOUNTANTS), default="pld")
+    wish = eps.add_argument_group("wishart (noise before a fresh Gaussian rank-r projection, M2)")
+    wish.add_argument("--rank", type=int, metavar="R", help="projection rank r (LoRA rank), 1 <= r < dim")
+    wish.add_argument("--dim", type=int, metavar="D", help="projected dimension d (the layer's in_features)")
+    wish.add_argument(
+        "--grad-rank",
+        type=int,
+        metavar="S",
+        help="bound on the rank of one participant's clipped full-weight gradient (default: dim, always "
+        "safe for one layer); for L projected layers of the same rank and dim, the sum of their bounds",
+    )
+    wish.add_argument(
+        "--fail-frac",
+        type=float,
+        metavar="F",
+        help=f"share of delta for projection failure, in (0, 1) (default {DEFAULT_FAIL_FRAC}, the paper's)",
+    )
     for p in (eps, sig):
-        p.add_argument("--accountant", choices=sorted(ACCOUNTANTS), default="pld")
         p.add_argument(
             "--sample-rate", type=float, required=True, metavar="P", help="Poisson rate p in (0, 1]"
         )
@@ -59,6 +84,14 @@ def run(args: argparse.Namespace) -> int:
     if args.privacy_command == "ledger":
         return _ledger(args)
     _check(args)
+    if args.privacy_command == "epsilon":
+        given = [flag for dest, flag in WISHART_OPTIONS.items() if getattr(args, dest) is not None]
+        if args.accountant == "wishart":
+            return _wishart(args)
+        if given:
+            raise FedloraError(
+                f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} only to --accountant wishart"
+            )
     if args.privacy_command == "sigma":
         try:
             sigma = calibrate_sigma(args.accountant, args.epsilon, args.delta, args.sample_rate, args.rounds)
@@ -79,14 +112,69 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.accountant == "gdp":
         result["mu"] = gdp.mu_poisson(sigma, args.sample_rate, args.rounds)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        width = max(map(len, result))
-        for key, value in result.items():
-            shown = f"{value:.6g}" if isinstance(value, float) else value
-            print(f"{key:<{width}}  {shown}")
+    _print(result, args.json)
     return 0
+
+
+def _wishart(args: argparse.Namespace) -> int:
+    missing = [WISHART_OPTIONS[d] for d in ("rank", "dim") if getattr(args, d) is None]
+    if missing:
+        raise FedloraError(f"--accountant wishart needs {' and '.join(missing)}")
+    if args.rank < 1:
+        raise FedloraError(f"--rank must be >= 1, got {args.rank}")
+    if args.rank >= args.dim:
+        raise FedloraError(
+            f"--rank must be below --dim (a rank-r projection of d dims), got {args.rank} >= {args.dim}"
+        )
+    if args.grad_rank is not None and args.grad_rank < 1:
+        raise FedloraError(f"--grad-rank must be >= 1, got {args.grad_rank}")
+    fail_frac = DEFAULT_FAIL_FRAC if args.fail_frac is None else args.fail_frac
+    if not 0 < fail_frac < 1:
+        raise FedloraError(f"--fail-frac must be in (0, 1), got {fail_frac}")
+    w = wishart_epsilon(
+        args.noise_multiplier,
+        args.sample_rate,
+        args.rounds,
+        args.delta,
+        args.rank,
+        args.dim,
+        grad_rank=args.grad_rank,
+        fail_frac=fail_frac,
+    )
+    result = {
+        "accountant": "wishart",
+        "guarantee": GUARANTEES["wishart"],
+        "unit": "per participant whose clipped full-weight gradient is projected (example-level for "
+        "local steps, client-level for server rounds)",
+        "epsilon": w.epsilon,
+        "claimed": w.claimed,
+        "reason": w.reason,
+        "epsilon_amplified": w.amplified,
+        "epsilon_baseline": w.baseline,
+        "baseline_accountant": w.baseline_accountant,
+        "delta": w.delta,
+        "projection_delta": w.projection_delta,
+        "alpha": w.alpha,
+        "noise_multiplier": w.noise_multiplier,
+        "effective_noise_multiplier": w.effective_noise_multiplier,
+        "sample_rate": w.sample_rate,
+        "rounds": w.rounds,
+        "rank": w.rank,
+        "dim": w.dim,
+        "grad_rank": w.grad_rank,
+    }
+    _print(result, args.json)
+    return 0
+
+
+def _print(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+        return
+    width = max(map(len, result))
+    for key, value in result.items():
+        shown = f"{value:.6g}" if isinstance(value, float) else value
+        print(f"{key:<{width}}  {shown}")
 
 
 def _ledger(args: argparse.Namespace) -> int:
