@@ -65,13 +65,14 @@ def option(
     return field(default=default, metadata={"help": help, "group": group, "choices": choices, "rule": rule})
 
 
-MODEL, FEDERATION, SERVER_OPT, LOCAL, SAMPLE_DP, CLIENT_DP, DR_ENCODER, RUN = (
+MODEL, FEDERATION, SERVER_OPT, LOCAL, SAMPLE_DP, CLIENT_DP, PUBLIC, DR_ENCODER, RUN = (
     "model and data",
     "federation",
     "server optimizer",
     "local training",
     "sample-level DP (local optimizer)",
     "client-level DP (release)",
+    "public prior (server-side public data, no privacy cost)",
     "DR-Encoder release",
     "run",
 )
@@ -290,6 +291,20 @@ class RunConfig:
         CLIENT_DP,
         rule=NON_NEGATIVE,
     )
+    # -- public prior (server/public_prior.py)
+    public_subspace: int = option(
+        0,
+        "project each round's released mean factor increment onto this many directions fitted on "
+        "public increments (post-processing; needs --public-fraction; 0 = off)",
+        PUBLIC,
+        rule=NON_NEGATIVE,
+    )
+    public_increments: int = option(
+        256, "increments the server computes on its public data per fit", PUBLIC, rule=AT_LEAST_ONE
+    )
+    prior_refresh: int = option(
+        10, "refit the public subspace every this many rounds", PUBLIC, rule=AT_LEAST_ONE
+    )
     # -- DR-Encoder
     codec: str = option(
         "ae",
@@ -400,6 +415,15 @@ class RunConfig:
         self._check_relations()
         return self
 
+    def _check_public_subspace(self) -> None:
+        if self.public_fraction <= 0:
+            raise FedloraError("--public-subspace needs public data: set --public-fraction in (0, 0.5]")
+        if self.public_subspace > self.public_increments:
+            raise FedloraError(
+                f"--public-subspace {self.public_subspace} exceeds --public-increments "
+                f"{self.public_increments} (the basis has at most one direction per public increment)"
+            )
+
     def _check_relations(self) -> None:
         if self.optimizer_kind == "prism" and self.init_kind == "peft":
             raise FedloraError("PRISM needs full-rank LoRA factors: use --lora-init balanced")
@@ -414,6 +438,8 @@ class RunConfig:
                 f"--microbatch {self.microbatch} exceeds the logical batch --batch-size {self.batch_size}"
             )
         self._check_client_level()
+        if self.public_subspace:
+            self._check_public_subspace()
         if self.release_kind == "dr-encoder":
             self._check_dr_encoder()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from flwr.serverapp import Grid
 from tqdm.auto import tqdm
 
+from autoencoder.layout import Layout
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import adapter_shapes
@@ -30,6 +31,7 @@ from server.checkpoint import LoopState
 from server.evaluation import Evaluator
 from server.model_card import model_card
 from server.optimizers import ServerOptimizer, ServerOptimizerSpec
+from server.public_prior import PublicSubspace
 from server.releases import RunHandles, make_release
 from server.round import RoundRecord, run_round
 from server.run_dir import RunDir, fingerprint
@@ -83,6 +85,10 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
     first = _reconcile(out, ledger, run_id, loop, echo) + 1
     nodes = wait_for_nodes(grid, cfg.min_nodes or cfg.num_clients, cfg.round_timeout)
     prepared = release.prepare(grid, nodes, state, RunHandles(out.path, ledger, run_id, out.log, echo))
+    subspace = None
+    if cfg.public_subspace:
+        layout = Layout.from_shapes(shapes, 1)
+        subspace = PublicSubspace(cfg, evaluator, layout, out.path)
     rng = os_sampler()  # never from cfg.seed, never checkpointed: the sample must stay secret
     stopped = None
     for rnd in tqdm(range(first, cfg.rounds + 1), desc="rounds", disable=None):
@@ -95,7 +101,10 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
         if ledger:  # committed before any instruction (and so any release) goes out
             ledger.charge(_charge(cfg, plan, run_id, rnd, len(sampled), release.clip))
         if sampled:
-            state, result = run_round(grid, release, cfg, rnd, sampled, state, shapes, optimizer)
+            if subspace:
+                subspace.refresh(rnd, state, echo)
+            post = subspace.project if subspace else None
+            state, result = run_round(grid, release, cfg, rnd, sampled, state, shapes, optimizer, post)
         else:
             result = RoundRecord.skipped(rnd)
         loop.count(result)

@@ -7,7 +7,7 @@ this module does the same for every release and returns a :class:`RoundRecord`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -64,10 +64,12 @@ def run_round(
     state: AdapterState,
     shapes: dict[str, tuple[int, ...]],
     optimizer: ServerOptimizer | None = None,
+    post: Callable[[AdapterState], AdapterState] | None = None,
 ) -> tuple[AdapterState, RoundRecord]:
     """Send round ``rnd`` to the ``sampled`` nodes, validate their replies, apply the aggregate of the
-    usable ones when there are at least ``cfg.min_replies`` (by ``optimizer``; None: ``state +
-    server-lr · mean``); ``state`` is never changed in place."""
+    usable ones when there are at least ``cfg.min_replies`` (``post`` applied to the released mean
+    first, e.g. the public-subspace projection; then ``optimizer``, None: ``state + server-lr · mean``);
+    ``state`` is never changed in place."""
     k = len(sampled)
     messages = [
         Message(
@@ -118,6 +120,8 @@ def run_round(
         )
     if record.applied:
         mean, record.sigma_released = release.aggregate(increments, weights, k)
+        if post is not None:
+            mean = post(mean)
         if optimizer is None:
             state = apply_increment(state, mean, cfg.server_lr)
         else:

@@ -26,48 +26,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
-import torch
-
 from autoencoder.codecs import Codec, IdentityCodec, RandomProjectionCodec, fit_pca
 from autoencoder.layout import Layout
 from common.config import RunConfig, to_flat
 from common.errors import FedloraError
-from common.models import AdapterState, adapter_state, load_adapter_state
-from common.tasks.training import train_steps
+from common.models import AdapterState
 from server.bench.codec import collect_increments, collection_config, errors, start_state
 from server.evaluation import Evaluator
 from server.inprocess import InProcessGrid, load_component
+from server.public_prior import public_increments
 from server.simulate import CLIENT_APP, add_config_arguments, config_from_args
-
-
-def public_increments(
-    evaluator: Evaluator, cfg: RunConfig, state: AdapterState, count: int, layout: Layout
-) -> torch.Tensor:
-    """``(count, D)`` float32: increments of the clients' local recipe on the server's public examples
-    from ``state``, flattened in ``layout`` order (the model is left at ``state``)."""
-    split, bundle, task = evaluator.split, evaluator.bundle, evaluator.task
-    examples = task.encode(split.texts(split.public), split.labels(split.public))
-    rows = []
-    for i in range(count):
-        load_adapter_state(bundle.model, state)
-        seed = int(np.random.SeedSequence([cfg.seed, 0x9B1, i]).generate_state(1)[0])
-        train_steps(
-            bundle.model,
-            task,
-            examples,
-            steps=cfg.local_steps,
-            batch_size=cfg.batch_size,
-            lr=cfg.lr,
-            seed=seed,
-            device=bundle.device,
-            desc="public increments",
-            optimizer=cfg.client_optimizer,
-        )
-        now = adapter_state(bundle.model)
-        rows.append(layout.to_vector({k: now[k] - state[k] for k in layout.names}).float().cpu())
-    load_adapter_state(bundle.model, state)
-    return torch.stack(rows)
 
 
 def kept(codec: Codec, layout: Layout, truths: Sequence[AdapterState]) -> dict[str, float]:
