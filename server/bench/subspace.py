@@ -146,7 +146,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(preset="minilm-rt-xdev")
     add = parser.add_argument
     add("--clients", type=int, default=32, help="clients whose real increments are compared")
-    add("--public-increments", type=int, default=256, help="increments the server computes on public data")
     add("--compression", default="16,64", help="comma-separated D/k ratios (default 16,64)")
     add("--start-from", metavar="RUN", help="a run's directory or checkpoint: start from its global adapter")
     add("--json", action="store_true", help="one JSON object")
@@ -160,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
             f"--compression takes comma-separated integers, got '{args.compression}'"
         ) from None
     echo = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    result = bench_subspace(
-        config_from_args(args), args.clients, args.public_increments, compressions, echo, args.start_from
-    )
+    cfg = config_from_args(args)
+    result = bench_subspace(cfg, args.clients, cfg.public_increments, compressions, echo, args.start_from)
     print(json.dumps(result) if args.json else format_table(result))
     return 0
