@@ -303,6 +303,7 @@ def test_a_crashed_dr_encoder_run_resumes_with_its_statistics_and_autoencoder(tm
     assert [(r["round"], r["status"]) for r in rows] == [(1, "applied"), (2, "interrupted")]
 
 
+@pytest.mark.slow
 def test_the_statistics_round_trains_with_the_clients_optimizer(tmp_path, monkeypatch):
     """Algorithm 1's statistics describe the increments the train rounds make, so they come from the
     same local optimizer (--client-optimizer sgd was ignored there: AdamW always)."""
