@@ -22,6 +22,7 @@ from common.errors import FedloraError
 from common.models import AdapterState, adapter_state
 from common.privacy.ledger import Ledger
 from common.privacy.plan import plan_noise
+from common.timing import phase
 from common.wire import StatsQuery, TrainInstruction, stats_reply, train_reply
 
 app = ClientApp()
@@ -87,18 +88,19 @@ def train(msg: Message, context: Context) -> Message:
                 ledger, plan.sigma, plan.sample_rate, cfg.local_steps + future
             )
             run_key = _charge(ledger, plan, str(context.run_id), ins.round, cfg.local_steps, kind)
-        metrics = local_update(
-            model,
-            shard.task,
-            shard.examples,
-            cfg,
-            steps=cfg.local_steps,
-            lr=cfg.lr,
-            seed=int(np.random.SeedSequence([cfg.seed, ins.round, pid]).generate_state(1)[0]),
-            device=shard.bundle.device,
-            plan=plan,
-            desc=f"client {pid} round {ins.round}",
-        )
+        with phase("local-training"):
+            metrics = local_update(
+                model,
+                shard.task,
+                shard.examples,
+                cfg,
+                steps=cfg.local_steps,
+                lr=cfg.lr,
+                seed=int(np.random.SeedSequence([cfg.seed, ins.round, pid]).generate_state(1)[0]),
+                device=shard.bundle.device,
+                plan=plan,
+                desc=f"client {pid} round {ins.round}",
+            )
         if ledger is not None:
             ledger.settle(run_key, ins.round, "applied")
     finally:
@@ -107,7 +109,8 @@ def train(msg: Message, context: Context) -> Message:
     if cfg.private:
         metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
     increment = local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
-    sent, extra = CLIENT_RELEASES[release](increment, ins, cfg, shard.bundle.device, node_state_dir(node))
+    with phase("encode"):
+        sent, extra = CLIENT_RELEASES[release](increment, ins, cfg, shard.bundle.device, node_state_dir(node))
     meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": ins.noise_std, **extra}
     count = None if cfg.private else len(shard.examples)  # a clear count is not private
     reply = train_reply(sent, ins.round, count, metrics, meta)

@@ -24,7 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "client.train_local",
         "train one client centrally with a local (DP) optimizer; held-out accuracy and sample-level epsilon",
     ),
-    "bench": ("server.bench.cli", "mechanism measurements (gauge, prism-step, codec)"),
+    "bench": (
+        "server.bench.cli",
+        "measurements: mechanisms, codecs, scale, and the suite that writes docs/RESULTS.md",
+    ),
     "deploy": (
         "server.deploy.cli",
         "run a real deployment: flower-superlink + N flower-supernodes + flwr run",

@@ -6,6 +6,7 @@ from common.config import RunConfig
 from common.models import AdapterState, load_adapter_state
 from common.runtime import initial_adapter, open_model, open_split
 from common.tasks import make_task
+from common.timing import phase
 
 
 class Evaluator:
@@ -25,6 +26,7 @@ class Evaluator:
         return initial_adapter(self.cfg, self.bundle, self.split)
 
     def __call__(self, state: AdapterState) -> dict[str, float]:
-        load_adapter_state(self.bundle.model, state)
-        self.bundle.model.eval()
-        return self.task.evaluate(self.bundle.model, self.examples, self.bundle.device, self.batch_size)
+        with phase("evaluation"):
+            load_adapter_state(self.bundle.model, state)
+            self.bundle.model.eval()
+            return self.task.evaluate(self.bundle.model, self.examples, self.bundle.device, self.batch_size)

@@ -34,7 +34,7 @@ from server.optimizers import ServerOptimizer, ServerOptimizerSpec
 from server.public_prior import PublicSubspace
 from server.releases import RunHandles, make_release
 from server.round import RoundRecord, run_round
-from server.run_dir import RunDir, fingerprint
+from server.run_dir import RunDir
 from server.sampling import os_sampler, poisson_sample
 from server.summary import format_summary
 
@@ -58,7 +58,7 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
     start = time.monotonic()
     out = RunDir(run_dir, cfg)  # refuses an existing run, or a resume with another configuration
     plan = plan_noise(cfg)
-    run_id = fingerprint(cfg)
+    run_id = out.run_id
     ledger = _open_ledger(out, cfg, plan, run_id) if cfg.resume else None  # a bad ledger fails fast
     evaluator = Evaluator(cfg)  # validates model, data and split before anything is written
     out.create()

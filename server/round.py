@@ -16,6 +16,7 @@ from flwr.serverapp import Grid
 
 from common.config import RunConfig
 from common.models import AdapterState
+from common.timing import phase
 from common.wire import InvalidReply, TrainInstruction, parse_train_reply
 from server.aggregate import apply_increment
 from server.optimizers import ServerOptimizer
@@ -119,13 +120,14 @@ def run_round(
             "round %d: %d usable replies < min-replies %d: withheld", rnd, record.replied, cfg.min_replies
         )
     if record.applied:
-        mean, record.sigma_released = release.aggregate(increments, weights, k)
-        if post is not None:
-            mean = post(mean)
-        if optimizer is None:
-            state = apply_increment(state, mean, cfg.server_lr)
-        else:
-            state = optimizer.step(state, mean)
+        with phase("decode-aggregate"):
+            mean, record.sigma_released = release.aggregate(increments, weights, k)
+            if post is not None:
+                mean = post(mean)
+            if optimizer is None:
+                state = apply_increment(state, mean, cfg.server_lr)
+            else:
+                state = optimizer.step(state, mean)
     finite = [x for x in losses if np.isfinite(x)]
     record.train_loss = float(np.mean(finite)) if finite else None
     return state, record

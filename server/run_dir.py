@@ -30,9 +30,11 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path("runs") / f"{stamp}-{cfg.model.replace('/', '_')}-{cfg.dataset}"
 
 
-def fingerprint(cfg: RunConfig) -> str:
-    """Identity of a run's configuration (where it is stored and whether it resumes do not count)."""
-    values = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "resume")}
+def fingerprint(cfg: RunConfig | dict) -> str:
+    """Identity of a run's configuration (where it is stored and whether it resumes do not count);
+    a dict is a stored ``config.json`` (a run started by an earlier version keeps its identity)."""
+    values = cfg if isinstance(cfg, dict) else asdict(cfg)
+    values = {k: v for k, v in values.items() if k not in ("out_dir", "resume")}
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -43,6 +45,7 @@ class RunDir:
 
     def __init__(self, path: Path, cfg: RunConfig) -> None:
         self.path, self.cfg = path, cfg
+        self.run_id = fingerprint(cfg)  # a resumed run: its stored configuration's, below
         self.metrics_path = path / "metrics.jsonl"
         self.ledger_path = path / "ledger.sqlite"
         self.checkpoint_path = path / CHECKPOINT_FILE
@@ -58,9 +61,15 @@ class RunDir:
         except (OSError, ValueError) as exc:
             raise FedloraError(f"{stored} is unreadable ({exc})") from None
         new = asdict(cfg)
-        changed = sorted(k for k in new if k not in ("out_dir", "resume") and old.get(k) != new[k])
+        # an option missing from the stored configuration did not exist when the run started: the
+        # run had its default (every option added later defaults to the earlier behaviour)
+        defaults = asdict(RunConfig())
+        changed = sorted(
+            k for k in new if k not in ("out_dir", "resume") and old.get(k, defaults[k]) != new[k]
+        )
         if changed:
             raise FedloraError(f"cannot resume {path}: configuration differs in {', '.join(changed)}")
+        self.run_id = fingerprint(old)
 
     def create(self) -> None:
         """Write the configuration of a new run (a resumed run keeps its own)."""
@@ -121,6 +130,11 @@ class RunDir:
         self._write_json("summary.json", summary)
 
     def _write_json(self, name: str, obj: dict) -> None:
-        tmp = self.path / f".{name}.tmp"
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(self.path / name)
+        write_json(self.path / name, obj)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """``obj`` as indented JSON at ``path``, atomically (a crash leaves the old file or the new one)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)

@@ -12,8 +12,9 @@ from common.config import PRESETS, RunConfig, preset, to_flat
 from common.errors import FedloraError
 from common.options import add_config_arguments as add_options
 from common.options import config_values
+from common.timing import reset, totals
 from server.inprocess import InProcessGrid, load_component
-from server.run_dir import default_run_dir
+from server.run_dir import default_run_dir, write_json
 
 CLIENT_APP = "client.app:app"  # as in pyproject.toml [tool.flwr.app.components]
 SERVER_APP = "server.app:app"
@@ -59,13 +60,23 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None) -> Path:
     """Run a federation of ``cfg.num_clients`` in-process nodes; returns the run directory. Node k
     keeps its state (its sample-level ledger) in ``<run dir>/nodes/node-k``.
 
+    The clients run in this process, so the summary also gets ``time_split_s``: seconds of local
+    training, the clients' release (clip, noise, encode), the server's decode and aggregate, and
+    evaluation (common/timing.py).
+
     Bad names, missing assets and too many clients fail in the ServerApp's Evaluator, before the
     run directory is created."""
     run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
     flat = to_flat(cfg.replace(out_dir=str(run_dir)))
     grid = InProcessGrid(load_component(CLIENT_APP), cfg.num_clients, flat, state_root=run_dir / "nodes")
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=flat)
+    reset()
     load_component(SERVER_APP)(grid, context)
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        summary["time_split_s"] = totals()
+        write_json(summary_path, summary)
     return run_dir
 
 

@@ -132,3 +132,21 @@ def test_new_run_into_an_existing_run_is_refused(crashed_and_resumed, capsys):
     assert run_cli([*RUN, "--out", str(out)]) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert _digest(out / "ledger.sqlite") == digest
+
+
+def test_a_run_stored_before_an_option_existed_resumes_at_its_default(tmp_path):
+    """A config.json written before ``public_subspace`` existed lacks the key: the run had the
+    default, so resuming at the default is the same run, and at another value it is not."""
+    from dataclasses import asdict
+
+    from common.config import preset
+    from common.errors import FedloraError
+    from server.run_dir import RunDir, fingerprint
+
+    cfg = preset("minilm-rt-xdev", out_dir=str(tmp_path))
+    stored = {k: v for k, v in asdict(cfg).items() if k != "public_subspace"}
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    resumed = RunDir(tmp_path, cfg.replace(resume=True))  # no error, and the run keeps its identity
+    assert resumed.run_id == fingerprint(stored) != fingerprint(cfg)
+    with pytest.raises(FedloraError, match="differs in public_subspace"):
+        RunDir(tmp_path, cfg.replace(resume=True, public_subspace=8))

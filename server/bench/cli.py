@@ -1,4 +1,4 @@
-"""``fedlora bench {gauge,...}``: each benchmark is a module with ``add_arguments`` and ``run``.
+"""``fedlora bench {gauge,...,suite}``: each benchmark is a module with ``add_arguments`` and ``run``.
 
 Named here as strings and loaded on demand: the client benches need no server code."""
 
@@ -24,6 +24,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "energy of real client increments kept by a PCA basis fitted on public data vs random projection",
     ),
     "scale": ("server.bench.scale", "round and per-client time and peak memory at 10 / 100 / 1,000 nodes"),
+    "suite": (
+        "server.bench.suite.cli",
+        "every comparison with fixed seeds: results.json, figures and docs/RESULTS.md",
+    ),
 }
 
 

@@ -1,0 +1,1 @@
+"""``fedlora bench suite``: the comparisons that regenerate docs/RESULTS.md."""

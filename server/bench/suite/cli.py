@@ -1,0 +1,176 @@
+"""``fedlora bench suite``: run every comparison with fixed seeds and write ``results.json``, the
+figures and the Markdown of ``docs/RESULTS.md`` (server/bench/suite/plan.py says what runs)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from common.errors import FedloraError
+from server.bench.suite import plots
+from server.bench.suite.plan import PROFILES, profile, runs
+from server.bench.suite.report import FIGURES, markdown
+from server.bench.suite.runner import ROOT, execute
+from server.bench.suite.sections import BUILDERS
+
+SECTIONS = tuple(BUILDERS)
+PACKAGES = ("torch", "transformers", "peft", "flwr", "opacus", "dp-accounting")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick",
+        dest="profile",
+        action="store_const",
+        const="quick",
+        default="full",
+        help="miniature runs, about 20 minutes on 2 cores (same as --profile quick)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="full",
+        help="full (the real presets, 3 seeds: hours on a CPU), quick, or tiny (the suite's smoke test)",
+    )
+    parser.add_argument(
+        "--out", default="bench-results", help="directory for runs/, results.json, RESULTS.md"
+    )
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help="comma-separated sections to run (default all: " + ", ".join(SECTIONS) + ")",
+    )
+    parser.add_argument(
+        "--docs",
+        default=None,
+        metavar="DIR",
+        help="also write DIR/RESULTS.md and its figures (e.g. --docs docs)",
+    )
+    parser.add_argument("--json", action="store_true", help="print results.json instead of the summary")
+
+
+def _versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def _device() -> str:
+    if torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name()})"
+    return f"cpu ({os.cpu_count()} cores, {platform.machine()})"
+
+
+def _needed(name: str) -> set[str]:
+    """The plan sections a report section reads (privacy and speed read the utility runs too)."""
+    return {
+        "privacy": {"client-level", "sample-level"},
+        "speed": {"speed", "client-level"},
+        "communication": {"communication", "client-level"},
+    }.get(name, {name})
+
+
+def suite(profile_name: str, out: Path, sections: list[str], echo=print) -> dict:
+    """Run (or reuse) every needed command of the profile, build the chosen sections, draw the
+    figures and write ``results.json`` and ``RESULTS.md`` into ``out``; returns the results."""
+    p = profile(profile_name)
+    wanted = set().union(*(_needed(s) for s in sections))
+    start = time.monotonic()
+    done = []
+    for run in runs(p):
+        if run.section in wanted:
+            done.append({"run": run, **execute(run, out / "runs", echo)})
+    device = _device()
+    built = {
+        name: BUILDERS[name](done, device) if name == "speed" else BUILDERS[name](done) for name in sections
+    }
+    figures = out / FIGURES
+    figures.mkdir(parents=True, exist_ok=True)
+    plots.draw(built, figures)
+    argv = ["fedlora", "bench", "suite", *([f"--profile {profile_name}"] if profile_name != "full" else [])]
+    results = {
+        "suite": {
+            "command": " ".join([*argv, f"--out {out}"]),
+            "profile": profile_name,
+            "date": datetime.date.today().isoformat(),
+            "device": device,
+            "versions": _versions(),
+            "commit": _commit(),
+            "wall_s": round(time.monotonic() - start, 1),
+            "notes": list(p.notes),
+        },
+        "sections": [_public(built[name]) for name in sections],
+    }
+    (out / "results.json").write_text(
+        json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    (out / "RESULTS.md").write_text(markdown(results), encoding="utf-8")
+    return results
+
+
+def _public(section: dict) -> dict:
+    """The section without the fields kept for the figures (``_after``, ``_target``)."""
+    rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in section["rows"]]
+    return {**section, "rows": rows}
+
+
+def publish(out: Path, docs: Path) -> None:
+    """Copy ``RESULTS.md`` and its figures into ``docs``."""
+    (docs / FIGURES).mkdir(parents=True, exist_ok=True)
+    for png in (out / FIGURES).glob("*.png"):
+        shutil.copyfile(png, docs / FIGURES / png.name)
+    shutil.copyfile(out / "RESULTS.md", docs / "RESULTS.md")
+
+
+def run(args: argparse.Namespace) -> int:
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown or not sections:
+        raise FedloraError(
+            f"--sections: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTIONS)}"
+        )
+    if args.docs and not Path(args.docs).is_dir():
+        raise FedloraError(f"--docs {args.docs}: not a directory")
+    out = Path(args.out)
+    echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    results = suite(args.profile, out, sections, echo)
+    if args.docs:
+        publish(out, Path(args.docs))
+    if args.json:
+        print(json.dumps(results, ensure_ascii=False))
+    else:
+        failed = [n for s in results["sections"] for n in s["notes"] if n.startswith("failed:")]
+        print(
+            f"suite {args.profile}: {len(results['sections'])} sections in {results['suite']['wall_s']:.0f} s; "
+            f"{out / 'results.json'}, {out / 'RESULTS.md'}"
+            + (f"; {len(failed)} failed runs" if failed else "")
+        )
+    return 1 if any(n.startswith("failed:") for s in results["sections"] for n in s["notes"]) else 0

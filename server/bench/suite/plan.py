@@ -1,0 +1,177 @@
+"""What ``fedlora bench suite`` runs: every command of every section, for one profile.
+
+A profile fixes the settings; an *arm* is one configuration compared in a section (a mechanism at a
+budget); every arm runs once per seed. Each run is a plain ``fedlora`` command line, recorded as it
+is run, so any figure in the report can be reproduced by pasting its command.
+
+- ``full``: the real presets (``minilm-rt-xdev``: 1,000 clients, 30 rounds; MiniLM ``train-local``
+  with logical batches of 256), 3 seeds. Hours on a 2-core CPU; a run directory that already holds a
+  finished run with the same command is reused, so an interrupted suite picks up where it stopped.
+- ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
+  local steps), 3 seeds, about 20 minutes on 2 cores. Its accuracies check the pipeline and the
+  accounting; at that size nothing has time to learn, and the report says so.
+- ``tiny``: one seed, one round, a handful of examples: the suite's own smoke test (``make test``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+PROFILES = ("tiny", "quick", "full")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of a section: ``label`` in tables, ``argv`` added to the section's base."""
+
+    label: str
+    argv: tuple[str, ...] = ()
+    target_epsilon: float | None = None  # the budget the arm claims (None: not private)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One command: ``fedlora <argv> [--seed S] --out <dir>`` (``output`` ``dir``) or
+    ``fedlora <argv>`` printing one JSON object (``output`` ``json``)."""
+
+    section: str
+    key: str  # the run's directory name under the suite's runs/
+    argv: tuple[str, ...]
+    output: str = "dir"
+    arm: Arm | None = None
+    seed: int | None = None
+
+    @property
+    def command(self) -> list[str]:
+        seed = ["--seed", str(self.seed)] if self.seed is not None else []
+        return ["fedlora", *self.argv, *seed]
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    seeds: tuple[int, ...]
+    client_base: tuple[str, ...]
+    client_arms: tuple[Arm, ...]
+    sample_base: tuple[str, ...]
+    sample_arms: tuple[Arm, ...]
+    codec: tuple[str, ...]
+    prism_step: tuple[str, ...]
+    scale: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+
+
+def _args(line: str) -> tuple[str, ...]:
+    return tuple(shlex.split(line))
+
+
+def _client_arms(min_replies: int, ae_steps: int, epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
+    """fedavg; dp-fedavg with central noise at each ε; distributed noise and dr-encoder at the first ε."""
+    e0 = epsilons[0]
+    return (
+        Arm("fedavg (not private)", _args("--mechanism fedavg")),
+        *(
+            Arm(
+                f"dp-fedavg central ε={e:g}", _args(f"{_DP} --threat-model central --target-epsilon {e:g}"), e
+            )
+            for e in epsilons
+        ),
+        Arm(
+            f"dp-fedavg distributed ε={e0:g}",
+            _args(f"{_DP} --threat-model distributed --target-epsilon {e0:g} --min-replies {min_replies}"),
+            e0,
+        ),
+        Arm(
+            f"dr-encoder central ε={e0:g}",
+            _args(
+                f"--mechanism dr-encoder --clip 0.5 --threat-model central --target-epsilon {e0:g} --ae-steps {ae_steps}"
+            ),
+            e0,
+        ),
+    )
+
+
+def _sample_arms(epsilon: float) -> tuple[Arm, ...]:
+    return (
+        Arm("non-private AdamW", _args("--mechanism fedavg")),
+        *(
+            Arm(f"{m} ε={epsilon:g}", _args(f"--mechanism {m} --sample-epsilon {epsilon:g}"), epsilon)
+            for m in ("prism", "dp-adamw", "ffa")
+        ),
+    )
+
+
+_DP = "--mechanism dp-fedavg --clip 0.5"
+_SAMPLE = "train-local --model minilm-l6 --dataset rotten-tomatoes --pooling mean --head-init zero-shot --delta 1e-5"
+_QUICK_XDEV = "--preset minilm-rt-xdev --num-clients 100"
+
+_PROFILES: dict[str, Profile] = {
+    "full": Profile(
+        "full",
+        seeds=(0, 1, 2),
+        client_base=_args("simulate --preset minilm-rt-xdev"),
+        client_arms=_client_arms(min_replies=75, ae_steps=300, epsilons=(8.0, 3.0, 1.0)),
+        sample_base=_args(f"{_SAMPLE} --local-steps 200 --batch-size 256 --lr 2e-3 --eval-examples 1000"),
+        sample_arms=_sample_arms(3.0),
+        codec=_args("bench codec --preset minilm-rt-xdev --sample-rate 0.032 --json"),
+        prism_step=_args("bench prism-step --model smollm2-135m --json"),
+        scale=_args("bench scale --json"),
+    ),
+    "quick": Profile(
+        "quick",
+        seeds=(0, 1, 2),
+        client_base=_args(f"simulate {_QUICK_XDEV} --rounds 2 --eval-every 2 --eval-examples 200"),
+        client_arms=_client_arms(min_replies=5, ae_steps=50, epsilons=(8.0, 3.0)),
+        sample_base=_args(f"{_SAMPLE} --local-steps 8 --batch-size 32 --lr 2e-3 --eval-examples 200"),
+        sample_arms=_sample_arms(3.0),
+        codec=_args(f"bench codec {_QUICK_XDEV} --sample-rate 0.1 --ae-steps 50 --json"),
+        prism_step=_args("bench prism-step --model smollm2-135m --batch 4 --seq 64 --repeats 3 --json"),
+        scale=_args("bench scale --populations 10,1000 --rounds 2 --json"),
+        notes=(
+            "quick profile: miniature runs (2 rounds of about 10 clients; 8 local steps): they check the "
+            "pipeline and the accounting; accuracies at this size rank nothing (the full profile, "
+            "`fedlora bench suite`, measures utility)",
+        ),
+    ),
+    "tiny": Profile(
+        "tiny",
+        seeds=(0,),
+        client_base=_args(
+            "simulate --preset minilm-rt-xdev --num-clients 4 --sample-rate 1.0 --rounds 1 "
+            "--max-train-examples 200 --eval-examples 16"
+        ),
+        client_arms=(
+            Arm("fedavg (not private)", _args("--mechanism fedavg")),
+            Arm("dp-fedavg central ε=8", _args(f"{_DP} --threat-model central --target-epsilon 8"), 8.0),
+        ),
+        sample_base=_args(
+            f"{_SAMPLE} --local-steps 1 --batch-size 4 --max-train-examples 200 --eval-examples 16"
+        ),
+        sample_arms=(Arm("prism ε=3", _args("--mechanism prism --sample-epsilon 3"), 3.0),),
+        codec=(),
+        prism_step=_args("bench prism-step --model smollm2-135m --batch 2 --seq 16 --repeats 1 --json"),
+        scale=(),
+        notes=("tiny profile: the suite's smoke test; its numbers mean nothing",),
+    ),
+}
+
+
+def profile(name: str) -> Profile:
+    return _PROFILES[name]
+
+
+def runs(p: Profile) -> list[Run]:
+    """Every command of profile ``p``, section by section (privacy reads the utility runs)."""
+    out: list[Run] = []
+    for section, base, arms in (
+        ("client-level", p.client_base, p.client_arms),
+        ("sample-level", p.sample_base, p.sample_arms),
+    ):
+        for i, arm in enumerate(arms):
+            for seed in p.seeds:
+                out.append(Run(section, f"{section}-{i}-s{seed}", (*base, *arm.argv), arm=arm, seed=seed))
+    for section, argv in (("communication", p.codec), ("speed", p.prism_step), ("scale", p.scale)):
+        if argv:
+            out.append(Run(section, section, argv, output="json"))
+    return out

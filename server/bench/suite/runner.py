@@ -1,0 +1,96 @@
+"""Runs the suite's commands, each in a fresh process, and reads back what each one wrote.
+
+A run's directory ``<out>/runs/<key>`` gets ``command.json`` (the command line) when it starts and
+the command's own outputs (``summary.json`` of ``simulate``, ``result.json`` of ``train-local``, or
+``output.json``: the JSON a ``bench ... --json`` prints) when it ends; ``log.txt`` holds its output.
+A directory whose command is the same and whose outputs exist is reused, not run again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from server.bench.suite.plan import Run
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository (``python -m common.cli`` runs from here)
+OUTPUTS = ("summary.json", "result.json", "output.json")
+
+
+def output_of(run_dir: Path) -> dict | None:
+    """The run's result (the first of :data:`OUTPUTS` that exists), or None."""
+    for name in OUTPUTS:
+        path = run_dir / name
+        if path.exists():
+            return json.loads(path.read_text(encoding="utf-8"))
+    return None
+
+
+def _reusable(run_dir: Path, command: list[str]) -> bool:
+    stored = run_dir / "command.json"
+    if not stored.exists() or output_of(run_dir) is None:
+        return False
+    return json.loads(stored.read_text(encoding="utf-8")).get("command") == command
+
+
+def execute(run: Run, runs_dir: Path, echo: Callable[[str], None]) -> dict:
+    """Run ``run`` (or reuse its finished directory); returns ``{"command", "wall_s", "output",
+    "error", "dir"}`` (``error``: the last line of a failed command, ``output`` then None)."""
+    run_dir = runs_dir / run.key
+    command = run.command
+    shown = " ".join(command)
+    if _reusable(run_dir, command):
+        stored = json.loads((run_dir / "command.json").read_text(encoding="utf-8"))
+        echo(f"[suite] reuse {run.key}: {shown}")
+        return {**stored, "output": output_of(run_dir), "error": None, "dir": str(run_dir)}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUTS:  # a stale output from another command must not be read as this one's
+        (run_dir / name).unlink(missing_ok=True)
+    (run_dir / "command.json").write_text(json.dumps({"command": command}) + "\n", encoding="utf-8")
+    argv, out = list(command[1:]), run_dir / "out"
+    if run.output == "dir" and argv[0] == "simulate" and (out / "checkpoint.safetensors").exists():
+        argv = ["simulate", "--out", str(out), "--resume"]  # an interrupted federation continues
+        echo(f"[suite] resume {run.key}: {shown}")
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        if run.output == "dir":
+            argv += ["--out", str(out)]
+        echo(f"[suite] run {run.key}: {shown}")
+    start = time.monotonic()
+    with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
+        done = subprocess.run(
+            [sys.executable, "-m", "common.cli", *argv],
+            cwd=ROOT,
+            env={**os.environ, "TQDM_DISABLE": "1"},
+            stdout=subprocess.PIPE if run.output == "json" else log,
+            stderr=log,
+            text=True,
+        )
+    wall = round(time.monotonic() - start, 1)
+    record = {"command": command, "wall_s": wall}
+    error = None
+    if done.returncode != 0:
+        lines = (run_dir / "log.txt").read_text(encoding="utf-8").strip().splitlines()
+        error = (lines or [f"exit {done.returncode}"])[-1][:300]
+    elif run.output == "json":
+        (run_dir / "output.json").write_text(done.stdout, encoding="utf-8")
+    else:
+        _collect(run_dir)
+    (run_dir / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
+    if error:
+        echo(f"[suite] FAILED {run.key} ({wall:.0f} s): {error}")
+    return {**record, "output": None if error else output_of(run_dir), "error": error, "dir": str(run_dir)}
+
+
+def _collect(run_dir: Path) -> None:
+    """Copy the command's summary/result and metrics up to the run directory (the command wrote them
+    into ``out/``), so :func:`output_of` finds them."""
+    for name in ("metrics.jsonl", "result.json", "summary.json"):  # the outputs last
+        src = run_dir / "out" / name
+        if src.exists():
+            (run_dir / name).write_bytes(src.read_bytes())

@@ -1,0 +1,334 @@
+"""From the suite's finished runs to its sections: tables (``columns`` + ``rows``), the commands that
+produced them, wall times and notes. Everything here reads the runs' own outputs; nothing is typed in.
+
+Every privacy figure says its unit, threat model, accountant and δ, as the runs' summaries do."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from common.timing import PHASES
+from server.bench.suite.plan import Arm
+
+#: no empirical audit exists yet; the privacy section says so rather than leave a blank
+AUDIT_NOTE = (
+    "no empirical audit yet: `fedlora audit` is not implemented (issue 19), so no lower bound is shown"
+)
+
+
+def _mean_std(values: Sequence[float]) -> str:
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.3f} (n = 1)"
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def _mean(values: Sequence[float | None], fmt: str = ".3f") -> str:
+    present = [v for v in values if v is not None]
+    return format(statistics.mean(present), fmt) if present else "n/a"
+
+
+def _group(done: Sequence[dict], section: str) -> list[tuple[Arm, list[dict]]]:
+    """Runs of ``section`` grouped by arm, in plan order."""
+    arms: dict[str, tuple[Arm, list[dict]]] = {}
+    for d in done:
+        if d["run"].section == section:
+            arms.setdefault(d["run"].arm.label, (d["run"].arm, []))[1].append(d)
+    return list(arms.values())
+
+
+def _command(runs: Sequence[dict]) -> str:
+    """The arm's command with its first seed, and a comment naming every seed it ran."""
+    first = runs[0]["run"]
+    seeds = [str(d["run"].seed) for d in runs]
+    return " ".join(first.command) + (f"  # seeds {', '.join(seeds)}" if len(seeds) > 1 else "")
+
+
+def _base(section: str, title: str, runs: Sequence[dict]) -> dict:
+    failed = [f"{d['run'].key}: {d['error']}" for d in runs if d["error"]]
+    return {
+        "name": section,
+        "title": title,
+        "wall_s": round(sum(d.get("wall_s") or 0 for d in runs), 1),
+        "commands": [],
+        "columns": [],
+        "rows": [],
+        "figures": [],
+        "notes": [f"failed: {f}" for f in failed],
+    }
+
+
+def client_level(done: Sequence[dict]) -> dict:
+    runs = [d for d in done if d["run"].section == "client-level"]
+    sec = _base("client-level", "Utility under client-level DP (cross-device federations)", runs)
+    sec["columns"] = [
+        "arm",
+        "seeds",
+        "accuracy before",
+        "accuracy after (mean ± std)",
+        "top-class share",
+        "ε (PLD)",
+        "ε (CLT μ-GDP)",
+        "δ",
+        "up per round (MB)",
+    ]
+    for arm, group in _group(done, "client-level"):
+        ok = [d["output"] for d in group if d["output"]]
+        privacy = [s.get("client_privacy") or {} for s in ok]
+        sec["commands"].append(_command(group))
+        sec["rows"].append(
+            {
+                "arm": arm.label,
+                "seeds": len(ok),
+                "accuracy before": _mean([s["before"]["accuracy"] for s in ok]),
+                "accuracy after (mean ± std)": _mean_std([s["after"]["accuracy"] for s in ok]),
+                "top-class share": _mean([s["after"].get("top_class_share") for s in ok]),
+                "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"),
+                "ε (CLT μ-GDP)": _mean([p.get("eps_gdp") for p in privacy], ".2f"),
+                "δ": privacy[0].get("delta", "n/a") if privacy and privacy[0] else "n/a",
+                "up per round (MB)": _mean([s.get("bytes_up_per_round", 0) / 1e6 for s in ok], ".2f"),
+                "_target": arm.target_epsilon,
+                "_after": [s["after"]["accuracy"] for s in ok],
+            }
+        )
+    guarantees = {d["output"]["privacy"] for d in runs if d["output"] and d["output"].get("client_privacy")}
+    sec["notes"] += [f"guarantee: {g}" for g in sorted(guarantees)]
+    return sec
+
+
+def sample_level(done: Sequence[dict]) -> dict:
+    runs = [d for d in done if d["run"].section == "sample-level"]
+    sec = _base("sample-level", "Utility under sample-level DP (one node, `train-local`)", runs)
+    sec["columns"] = [
+        "arm",
+        "seeds",
+        "accuracy before",
+        "accuracy after (mean ± std)",
+        "top-class share",
+        "ε (PLD)",
+        "ε (CLT μ-GDP)",
+        "δ",
+        "examples / s",
+    ]
+    for arm, group in _group(done, "sample-level"):
+        ok = [d["output"] for d in group if d["output"]]
+        privacy = [r["privacy"] for r in ok]
+        sec["commands"].append(_command(group))
+        sec["rows"].append(
+            {
+                "arm": arm.label,
+                "seeds": len(ok),
+                "accuracy before": _mean([r["before"] for r in ok]),
+                "accuracy after (mean ± std)": _mean_std([r["accuracy"] for r in ok]),
+                "top-class share": _mean([r.get("top_class_share") for r in ok]),
+                "ε (PLD)": _mean([p.get("epsilon") for p in privacy], ".2f"),
+                "ε (CLT μ-GDP)": _mean([p.get("eps_gdp") for p in privacy], ".2f"),
+                "δ": privacy[0].get("delta", "n/a") if privacy and privacy[0].get("epsilon") else "n/a",
+                "examples / s": _mean([r.get("examples_per_second") for r in ok], ".1f"),
+                "_target": arm.target_epsilon,
+                "_after": [r["accuracy"] for r in ok],
+            }
+        )
+    units = {
+        f"{p['unit']}; {p['threat_model']}; {p['accountant']}"
+        for d in runs
+        if d["output"] and (p := d["output"]["privacy"]).get("epsilon") is not None
+    }
+    sec["notes"] += [f"guarantee: {u}" for u in sorted(units)]
+    return sec
+
+
+def privacy(done: Sequence[dict]) -> dict:
+    """Per private run (seed 0 of each arm): μ, ε_gdp, ε_tight; ε by round for the client-level runs."""
+    runs = [d for d in done if d["run"].section in ("client-level", "sample-level") and d["output"]]
+    sec = _base("privacy", "Privacy: what each private run spent", [])
+    sec["columns"] = [
+        "run",
+        "unit",
+        "threat model",
+        "δ",
+        "μ",
+        "ε (CLT μ-GDP)",
+        "ε (PLD)",
+        "audit lower bound",
+    ]
+    for d in runs:
+        run, out = d["run"], d["output"]
+        if run.seed != min(x["run"].seed for x in runs if x["run"].arm == run.arm):
+            continue
+        if run.section == "client-level":
+            p = out.get("client_privacy")
+            if not p:
+                continue
+            unit, threat = "client-level (add/remove one client)", out["privacy"].split("; ")[-1]
+        else:
+            p = out["privacy"]
+            if p.get("epsilon") is None:
+                continue
+            unit, threat = p["unit"], p["threat_model"]
+        sec["rows"].append(
+            {
+                "run": run.arm.label,
+                "unit": unit,
+                "threat model": threat,
+                "δ": p.get("delta"),
+                "μ": f"{p['mu']:.4g}",
+                "ε (CLT μ-GDP)": f"{p['eps_gdp']:.3f}",
+                "ε (PLD)": f"{p.get('eps_tight', p.get('epsilon')):.3f}",
+                "audit lower bound": "n/a",
+            }
+        )
+    sec["notes"] += [
+        "each private arm's first seed, from the utility runs above (their commands); ε after the last round",
+        AUDIT_NOTE,
+    ]
+    sec["by_round"] = {
+        d["run"].arm.label: _eps_by_round(Path(d["dir"]) / "metrics.jsonl")
+        for d in runs
+        if d["run"].section == "client-level" and d["run"].arm.target_epsilon and d["run"].seed == 0
+    }
+    return sec
+
+
+def _eps_by_round(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    return [
+        {"round": r["round"], "eps_gdp": r["eps_gdp"], "eps_tight": r["eps_tight"]}
+        for r in lines
+        if "eps_tight" in r
+    ]
+
+
+def _bytes_per_reply(path: Path) -> float | None:
+    """Bytes a client sends per round: the run's uploaded bytes over its replies."""
+    lines = (
+        [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+        if path.exists()
+        else []
+    )
+    replies = sum(r.get("replied", 0) for r in lines if "bytes_up" in r)
+    return sum(r["bytes_up"] for r in lines if "bytes_up" in r) / replies if replies else None
+
+
+def communication(done: Sequence[dict]) -> dict:
+    """Bytes per round of each client-level arm (seed means) and, from ``bench codec``, each codec's
+    bytes per client with its reconstruction of real increments."""
+    codec = [d for d in done if d["run"].section == "communication"]
+    sec = _base("communication", "Communication: bytes per round and per codec", codec)
+    sec["columns"] = ["what", "bytes per client per round", "compression", "cosine (no noise)", "cosine (DP)"]
+    for arm, group in _group(done, "client-level"):
+        per_client = [_bytes_per_reply(Path(d["dir"]) / "metrics.jsonl") for d in group if d["output"]]
+        sec["rows"].append(
+            {
+                "what": f"{arm.label}: reply",
+                "bytes per client per round": _mean(per_client, ",.0f"),
+                "compression": "",
+                "cosine (no noise)": "",
+                "cosine (DP)": "",
+            }
+        )
+    for d in codec:
+        out = d["output"]
+        sec["commands"].append(" ".join(d["run"].command))
+        if not out:
+            continue
+        order = "aggregate-then-decode"
+        for name in dict.fromkeys(r["codec"] for r in out["records"]):
+            recs = {r["noise"]: r for r in out["records"] if r["codec"] == name and r["order"] == order}
+            clean = recs.get("none") or next(iter(recs.values()))
+            noisy = next((r for n, r in recs.items() if n.startswith("eps=")), None)
+            sec["rows"].append(
+                {
+                    "what": f"codec {name} (D = {out['factor_coords']:,}, {order})",
+                    "bytes per client per round": f"{clean['bytes']:,}",
+                    "compression": "∞" if clean["compression"] is None else f"{clean['compression']:.1f}×",
+                    "cosine (no noise)": f"{clean['cosine']:.3f}",
+                    "cosine (DP)": f"{noisy['cosine']:.3f} ({noisy['noise']})" if noisy else "n/a",
+                }
+            )
+        sec["notes"].append(
+            f"codec bytes: float32 latent of the LoRA factors only; the DP column is the local threat "
+            f"model at client-level ε = {out['epsilon']:g}, δ = {out['delta']:g} over {out['rounds']} rounds"
+        )
+    return sec
+
+
+def speed(done: Sequence[dict], device: str) -> dict:
+    """PRISM vs dp-adamw step (``bench prism-step``) and each client-level arm's round time split."""
+    step = [d for d in done if d["run"].section == "speed"]
+    sec = _base("speed", "Speed: DP steps and where a round's time goes", step)
+    sec["columns"] = ["what", "seconds", "share / ratio"]
+    for d in step:
+        out = d["output"]
+        sec["commands"].append(" ".join(d["run"].command))
+        if not out:
+            continue
+        for label, key in (("prism step", "prism"), ("dp-adamw step", "dp_adamw")):
+            sec["rows"].append(
+                {
+                    "what": f"{label} ({out['model']}, batch {out['batch']} × {out['seq']}, {out['device']})",
+                    "seconds": f"{out[key]['seconds']:.4f}",
+                    "share / ratio": "",
+                }
+            )
+        sec["rows"].append(
+            {"what": "prism / dp-adamw", "seconds": "", "share / ratio": f"{out['time_ratio']:.2f}× time"}
+        )
+    for arm, group in _group(done, "client-level"):
+        split = next((d["output"].get("time_split_s") for d in group if d["output"]), None)
+        if not split:
+            continue
+        total = sum(split.values()) or 1.0
+        for name in sorted(split, key=lambda n: PHASES.index(n) if n in PHASES else len(PHASES)):
+            seconds = split[name]
+            sec["rows"].append(
+                {
+                    "what": f"{arm.label}: {name}",
+                    "seconds": f"{seconds:.1f}",
+                    "share / ratio": f"{seconds / total:.0%}",
+                }
+            )
+    if not device.startswith("cuda"):
+        sec["notes"].append("GPU timings: not produced (no GPU on this machine); every time here is CPU")
+    sec["notes"].append(
+        "round split: seconds summed over the seed-0 run's rounds in one process (`fedlora simulate`); "
+        "the rest of a round's time is messaging and checkpoints"
+    )
+    return sec
+
+
+def scale(done: Sequence[dict]) -> dict:
+    runs = [d for d in done if d["run"].section == "scale"]
+    sec = _base("scale", "Scale: per-client time and memory as the population grows", runs)
+    sec["columns"] = ["nodes", "round s", "per-client s", "per-client ratio", "peak RSS MB", "RSS ratio"]
+    for d in runs:
+        sec["commands"].append(" ".join(d["run"].command))
+        for r in (d["output"] or {}).get("rows", []):
+            sec["rows"].append(
+                {
+                    "nodes": f"{r['population']:,}",
+                    "round s": f"{r['round_s']:.2f}",
+                    "per-client s": f"{r['client_s']:.3f}",
+                    "per-client ratio": f"{r['client_s_ratio']:.2f}",
+                    "peak RSS MB": f"{r['peak_rss_mb']:.0f}" if r.get("peak_rss_mb") else "n/a",
+                    "RSS ratio": f"{r['peak_rss_ratio']:.2f}" if r.get("peak_rss_ratio") else "n/a",
+                }
+            )
+    return sec
+
+
+#: section name -> builder (``speed`` also takes the device)
+BUILDERS: dict[str, Callable[..., dict]] = {
+    "client-level": client_level,
+    "sample-level": sample_level,
+    "privacy": privacy,
+    "communication": communication,
+    "speed": speed,
+    "scale": scale,
+}

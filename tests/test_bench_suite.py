@@ -1,0 +1,139 @@
+"""``fedlora bench suite``: the miniature (``--profile tiny``) end to end, reuse of finished runs, and
+one-line errors. The figures in the report must be the runs' own numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.cli import main
+from server.bench.suite.plan import Run, profile, runs
+from server.bench.suite.runner import execute
+
+REPO = Path(__file__).resolve().parents[1]
+SECTIONS = ("client-level", "sample-level", "privacy", "communication", "speed", "scale")
+
+
+def _fedlora(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "common.cli", *argv], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    root = tmp_path_factory.mktemp("suite")
+    docs = root / "docs"
+    docs.mkdir()
+    done = _fedlora("bench", "suite", "--profile", "tiny", "--out", str(root / "out"), "--docs", str(docs))
+    return root / "out", docs, done
+
+
+def test_tiny_suite_writes_every_section_from_the_runs_outputs(tiny):
+    out, docs, done = tiny
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert [s["name"] for s in results["sections"]] == list(SECTIONS)
+    sections = {s["name"]: s for s in results["sections"]}
+    # the client-level dp arm's epsilons are its summary's (nothing typed in)
+    summary = json.loads((out / "runs" / "client-level-1-s0" / "summary.json").read_text())
+    dp_row = sections["client-level"]["rows"][1]
+    assert dp_row["ε (PLD)"] == f"{summary['client_privacy']['eps_tight']:.2f}"
+    assert dp_row["accuracy after (mean ± std)"] == f"{summary['after']['accuracy']:.3f} (n = 1)"
+    result = json.loads((out / "runs" / "sample-level-0-s0" / "result.json").read_text())
+    assert sections["sample-level"]["rows"][0]["ε (PLD)"] == f"{result['privacy']['epsilon']:.2f}"
+    privacy_runs = {r["run"] for r in sections["privacy"]["rows"]}
+    assert privacy_runs == {"dp-fedavg central ε=8", "prism ε=3"}  # the non-private arm spends nothing
+    assert any("not implemented" in n for n in sections["privacy"]["notes"])
+    # the round's time split comes from the in-process run, every phase present
+    split = summary["time_split_s"]
+    assert split["local-training"] > 0 and split["evaluation"] > 0
+    assert any(r["what"].startswith("prism step") for r in sections["speed"]["rows"])
+    # figures are PNGs, linked from the Markdown, copied with it into --docs
+    md = (docs / "RESULTS.md").read_text()
+    assert md == (out / "RESULTS.md").read_text()
+    for sec in results["sections"]:
+        assert f"## {sec['title']}" in md
+        for name in sec["figures"]:
+            assert (docs / "results" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            assert f"(results/{name})" in md
+    assert "accuracy-vs-epsilon.png" in sections["client-level"]["figures"]
+    assert "(not run in this profile)" in md  # scale is not in the tiny profile
+    for run in runs(profile("tiny")):
+        assert " ".join(run.command) in md
+
+
+def test_a_second_suite_reuses_finished_runs(tiny):
+    out, _, first = tiny
+    assert first.returncode == 0
+    again = _fedlora("bench", "suite", "--profile", "tiny", "--out", str(out), "--sections", "client-level")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("[suite] reuse") == 2 and "[suite] run " not in again.stdout
+
+
+def test_a_changed_command_runs_again(tmp_path):
+    argv = (
+        "privacy",
+        "epsilon",
+        "--noise-multiplier",
+        "1.0",
+        "--sample-rate",
+        "0.1",
+        "--rounds",
+        "10",
+        "--delta",
+        "1e-5",
+    )
+    lines: list[str] = []
+    first = execute(Run("x", "eps", (*argv, "--json"), output="json"), tmp_path, lines.append)
+    assert first["error"] is None and first["output"]["epsilon"] > 0
+    same = execute(Run("x", "eps", (*argv, "--json"), output="json"), tmp_path, lines.append)
+    assert same["output"] == first["output"] and lines[-1].startswith("[suite] reuse")
+    changed = (*argv[:-1], "1e-6", "--json")
+    other = execute(Run("x", "eps", changed, output="json"), tmp_path, lines.append)
+    assert lines[-1].startswith("[suite] run") and other["output"]["epsilon"] > first["output"]["epsilon"]
+
+
+def test_a_failed_command_is_reported_not_hidden(tmp_path):
+    lines: list[str] = []
+    bad = execute(
+        Run(
+            "x",
+            "bad",
+            (
+                "privacy",
+                "epsilon",
+                "--noise-multiplier",
+                "-1",
+                "--sample-rate",
+                "0.1",
+                "--rounds",
+                "1",
+                "--delta",
+                "1e-5",
+                "--json",
+            ),
+            output="json",
+        ),
+        tmp_path,
+        lines.append,
+    )
+    assert bad["output"] is None and bad["error"] and "FAILED" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sections", "utility"], "--sections: unknown utility"),
+        (["--docs", "/nonexistent/docs"], "not a directory"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, capsys, argv, message):
+    rc = main(["bench", "suite", "--profile", "tiny", "--out", str(tmp_path / "o"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()  # refused before anything ran
