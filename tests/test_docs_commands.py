@@ -236,5 +236,5 @@ def test_the_extraction_sees_what_it_should():
 
 def test_the_documents_have_commands():
     where = {s.path.stem for s in COMMANDS}
-    assert {"README", "privacy", "prism", "dr-encoder", "RESULTS", "sdk", "deployment"} <= where
+    assert {"README", "privacy", "prism", "dr-encoder", "small-federations", "sdk", "deployment"} <= where
     assert any(s.path.stem == "README" for s in SYNOPSES)
