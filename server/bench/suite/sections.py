@@ -62,81 +62,91 @@ def _base(section: str, title: str, runs: Sequence[dict]) -> dict:
     }
 
 
-def client_level(done: Sequence[dict]) -> dict:
-    runs = [d for d in done if d["run"].section == "client-level"]
-    sec = _base("client-level", "Utility under client-level DP (cross-device federations)", runs)
-    sec["columns"] = [
-        "arm",
-        "seeds",
-        "accuracy before",
-        "accuracy after (mean ± std)",
-        "top-class share",
-        "ε (PLD)",
-        "ε (CLT μ-GDP)",
-        "δ",
-        "up per round (MB)",
-    ]
-    for arm, group in _group(done, "client-level"):
-        ok = [d["output"] for d in group if d["output"]]
-        privacy = [s.get("client_privacy") or {} for s in ok]
+#: the utility tables' columns; the last one is each section's own
+UTILITY_COLUMNS = [
+    "arm",
+    "seeds",
+    "accuracy before",
+    "accuracy after (mean ± std)",
+    "top-class share",
+    "ε (PLD)",
+    "ε (CLT μ-GDP)",
+    "δ",
+]
+
+
+def _utility(done: Sequence[dict], name: str, title: str, read: Callable[[dict], dict], extra: str) -> dict:
+    """One row per arm; ``read`` maps a run's output to ``before``, ``after``, ``top``, ``privacy``
+    (``eps_tight``, ``eps_gdp``, ``delta``; empty when not private) and the ``extra`` column's value."""
+    sec = _base(name, title, [d for d in done if d["run"].section == name])
+    sec["columns"] = [*UTILITY_COLUMNS, extra]
+    for arm, group in _group(done, name):
+        values = [read(d["output"]) for d in group if d["output"]]
+        privacy = [v["privacy"] for v in values]
         sec["commands"].append(_command(group))
         sec["rows"].append(
             {
                 "arm": arm.label,
-                "seeds": len(ok),
-                "accuracy before": _mean([s["before"]["accuracy"] for s in ok]),
-                "accuracy after (mean ± std)": _mean_std([s["after"]["accuracy"] for s in ok]),
-                "top-class share": _mean([s["after"].get("top_class_share") for s in ok]),
+                "seeds": len(values),
+                "accuracy before": _mean([v["before"] for v in values]),
+                "accuracy after (mean ± std)": _mean_std([v["after"] for v in values]),
+                "top-class share": _mean([v["top"] for v in values]),
                 "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"),
                 "ε (CLT μ-GDP)": _mean([p.get("eps_gdp") for p in privacy], ".2f"),
                 "δ": privacy[0].get("delta", "n/a") if privacy and privacy[0] else "n/a",
-                "up per round (MB)": _mean([s.get("bytes_up_per_round", 0) / 1e6 for s in ok], ".2f"),
+                extra: _mean([v["extra"] for v in values], ".2f"),
                 "_target": arm.target_epsilon,
-                "_after": [s["after"]["accuracy"] for s in ok],
+                "_after": [v["after"] for v in values],
             }
         )
-    guarantees = {d["output"]["privacy"] for d in runs if d["output"] and d["output"].get("client_privacy")}
+    return sec
+
+
+def client_level(done: Sequence[dict]) -> dict:
+    def read(s: dict) -> dict:
+        return {
+            "before": s["before"]["accuracy"],
+            "after": s["after"]["accuracy"],
+            "top": s["after"].get("top_class_share"),
+            "privacy": s.get("client_privacy") or {},
+            "extra": s.get("bytes_up_per_round", 0) / 1e6,
+        }
+
+    sec = _utility(
+        done,
+        "client-level",
+        "Utility under client-level DP (cross-device federations)",
+        read,
+        "up per round (MB)",
+    )
+    outputs = [d["output"] for d in done if d["run"].section == "client-level" and d["output"]]
+    guarantees = {s["privacy"] for s in outputs if s.get("client_privacy")}
     sec["notes"] += [f"guarantee: {g}" for g in sorted(guarantees)]
     return sec
 
 
 def sample_level(done: Sequence[dict]) -> dict:
-    runs = [d for d in done if d["run"].section == "sample-level"]
-    sec = _base("sample-level", "Utility under sample-level DP (one node, `train-local`)", runs)
-    sec["columns"] = [
-        "arm",
-        "seeds",
-        "accuracy before",
-        "accuracy after (mean ± std)",
-        "top-class share",
-        "ε (PLD)",
-        "ε (CLT μ-GDP)",
-        "δ",
-        "examples / s",
-    ]
-    for arm, group in _group(done, "sample-level"):
-        ok = [d["output"] for d in group if d["output"]]
-        privacy = [r["privacy"] for r in ok]
-        sec["commands"].append(_command(group))
-        sec["rows"].append(
-            {
-                "arm": arm.label,
-                "seeds": len(ok),
-                "accuracy before": _mean([r["before"] for r in ok]),
-                "accuracy after (mean ± std)": _mean_std([r["accuracy"] for r in ok]),
-                "top-class share": _mean([r.get("top_class_share") for r in ok]),
-                "ε (PLD)": _mean([p.get("epsilon") for p in privacy], ".2f"),
-                "ε (CLT μ-GDP)": _mean([p.get("eps_gdp") for p in privacy], ".2f"),
-                "δ": privacy[0].get("delta", "n/a") if privacy and privacy[0].get("epsilon") else "n/a",
-                "examples / s": _mean([r.get("examples_per_second") for r in ok], ".1f"),
-                "_target": arm.target_epsilon,
-                "_after": [r["accuracy"] for r in ok],
-            }
-        )
+    def read(r: dict) -> dict:
+        p = r["privacy"]
+        private = p.get("epsilon") is not None
+        return {
+            "before": r["before"],
+            "after": r["accuracy"],
+            "top": r.get("top_class_share"),
+            "privacy": {"eps_tight": p["epsilon"], "eps_gdp": p["eps_gdp"], "delta": p["delta"]}
+            if private
+            else {},
+            "extra": r.get("examples_per_second"),
+        }
+
+    sec = _utility(
+        done, "sample-level", "Utility under sample-level DP (one node, `train-local`)", read, "examples / s"
+    )
+    outputs = [d["output"] for d in done if d["run"].section == "sample-level" and d["output"]]
     units = {
         f"{p['unit']}; {p['threat_model']}; {p['accountant']}"
-        for d in runs
-        if d["output"] and (p := d["output"]["privacy"]).get("epsilon") is not None
+        for r in outputs
+        if (p := r["privacy"]).get("epsilon") is not None
     }
     sec["notes"] += [f"guarantee: {u}" for u in sorted(units)]
     return sec
