@@ -73,6 +73,8 @@ def test_a_second_suite_reuses_finished_runs(tiny):
     again = _fedlora("bench", "suite", "--profile", "tiny", "--out", str(out), "--sections", "client-level")
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("[suite] reuse") == 2 and "[suite] run " not in again.stdout
+    suite = json.loads((out / "results.json").read_text())["suite"]
+    assert suite["reused"] == suite["runs"] == 2 and suite["runs_wall_s"] > suite["wall_s"]
 
 
 def test_a_changed_command_runs_again(tmp_path):

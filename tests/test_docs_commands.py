@@ -236,5 +236,14 @@ def test_the_extraction_sees_what_it_should():
 
 def test_the_documents_have_commands():
     where = {s.path.stem for s in COMMANDS}
-    assert {"README", "privacy", "prism", "dr-encoder", "small-federations", "sdk", "deployment"} <= where
+    assert {
+        "README",
+        "privacy",
+        "prism",
+        "dr-encoder",
+        "small-federations",
+        "RESULTS",
+        "sdk",
+        "deployment",
+    } <= where
     assert any(s.path.stem == "README" for s in SYNOPSES)

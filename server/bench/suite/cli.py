@@ -124,7 +124,10 @@ def suite(profile_name: str, out: Path, sections: list[str], echo=print) -> dict
             "device": device,
             "versions": _versions(),
             "commit": _commit(),
-            "wall_s": round(time.monotonic() - start, 1),
+            "wall_s": round(time.monotonic() - start, 1),  # this invocation (reused runs cost nothing)
+            "runs_wall_s": round(sum(d.get("wall_s") or 0 for d in done), 1),  # every command's own time
+            "reused": sum(1 for d in done if d.get("reused")),
+            "runs": len(done),
             "notes": list(p.notes),
         },
         "sections": [_public(built[name]) for name in sections],

@@ -47,7 +47,7 @@ def execute(run: Run, runs_dir: Path, echo: Callable[[str], None]) -> dict:
     if _reusable(run_dir, command):
         stored = json.loads((run_dir / "command.json").read_text(encoding="utf-8"))
         echo(f"[suite] reuse {run.key}: {shown}")
-        return {**stored, "output": output_of(run_dir), "error": None, "dir": str(run_dir)}
+        return {**stored, "output": output_of(run_dir), "error": None, "dir": str(run_dir), "reused": True}
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in OUTPUTS:  # a stale output from another command must not be read as this one's
         (run_dir / name).unlink(missing_ok=True)
