@@ -215,15 +215,22 @@ def _eps_by_round(path: Path) -> list[dict]:
     ]
 
 
+def _rounds(path: Path) -> list[dict]:
+    """The train-round lines of a run's metrics.jsonl (none if it is missing)."""
+    if not path.exists():
+        return []
+    lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    return [r for r in lines if "bytes_up" in r]
+
+
+def _replies(path: Path) -> int:
+    return sum(r.get("replied", 0) for r in _rounds(path))
+
+
 def _bytes_per_reply(path: Path) -> float | None:
     """Bytes a client sends per round: the run's uploaded bytes over its replies."""
-    lines = (
-        [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-        if path.exists()
-        else []
-    )
-    replies = sum(r.get("replied", 0) for r in lines if "bytes_up" in r)
-    return sum(r["bytes_up"] for r in lines if "bytes_up" in r) / replies if replies else None
+    replies = _replies(path)
+    return sum(r["bytes_up"] for r in _rounds(path)) / replies if replies else None
 
 
 def communication(done: Sequence[dict]) -> dict:
@@ -291,9 +298,10 @@ def speed(done: Sequence[dict], device: str) -> dict:
             {"what": "prism / dp-adamw", "seconds": "", "share / ratio": f"{out['time_ratio']:.2f}× time"}
         )
     for arm, group in _group(done, "client-level"):
-        split = next((d["output"].get("time_split_s") for d in group if d["output"]), None)
-        if not split:
+        first = next((d for d in group if d["output"] and d["output"].get("time_split_s")), None)
+        if first is None:
             continue
+        split = first["output"]["time_split_s"]
         total = sum(split.values()) or 1.0
         for name in sorted(split, key=lambda n: PHASES.index(n) if n in PHASES else len(PHASES)):
             seconds = split[name]
@@ -304,11 +312,22 @@ def speed(done: Sequence[dict], device: str) -> dict:
                     "share / ratio": f"{seconds / total:.0%}",
                 }
             )
+        replies = _replies(Path(first["dir"]) / "metrics.jsonl")
+        if replies and split.get("encode", 0) > 0:  # the client-side release: clip, noise, encode
+            per = split["encode"] / replies
+            sec["rows"].append(
+                {
+                    "what": f"{arm.label}: release per reply (clip, noise, encode; {replies} replies)",
+                    "seconds": f"{per:.4f}",
+                    "share / ratio": f"{1 / per:,.0f} replies / s",
+                }
+            )
     if not device.startswith("cuda"):
         sec["notes"].append("GPU timings: not produced (no GPU on this machine); every time here is CPU")
     sec["notes"].append(
         "round split: seconds summed over the seed-0 run's rounds in one process (`fedlora simulate`); "
-        "the rest of a round's time is messaging and checkpoints"
+        "the rest of a round's time is messaging and checkpoints; the release per reply is a codec's "
+        "throughput"
     )
     return sec
 
