@@ -1,4 +1,6 @@
-"""The encoder half of a trained autoencoder, as the server broadcasts it to clients.
+"""What the server broadcasts so that clients can encode: the encoder half of a trained autoencoder,
+or the basis of a ``pca`` codec (:func:`pca_payload`: tensor ``basis`` ``(D, k)``, metadata ``format``
+:data:`PCA_FORMAT`, ``ae_version`` (the basis' content hash) and ``layout``).
 
 Clients only encode, so they get the encoder's parameters (``in_conv``, ``down``, ``enc_blocks`` of
 :class:`Uformer`) and the scale map; the decoder and the prior mean stay on the server. Tensors:
@@ -11,6 +13,7 @@ Everything is checked against the configuration before use; nothing is unpickled
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -18,13 +21,14 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from autoencoder.codecs import AeCodec
+from autoencoder.codecs import AeCodec, PcaCodec
 from autoencoder.layout import Layout
 from autoencoder.train import TrainedAe
 from autoencoder.uformer import AeConfig, Uformer
 from common.errors import FedloraError
 
 BROADCAST_FORMAT = "fedlora-ae-encoder/1"
+PCA_FORMAT = "fedlora-pca-basis/1"
 ENCODER_MODULES = ("in_conv.", "down.", "enc_blocks.")
 PREFIX = "encoder."
 
@@ -82,4 +86,48 @@ def encoder_from_payload(
     return AeCodec(trained, version=version, can_decode=False)
 
 
-__all__ = ["BROADCAST_FORMAT", "encoder_from_payload", "encoder_payload"]
+def basis_version(basis: Tensor) -> str:
+    """``pca-<12 hex>``: the content hash that names a basis in every train round."""
+    data = basis.detach().cpu().float().contiguous().numpy().tobytes()
+    return "pca-" + hashlib.sha256(data).hexdigest()[:12]
+
+
+def pca_payload(codec: PcaCodec) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``(tensors, metadata)`` of a ``pca`` codec's basis for :func:`codec_from_payload`."""
+    meta = {"format": PCA_FORMAT, "ae_version": str(codec.version), "layout": codec.layout.to_json()}
+    return {"basis": codec.basis.detach().cpu().float().contiguous()}, meta
+
+
+def _pca_from_payload(tensors: Mapping[str, Tensor], meta: Mapping[str, str], device) -> PcaCodec:
+    try:
+        layout, version = Layout.from_json(str(meta["layout"])), str(meta["ae_version"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise FedloraError(f"malformed pca broadcast: {exc}") from None
+    basis = tensors.get("basis")
+    if set(tensors) != {"basis"} or basis is None or basis.ndim != 2 or basis.dtype != torch.float32:
+        raise FedloraError("pca broadcast: expected one float32 tensor 'basis' (D, k)")
+    if basis.shape[0] != layout.num_coords or not 1 <= basis.shape[1] <= basis.shape[0]:
+        raise FedloraError(f"pca broadcast: basis {tuple(basis.shape)} does not fit D = {layout.num_coords}")
+    if not torch.isfinite(basis).all() or basis_version(basis) != version:
+        raise FedloraError(f"pca broadcast: the basis is not finite or is not version {version}")
+    return PcaCodec(layout, basis.to(torch.device(device)), version=version)
+
+
+def codec_from_payload(
+    tensors: Mapping[str, Tensor], meta: Mapping[str, str], device: torch.device | str = "cpu"
+) -> AeCodec | PcaCodec:
+    """The encode-side codec of a broadcast, by its ``format`` (an autoencoder's encoder or a pca basis)."""
+    if meta.get("format") == PCA_FORMAT:
+        return _pca_from_payload(tensors, meta, device)
+    return encoder_from_payload(tensors, meta, device)
+
+
+__all__ = [
+    "BROADCAST_FORMAT",
+    "PCA_FORMAT",
+    "basis_version",
+    "codec_from_payload",
+    "encoder_from_payload",
+    "encoder_payload",
+    "pca_payload",
+]

@@ -37,7 +37,7 @@ from autoencoder.layout import Layout
 from autoencoder.train import TrainedAe
 from common.errors import FedloraError
 
-CODECS = ("ae", "identity", "constant-mean", "random-projection")
+CODECS = ("ae", "identity", "constant-mean", "random-projection", "pca")
 
 
 @runtime_checkable
@@ -214,11 +214,12 @@ class PcaCodec:
 
     name = "pca"
 
-    def __init__(self, layout: Layout, basis: Tensor) -> None:
+    def __init__(self, layout: Layout, basis: Tensor, version: str | None = None) -> None:
         if basis.ndim != 2 or basis.shape[0] != layout.num_coords:
             raise FedloraError(f"pca basis must be ({layout.num_coords}, k), got {tuple(basis.shape)}")
         self.layout, self.basis = layout, basis.float().contiguous()
         self.latent_size = basis.shape[1]
+        self.version = version  # names the basis in a round (dr-encoder release), None elsewhere
 
     def encode(self, state: Mapping[str, Tensor]) -> Tensor:
         x = self.layout.to_vector(state).float()
@@ -261,12 +262,14 @@ def make_codec(
     mean: Mapping[str, Tensor] | None = None,
     latent_size: int | None = None,
     seed: int = 0,
+    samples: Tensor | None = None,
 ) -> Codec:
     """Build a codec by name (:data:`CODECS`).
 
     ``ae`` needs ``trained``. The others need a ``layout`` (default: ``trained.layout``); ``constant-mean``
     needs ``mean`` (default: ``trained``'s prior mean); ``random-projection`` takes ``latent_size`` (default:
-    the ``ae`` latent size of ``trained``) and ``seed``.
+    the ``ae`` latent size of ``trained``) and ``seed``; ``pca`` is fitted on ``samples: (n, D)`` with
+    ``latent_size`` directions (:func:`fit_pca`).
     """
     if name not in CODECS:
         raise FedloraError(f"unknown codec '{name}'; choose one of {', '.join(CODECS)}")
@@ -282,6 +285,12 @@ def make_codec(
         raise FedloraError(f"codec '{name}' needs a layout")
     if name == "identity":
         return IdentityCodec(layout)
+    if name == "pca":
+        if samples is None or latent_size is None:
+            raise FedloraError(
+                "codec 'pca' is fitted: it needs samples (public increments) and a latent size"
+            )
+        return fit_pca(layout, samples, latent_size)
     if name == "constant-mean":
         if mean is None and trained is None:
             raise FedloraError("codec 'constant-mean' needs a mean (or a trained autoencoder's prior)")

@@ -25,7 +25,7 @@ MECHANISMS: dict[str, tuple[str, str]] = {
 LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa")
 RELEASES = ("none", "gaussian", "dr-encoder")
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
-CODECS = ("ae", "identity", "constant-mean", "random-projection")
+CODECS = ("ae", "identity", "constant-mean", "random-projection", "pca")
 AE_SIZES = ("tiny", "paper", "paper-best")
 AE_NORMALISATIONS = ("none", "image", "factor")
 AE_LATENTS = ("raw", "homogeneous")
@@ -308,7 +308,8 @@ class RunConfig:
     # -- DR-Encoder
     codec: str = option(
         "ae",
-        "dr-encoder codec: ae (trained Uformer), identity, constant-mean or random-projection",
+        "dr-encoder codec: ae (trained Uformer), identity, constant-mean, random-projection, or pca "
+        "(--public-subspace K directions fitted on the server's public increments: a public prior)",
         DR_ENCODER,
         choices=CODECS,
     )
@@ -483,6 +484,10 @@ class RunConfig:
             raise FedloraError(
                 f"the dr-encoder release runs its statistics round with non-private local steps; "
                 f"it cannot be combined with the sample-level optimizer {self.optimizer_kind}"
+            )
+        if self.codec == "pca" and not self.public_subspace:
+            raise FedloraError(
+                "--codec pca needs --public-subspace K (its latent size) and --public-fraction (its public data)"
             )
         if self.decode_order == "decode-first" and self.threat_model != "local":
             raise FedloraError(

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from autoencoder.broadcast import encoder_payload
+from autoencoder.broadcast import encoder_payload, pca_payload
 from autoencoder.checkpoint import load_checkpoint, save_checkpoint
 from autoencoder.codecs import Codec, make_codec
 from autoencoder.coded import coded_shapes, decode_update
@@ -45,10 +45,12 @@ from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import STATS_ROUND, NoisePlan, uncovered
 from common.wire import InvalidReply, StatsQuery, parse_stats_reply
 from server.aggregate import private_mean
+from server.public_prior import fit_public_basis, load_basis
 
 log = logging.getLogger("fedlora.server")
 
 AE_FILE = "autoencoder.safetensors"
+PCA_FILE = "pca-codec.safetensors"
 STATS_FILE = "gradstats.safetensors"
 AE_CONFIGS: dict[str, Callable[[], AeConfig]] = {
     "tiny": AeConfig.tiny,
@@ -116,11 +118,17 @@ def prepare_codec(
     run_id: str,
     log_record: Callable[[dict], None],
     echo: Callable[[str], None],
+    evaluator=None,
 ) -> tuple[ServerCodec, dict]:
     """Statistics, autoencoder and codec of the run (reused from ``run_dir`` on resume); returns the
-    codec and a summary (payload bytes, AE version, latent size, compression)."""
+    codec and a summary (payload bytes, AE version, latent size, compression). ``pca``: no statistics
+    round; the basis is fitted on the server's public increments (``evaluator``: the server's model
+    and public split) before round 1 and broadcast like an encoder."""
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     factors = {k: s for k, s in shapes.items() if is_factor(k)}
+    if cfg.codec == "pca":
+        codec, info = _public_codec(cfg, Layout.from_shapes(factors, 1), state, run_dir, evaluator, echo)
+        return _announce(cfg, codec, codec.version, shapes, info, pca_payload(codec), echo)
     ae_config = AE_CONFIGS[cfg.ae_size]()
     layout = Layout.from_shapes(factors, ae_config.downsample)
     stats_path = run_dir / STATS_FILE
@@ -142,6 +150,19 @@ def prepare_codec(
         latent = ae_latent_size(ae_config, layout)
         codec = make_codec(cfg.codec, layout=layout, mean=mean, latent_size=latent, seed=cfg.seed)
         version = cfg.codec
+    return _announce(cfg, codec, version, shapes, info, encoder, echo)
+
+
+def _announce(
+    cfg: RunConfig,
+    codec: Codec,
+    version: str,
+    shapes: Mapping[str, tuple[int, ...]],
+    info: dict,
+    encoder: tuple | None,
+    echo: Callable[[str], None],
+) -> tuple[ServerCodec, dict]:
+    """Print and record the codec's payload sizes; the :class:`ServerCodec` of the run."""
     raw = 4 * sum(int(np.prod(s)) for s in shapes.values())
     coded = 4 * sum(int(np.prod(s)) for s in coded_shapes(codec, shapes).values())
     info.update(
@@ -158,6 +179,27 @@ def prepare_codec(
         f"per round (latent + dense entries) instead of {raw / 1e3:.1f} kB ({ratio})"
     )
     return ServerCodec(codec, version, cfg.seed, encoder), info
+
+
+def _public_codec(cfg, layout, state, run_dir, evaluator, echo) -> tuple[Codec, dict]:
+    """The ``pca`` codec fitted on public increments from ``state`` (reused from ``run_dir`` on resume)."""
+    path = run_dir / PCA_FILE
+    if path.exists():
+        codec, _ = load_basis(path, layout)
+        echo(f"codec pca {codec.version}: reused from {path}")
+        return codec, {"prior": f"public (reused from {path})"}
+    if evaluator is None:
+        raise FedloraError("codec pca needs the server's public data (an evaluator)")
+    t0 = time.monotonic()
+    codec = fit_public_basis(evaluator, cfg, state, layout, path, 1)
+    prior = (
+        f"public: {cfg.public_increments} increments on the server's public split (--public-fraction "
+        f"{cfg.public_fraction:g}, never given to a client); no privacy cost"
+    )
+    echo(
+        f"codec pca {codec.version}: k = {codec.latent_size} fitted in {time.monotonic() - t0:.0f} s ({prior})"
+    )
+    return codec, {"prior": prior, "stats": "none (the prior is public)"}
 
 
 def _stats_round(

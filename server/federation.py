@@ -84,9 +84,11 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
         echo(f"round 0: held-out {metric} {loop.before[metric]:.4f} (untrained adapter)")
     first = _reconcile(out, ledger, run_id, loop, echo) + 1
     nodes = wait_for_nodes(grid, cfg.min_nodes or cfg.num_clients, cfg.round_timeout)
-    prepared = release.prepare(grid, nodes, state, RunHandles(out.path, ledger, run_id, out.log, echo))
+    handles = RunHandles(out.path, ledger, run_id, out.log, echo, evaluator)
+    prepared = release.prepare(grid, nodes, state, handles)
     subspace = None
-    if cfg.public_subspace:
+    if cfg.public_subspace and not (cfg.release_kind == "dr-encoder" and cfg.codec == "pca"):
+        # (the pca codec's release already lies in its public subspace)
         layout = Layout.from_shapes(shapes, 1)
         subspace = PublicSubspace(cfg, evaluator, layout, out.path)
     rng = os_sampler()  # never from cfg.seed, never checkpointed: the sample must stay secret

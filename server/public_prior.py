@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from autoencoder.broadcast import basis_version
 from autoencoder.codecs import PcaCodec, fit_pca
 from autoencoder.layout import Layout
 from common.config import RunConfig
@@ -66,6 +67,27 @@ def public_increments(
     return torch.stack(rows)
 
 
+def fit_public_basis(
+    evaluator, cfg: RunConfig, state: AdapterState, layout: Layout, path: Path, rnd: int
+) -> PcaCodec:
+    """Fit the ``pca`` codec of ``cfg.public_subspace`` directions on ``cfg.public_increments`` public
+    increments from ``state`` and save it to ``path`` (atomically) as fitted before round ``rnd``."""
+    samples = public_increments(evaluator, cfg, state, cfg.public_increments, layout)
+    fitted = fit_pca(layout, samples, cfg.public_subspace)
+    codec = PcaCodec(layout, fitted.basis, version=basis_version(fitted.basis))
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({"basis": codec.basis, "round": torch.tensor([rnd])}, str(tmp))
+    tmp.replace(path)
+    return codec
+
+
+def load_basis(path: Path, layout: Layout) -> tuple[PcaCodec, int]:
+    """The codec saved by :func:`fit_public_basis` and the round it was fitted before."""
+    saved = load_file(str(path))
+    basis = saved["basis"]
+    return PcaCodec(layout, basis, version=basis_version(basis)), int(saved["round"].item())
+
+
 class PublicSubspace:
     """The run's public basis and when it was fitted; :meth:`project` is the post-processing step."""
 
@@ -75,9 +97,7 @@ class PublicSubspace:
         self.codec: PcaCodec | None = None
         self.fitted_round = -1
         if cfg.resume and self.path.exists():
-            saved = load_file(str(self.path))
-            self.codec = PcaCodec(layout, saved["basis"])
-            self.fitted_round = int(saved["round"].item())
+            self.codec, self.fitted_round = load_basis(self.path, layout)
 
     def refresh(self, rnd: int, state: AdapterState, echo: Callable[[str], None]) -> None:
         """Fit the basis from ``state`` before round ``rnd`` if none is current (every ``prior-refresh``
@@ -85,12 +105,8 @@ class PublicSubspace:
         due = 1 + (rnd - 1) // self.cfg.prior_refresh * self.cfg.prior_refresh
         if self.codec is not None and self.fitted_round >= due:
             return
-        samples = public_increments(self.evaluator, self.cfg, state, self.cfg.public_increments, self.layout)
-        self.codec = fit_pca(self.layout, samples, self.cfg.public_subspace)
+        self.codec = fit_public_basis(self.evaluator, self.cfg, state, self.layout, self.path, rnd)
         self.fitted_round = rnd
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        save_file({"basis": self.codec.basis, "round": torch.tensor([rnd])}, str(tmp))
-        tmp.replace(self.path)
         echo(
             f"round {rnd}: public subspace refitted ({self.cfg.public_increments} public increments, k = "
             f"{self.cfg.public_subspace} of D = {self.layout.num_coords:,}; no privacy cost)"
@@ -105,4 +121,4 @@ class PublicSubspace:
         return {k: projected[k].to(v.device, v.dtype) if k in projected else v for k, v in mean.items()}
 
 
-__all__ = ["BASIS_FILE", "PublicSubspace", "public_increments"]
+__all__ = ["BASIS_FILE", "PublicSubspace", "fit_public_basis", "load_basis", "public_increments"]

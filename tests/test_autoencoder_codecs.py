@@ -49,9 +49,17 @@ def _increment(seed=1, head=True):
     return state
 
 
+def _make(name: str, trained) -> Codec:
+    """Every codec by name; ``pca`` fitted on 8 random increments (k = 4)."""
+    if name != "pca":
+        return make_codec(name, trained=trained)
+    samples = torch.stack([trained.layout.to_vector(_increment(seed=i)) for i in range(8)])
+    return make_codec("pca", layout=trained.layout, samples=samples, latent_size=4)
+
+
 @pytest.mark.parametrize("name", CODECS)
 def test_codec_contract(name, trained):
-    codec = make_codec(name, trained=trained)
+    codec = _make(name, trained)
     assert isinstance(codec, Codec) and codec.name == name
     state = _increment()
     z = codec.encode(state)
@@ -66,7 +74,7 @@ def test_codec_contract(name, trained):
 
 @pytest.mark.parametrize("name", CODECS)
 def test_codec_rejects_bad_latents_and_states(name, trained):
-    codec = make_codec(name, trained=trained)
+    codec = _make(name, trained)
     k = codec.latent_size
     for bad in (torch.zeros(k + 1), torch.zeros(1, k), torch.zeros(k, dtype=torch.int64)):
         with pytest.raises(FedloraError):

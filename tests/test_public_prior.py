@@ -79,3 +79,56 @@ def test_the_basis_is_refitted_every_prior_refresh_rounds_and_reloaded_on_resume
     assert resumed.fitted_round == 5 and torch.equal(resumed.codec.basis, subspace.codec.basis)
     resumed.refresh(6, {}, lambda _line: None)
     assert len(fits) == 3  # round 6 uses round 5's basis
+
+
+def test_the_pca_codec_release_sends_k_numbers_and_decodes_into_the_public_subspace(tmp_path):
+    """``dr-encoder --codec pca``: no statistics round, the basis is broadcast like an encoder, each
+    reply is a k-number latent (plus the dense head), the applied factor update lies in the basis."""
+    import json
+
+    from server.drencoder import PCA_FILE, STATS_FILE
+
+    run_dir = tmp_path / "r"
+    cfg = preset(
+        "minilm-rt",
+        **TINY,
+        **PUBLIC,
+        mechanism="dr-encoder",
+        codec="pca",
+        threat_model="central",
+        noise_multiplier=1.0,
+        clip=1.0,
+    ).check()
+    start = Evaluator(cfg).initial_state()
+    simulate(cfg, run_dir)
+    assert not (run_dir / STATS_FILE).exists() and not (run_dir / BASIS_FILE).exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    info = summary["dr_encoder"]
+    assert info["codec"] == "pca" and info["latent_size"] == 3 and "public" in info["prior"]
+    assert not [n for n in summary["not_covered"] if "statistics" in n]  # nothing sent in the clear
+    dense = [k for k in start if "classifier" in k]
+    dense_bytes = 4 * sum(start[k].numel() for k in dense)
+    assert info["coded_bytes"] == 4 * 3 + dense_bytes
+    shapes = {k: tuple(v.shape) for k, v in start.items()}
+    end, _, _ = checkpoint.load(run_dir / checkpoint.CHECKPOINT_FILE, shapes)
+    layout = Layout.from_shapes({k: s for k, s in shapes.items() if k not in dense}, 1)
+    basis = load_file(str(run_dir / PCA_FILE))["basis"].double()
+    delta = layout.to_vector({k: end[k] - start[k] for k in layout.names}).double()
+    outside = delta - basis @ (basis.T @ delta)
+    assert delta.norm() > 0 and outside.norm() < 1e-4 * delta.norm()
+
+
+def test_a_tampered_pca_broadcast_is_refused():
+    from autoencoder.broadcast import basis_version, codec_from_payload, pca_payload
+    from autoencoder.codecs import PcaCodec
+
+    layout = Layout.from_shapes({"l.q.A": (6, 2), "l.q.B": (5, 2)}, 1)
+    q, _ = torch.linalg.qr(torch.randn(layout.num_coords, 3, generator=torch.Generator().manual_seed(0)))
+    codec = PcaCodec(layout, q, version=basis_version(q))
+    tensors, meta = pca_payload(codec)
+    again = codec_from_payload(tensors, meta)
+    assert again.name == "pca" and again.version == codec.version and torch.equal(again.basis, codec.basis)
+    with pytest.raises(FedloraError, match="not version"):
+        codec_from_payload({"basis": tensors["basis"] * 2}, meta)
+    with pytest.raises(FedloraError, match="does not fit"):
+        codec_from_payload({"basis": tensors["basis"][:-1]}, meta)

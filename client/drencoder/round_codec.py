@@ -1,7 +1,7 @@
 """The codec a ``dr-encoder`` train round asks for, built from the round's instruction.
 
-``ae``: the encoder broadcast (autoencoder/broadcast.py), rebuilt once per autoencoder version and
-process; ``identity`` and ``random-projection``: from the layout (and latent size and seed);
+``ae`` and ``pca``: the broadcast (autoencoder/broadcast.py: the encoder, or the public basis),
+rebuilt once per version and process; ``identity`` and ``random-projection``: from the layout (and latent size and seed);
 ``constant-mean``: sends nothing, so the client needs no mean (its copy decodes to zeros; only the
 server decodes).
 
@@ -20,7 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from autoencoder.broadcast import encoder_from_payload
+from autoencoder.broadcast import codec_from_payload
 from autoencoder.codecs import Codec, ConstantMeanCodec, IdentityCodec, RandomProjectionCodec
 from autoencoder.layout import Layout
 from common.errors import FedloraError
@@ -41,7 +41,7 @@ def round_codec(ins: TrainInstruction, device: torch.device, cache_dir: Path | N
         return RandomProjectionCodec(layout, int(cfg["latent-size"]), int(cfg["codec-seed"]))
     if name == "constant-mean":
         return ConstantMeanCodec(layout, {n: torch.zeros(s) for n, s in layout.shapes.items()})
-    if name != "ae":
+    if name not in ("ae", "pca"):
         raise FedloraError(f"unknown codec '{name}'")
     version = str(cfg["ae-version"])
     received = "encoder" in content and "encoder-meta" in content
@@ -50,8 +50,8 @@ def round_codec(ins: TrainInstruction, device: torch.device, cache_dir: Path | N
             tensors, meta = content["encoder"].to_torch_state_dict(), dict(content["encoder-meta"])
         else:
             tensors, meta = _read(cache_dir, version)
-        codec = encoder_from_payload(tensors, meta, device)
-        if codec.version != version or codec.layout != layout:
+        codec = codec_from_payload(tensors, meta, device)
+        if codec.name != name or codec.version != version or codec.layout != layout:
             raise FedloraError(f"the encoder broadcast is {codec.version}, the round names {version}")
         if received and cache_dir is not None:
             _write(cache_dir, version, tensors, meta)

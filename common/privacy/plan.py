@@ -120,10 +120,16 @@ class NoisePlan:
         return min(eps, self.target_epsilon) if self.target_epsilon > 0 else eps
 
 
+def has_statistics_round(cfg: RunConfig) -> bool:
+    """A ``dr-encoder`` run asks every client for statistics before round 1, except with the ``pca``
+    codec, whose prior comes from the server's public data."""
+    return cfg.release_kind == "dr-encoder" and cfg.codec != "pca"
+
+
 def statistics_events(cfg: RunConfig) -> tuple[Event, ...]:
     """The DR-Encoder statistics round as a client-level event (every connected client, local
     noise: p = 1), or nothing when there is none or it is sent in the clear (see :func:`uncovered`)."""
-    if cfg.release_kind == "dr-encoder" and cfg.stats_noise_multiplier > 0:
+    if has_statistics_round(cfg) and cfg.stats_noise_multiplier > 0:
         return (Event(cfg.stats_noise_multiplier, 1.0, 1),)
     return ()
 
@@ -131,7 +137,7 @@ def statistics_events(cfg: RunConfig) -> tuple[Event, ...]:
 def uncovered(cfg: RunConfig) -> list[tuple[int, str]]:
     """``(round, what)`` for client data a run releases outside its client-level guarantee (empty
     for most runs); round 0 is the statistics round."""
-    if cfg.release_kind == "dr-encoder" and cfg.stats_noise_multiplier == 0:
+    if has_statistics_round(cfg) and cfg.stats_noise_multiplier == 0:
         return [
             (
                 STATS_ROUND,

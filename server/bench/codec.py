@@ -138,15 +138,26 @@ def build_coders(
     nodes: Sequence[int],
     state: AdapterState,
     echo: Callable[[str], None],
+    evaluator: Evaluator | None = None,
 ) -> tuple[dict[str, ServerCodec], list[dict]]:
     """Every codec as the server builds it (``ae`` first: its call runs the statistics round and trains
     the autoencoder; the others reuse the statistics saved in ``run_dir``); with the phase records."""
     records: list[dict] = []
     coders = {
         name: prepare_codec(
-            grid, cfg.replace(codec=name), run_dir, nodes, state, None, "bench", records.append, echo
+            grid,
+            cfg.replace(codec=name),
+            run_dir,
+            nodes,
+            state,
+            None,
+            "bench",
+            records.append,
+            echo,
+            evaluator,
         )[0]
         for name in sorted(CODECS, key=lambda n: n != "ae")
+        if name != "pca" or (cfg.public_subspace and evaluator is not None)
     }
     coders["random-projection"] = cached_projection(coders["random-projection"])
     return coders, records
@@ -314,7 +325,8 @@ def bench_codecs(cfg: RunConfig, echo: Callable[[str], None], start_from: str | 
         f"clip={plan.clip:g}": 0.0,
         f"eps={plan.target_epsilon:g}": plan.client_std(cfg.num_clients),
     }
-    state, origin = start_state(Evaluator(cfg), start_from)
+    evaluator = Evaluator(cfg)
+    state, origin = start_state(evaluator, start_from)
     with tempfile.TemporaryDirectory(prefix="fedlora-bench-codec-") as tmp:
         run_dir = Path(tmp)
         grid = InProcessGrid(
@@ -324,7 +336,7 @@ def bench_codecs(cfg: RunConfig, echo: Callable[[str], None], start_from: str | 
             state_root=run_dir / "nodes",
         )
         nodes = sorted(grid.get_node_ids())
-        coders, phases = build_coders(grid, cfg, run_dir, nodes, state, echo)
+        coders, phases = build_coders(grid, cfg, run_dir, nodes, state, echo, evaluator)
         t0 = time.monotonic()
         increments = collect_increments(grid, cfg, nodes, state)
         train_seconds = time.monotonic() - t0

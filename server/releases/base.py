@@ -23,13 +23,14 @@ from common.privacy.plan import NoisePlan
 @dataclass(frozen=True)
 class RunHandles:
     """What a release may use before round 1: the run directory, its ledger and run id, the
-    metrics log and the console."""
+    metrics log, the console and the server's evaluator."""
 
     run_dir: Path
     ledger: Ledger | None
     run_id: str
     log: Callable[[dict], None]
     echo: Callable[[str], None]
+    evaluator: object | None = None  # the server's model and public split (a public prior needs them)
 
 
 class Release:

@@ -21,7 +21,16 @@ class DrEncoderRelease(GaussianRelease):
     def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
         super().prepare(grid, nodes, state, run)
         self.coder, info = prepare_codec(
-            grid, self.cfg, run.run_dir, nodes, state, run.ledger, run.run_id, run.log, run.echo
+            grid,
+            self.cfg,
+            run.run_dir,
+            nodes,
+            state,
+            run.ledger,
+            run.run_id,
+            run.log,
+            run.echo,
+            run.evaluator,
         )
         return info
 
