@@ -202,6 +202,30 @@ def _public_codec(cfg, layout, state, run_dir, evaluator, echo) -> tuple[Codec, 
     return codec, {"prior": prior, "stats": "none (the prior is public)"}
 
 
+def refresh_public_codec(
+    coder: ServerCodec,
+    fitted: int | None,
+    cfg: RunConfig,
+    rnd: int,
+    state: AdapterState,
+    run_dir: Path,
+    evaluator,
+    echo: Callable[[str], None],
+) -> tuple[ServerCodec, int]:
+    """``(coder, fitted)`` unchanged, or a ``pca`` codec refitted from ``state`` when round ``rnd`` is due
+    one (every ``prior-refresh`` rounds from round 1, as the public subspace). ``fitted``: the round the
+    current basis was fitted for (None: read it from the run directory's basis file)."""
+    path = run_dir / PCA_FILE
+    if fitted is None:
+        _, fitted = load_basis(path, coder.codec.layout)
+    due = 1 + (rnd - 1) // cfg.prior_refresh * cfg.prior_refresh
+    if fitted >= due:
+        return coder, fitted
+    codec = fit_public_basis(evaluator, cfg, state, coder.codec.layout, path, rnd)
+    echo(f"round {rnd}: codec pca refitted on {cfg.public_increments} public increments ({codec.version})")
+    return ServerCodec(codec, codec.version, cfg.seed, pca_payload(codec)), rnd
+
+
 def _stats_round(
     grid: Grid,
     cfg: RunConfig,

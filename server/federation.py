@@ -103,6 +103,7 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
         if ledger:  # committed before any instruction (and so any release) goes out
             ledger.charge(_charge(cfg, plan, run_id, rnd, len(sampled), release.clip))
         if sampled:
+            release.before_round(rnd, state, echo)
             if subspace:
                 subspace.refresh(rnd, state, echo)
             post = subspace.project if subspace else None

@@ -132,3 +132,27 @@ def test_a_tampered_pca_broadcast_is_refused():
         codec_from_payload({"basis": tensors["basis"] * 2}, meta)
     with pytest.raises(FedloraError, match="does not fit"):
         codec_from_payload({"basis": tensors["basis"][:-1]}, meta)
+
+
+def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tmp_path):
+    from server.drencoder import PCA_FILE
+
+    run_dir = tmp_path / "r"
+    cfg = preset(
+        "minilm-rt",
+        **{**TINY, "rounds": 2},
+        **PUBLIC,
+        prior_refresh=1,
+        mechanism="dr-encoder",
+        codec="pca",
+        threat_model="central",
+        noise_multiplier=1.0,
+        clip=1.0,
+        sample_rate=1.0,
+    ).check()
+    simulate(cfg, run_dir)
+    assert int(load_file(str(run_dir / PCA_FILE))["round"].item()) == 2
+    cached = {p.name for p in (run_dir / "nodes").glob("*/encoders/*.safetensors")}
+    assert len(cached) == 2 and all(
+        name.startswith("pca-") for name in cached
+    )  # both versions reached the nodes

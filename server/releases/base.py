@@ -55,6 +55,9 @@ class Release:
         run summary records of it (empty: nothing)."""
         return {}
 
+    def before_round(self, rnd: int, state: AdapterState, echo: Callable[[str], None]) -> None:
+        """Work before round ``rnd`` is sent (the ``pca`` codec's refit); nothing by default."""
+
     def noise_std(self, sampled: int) -> float:
         """Noise std each of ``sampled`` clients adds to its clipped release."""
         return self.plan.client_std(sampled, self.clip) if self.plan else 0.0

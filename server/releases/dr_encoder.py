@@ -4,12 +4,12 @@ and broadcasts the encoder to nodes that lack it; replies are coded updates, dec
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from flwr.serverapp import Grid
 
 from common.models import AdapterState
-from server.drencoder import ServerCodec, prepare_codec
+from server.drencoder import ServerCodec, prepare_codec, refresh_public_codec
 from server.releases.base import RunHandles
 from server.releases.gaussian import GaussianRelease
 
@@ -20,6 +20,7 @@ class DrEncoderRelease(GaussianRelease):
 
     def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
         super().prepare(grid, nodes, state, run)
+        self.run, self.fitted = run, None  # fitted: the round the pca basis was fitted for
         self.coder, info = prepare_codec(
             grid,
             self.cfg,
@@ -33,6 +34,15 @@ class DrEncoderRelease(GaussianRelease):
             run.evaluator,
         )
         return info
+
+    def before_round(self, rnd: int, state: AdapterState, echo: Callable[[str], None]) -> None:
+        """The ``pca`` codec is refitted from the current global adapter every ``prior-refresh``
+        rounds (a new version: every node gets the new basis with its next instruction)."""
+        if self.cfg.codec == "pca":
+            run = self.run
+            self.coder, self.fitted = refresh_public_codec(
+                self.coder, self.fitted, self.cfg, rnd, state, run.run_dir, run.evaluator, echo
+            )
 
     @property
     def codec(self) -> dict[str, object]:
