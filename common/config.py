@@ -295,7 +295,8 @@ class RunConfig:
     public_subspace: int = option(
         0,
         "project each round's released mean factor increment onto this many directions fitted on "
-        "public increments (post-processing; needs --public-fraction; 0 = off)",
+        "public increments (post-processing; needs --public-fraction; 0 = off); with --codec pca, "
+        "the codec's latent size",
         PUBLIC,
         rule=NON_NEGATIVE,
     )
