@@ -139,3 +139,19 @@ def test_bad_input_is_one_line(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err.strip()
     assert rc != 0 and message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("name", ["tiny", "quick", "full"])
+def test_every_planned_federation_is_a_valid_configuration(name):
+    """Each profile's simulate commands parse and pass RunConfig.check (a typo in the plan would
+    otherwise surface hours into the full suite)."""
+    import argparse
+
+    from server import simulate
+
+    planned = [r for r in runs(profile(name)) if r.argv[0] == "simulate"]
+    assert planned
+    for run in planned:
+        parser = argparse.ArgumentParser()
+        simulate.add_arguments(parser)
+        simulate.config_from_args(parser.parse_args([*run.command[2:], "--out", "x"]))

@@ -92,6 +92,22 @@ def _client_arms(min_replies: int, ae_steps: int, epsilons: tuple[float, ...]) -
     )
 
 
+def _public_arms(k: int, epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
+    """The public prior (issue 17) at each ε: dp-fedavg projected onto K public directions, and the
+    dr-encoder release whose codec is that subspace."""
+    public = f"--public-fraction 0.1 --public-subspace {k} --public-increments {k}"
+    arms = []
+    for e in epsilons:
+        budget = f"--clip 0.5 --threat-model central --target-epsilon {e:g} {public}"
+        arms.append(
+            Arm(f"dp-fedavg + public subspace central ε={e:g}", _args(f"--mechanism dp-fedavg {budget}"), e)
+        )
+        arms.append(
+            Arm(f"dr-encoder pca central ε={e:g}", _args(f"--mechanism dr-encoder --codec pca {budget}"), e)
+        )
+    return tuple(arms)
+
+
 def _sample_arms(epsilon: float) -> tuple[Arm, ...]:
     return (
         Arm("non-private AdamW", _args("--mechanism fedavg")),
@@ -111,7 +127,10 @@ _PROFILES: dict[str, Profile] = {
         "full",
         seeds=(0, 1, 2),
         client_base=_args("simulate --preset minilm-rt-xdev"),
-        client_arms=_client_arms(min_replies=75, ae_steps=300, epsilons=(8.0, 3.0, 1.0)),
+        client_arms=(
+            *_client_arms(min_replies=75, ae_steps=300, epsilons=(8.0, 3.0, 1.0)),
+            *_public_arms(k=128, epsilons=(8.0, 3.0)),
+        ),
         sample_base=_args(f"{_SAMPLE} --local-steps 200 --batch-size 256 --lr 2e-3 --eval-examples 1000"),
         sample_arms=_sample_arms(3.0),
         codec=_args("bench codec --preset minilm-rt-xdev --sample-rate 0.032 --json"),
