@@ -33,28 +33,34 @@ def test_bad_public_subspace_options_are_one_line(changes, message):
         preset("minilm-rt", **TINY, **changes).check()
 
 
-def test_the_applied_factor_update_lies_in_the_public_subspace(tmp_path):
+def _central_run(tmp_path, **changes) -> tuple:
+    """A TINY central-noise federation with the public options; ``(run_dir, start, end)`` states."""
     run_dir = tmp_path / "r"
     cfg = preset(
-        "minilm-rt",
-        **TINY,
-        **PUBLIC,
-        mechanism="dp-fedavg",
-        threat_model="central",
-        noise_multiplier=1.0,
-        clip=1.0,
-    ).check()
-    start = Evaluator(cfg).initial_state()
-    simulate(cfg, run_dir)
+        "minilm-rt", **TINY, **PUBLIC, threat_model="central", noise_multiplier=1.0, clip=1.0, **changes
+    )
+    start = Evaluator(cfg.check()).initial_state()
+    simulate(cfg.check(), run_dir)
     shapes = {k: tuple(v.shape) for k, v in start.items()}
     end, _, _ = checkpoint.load(run_dir / checkpoint.CHECKPOINT_FILE, shapes)
-    layout = Layout.from_shapes(shapes, 1)
-    basis = load_file(str(run_dir / BASIS_FILE))["basis"].double()
-    assert basis.shape == (layout.num_coords, 3)
+    return run_dir, start, end
+
+
+def _assert_in_span(start, end, factors, basis_file) -> None:
+    """The factor entries of ``end - start`` lie in the span of the saved basis."""
+    layout = Layout.from_shapes({k: tuple(start[k].shape) for k in factors}, 1)
+    basis = load_file(str(basis_file))["basis"].double()
+    assert basis.shape[0] == layout.num_coords
     delta = layout.to_vector({k: end[k] - start[k] for k in layout.names}).double()
     outside = delta - basis @ (basis.T @ delta)
     assert delta.norm() > 0 and outside.norm() < 1e-4 * delta.norm()
-    dense = [k for k in start if k not in layout.shapes]
+
+
+def test_the_applied_factor_update_lies_in_the_public_subspace(tmp_path):
+    run_dir, start, end = _central_run(tmp_path, mechanism="dp-fedavg")
+    dense = [k for k in start if "classifier" in k]
+    _assert_in_span(start, end, [k for k in start if k not in dense], run_dir / BASIS_FILE)
+    assert load_file(str(run_dir / BASIS_FILE))["basis"].shape[1] == 3
     assert dense and any(not torch.equal(end[k], start[k]) for k in dense)  # the head is not projected
 
 
@@ -88,34 +94,15 @@ def test_the_pca_codec_release_sends_k_numbers_and_decodes_into_the_public_subsp
 
     from server.drencoder import PCA_FILE, STATS_FILE
 
-    run_dir = tmp_path / "r"
-    cfg = preset(
-        "minilm-rt",
-        **TINY,
-        **PUBLIC,
-        mechanism="dr-encoder",
-        codec="pca",
-        threat_model="central",
-        noise_multiplier=1.0,
-        clip=1.0,
-    ).check()
-    start = Evaluator(cfg).initial_state()
-    simulate(cfg, run_dir)
+    run_dir, start, end = _central_run(tmp_path, mechanism="dr-encoder", codec="pca")
     assert not (run_dir / STATS_FILE).exists() and not (run_dir / BASIS_FILE).exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     info = summary["dr_encoder"]
     assert info["codec"] == "pca" and info["latent_size"] == 3 and "public" in info["prior"]
     assert not [n for n in summary["not_covered"] if "statistics" in n]  # nothing sent in the clear
     dense = [k for k in start if "classifier" in k]
-    dense_bytes = 4 * sum(start[k].numel() for k in dense)
-    assert info["coded_bytes"] == 4 * 3 + dense_bytes
-    shapes = {k: tuple(v.shape) for k, v in start.items()}
-    end, _, _ = checkpoint.load(run_dir / checkpoint.CHECKPOINT_FILE, shapes)
-    layout = Layout.from_shapes({k: s for k, s in shapes.items() if k not in dense}, 1)
-    basis = load_file(str(run_dir / PCA_FILE))["basis"].double()
-    delta = layout.to_vector({k: end[k] - start[k] for k in layout.names}).double()
-    outside = delta - basis @ (basis.T @ delta)
-    assert delta.norm() > 0 and outside.norm() < 1e-4 * delta.norm()
+    assert info["coded_bytes"] == 4 * 3 + 4 * sum(start[k].numel() for k in dense)
+    _assert_in_span(start, end, [k for k in start if k not in dense], run_dir / PCA_FILE)
 
 
 def test_a_tampered_pca_broadcast_is_refused():
