@@ -121,6 +121,7 @@ def test_a_tampered_pca_broadcast_is_refused():
         codec_from_payload({"basis": tensors["basis"][:-1]}, meta)
 
 
+@pytest.mark.slow
 def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tmp_path):
     from server.drencoder import PCA_FILE
 
