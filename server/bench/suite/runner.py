@@ -31,11 +31,10 @@ def output_of(run_dir: Path) -> dict | None:
     return None
 
 
-def _reusable(run_dir: Path, command: list[str]) -> bool:
-    stored = run_dir / "command.json"
-    if not stored.exists() or output_of(run_dir) is None:
-        return False
-    return json.loads(stored.read_text(encoding="utf-8")).get("command") == command
+def _stored(run_dir: Path) -> dict:
+    """The run directory's ``command.json`` (empty if none)."""
+    path = run_dir / "command.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
 def execute(run: Run, runs_dir: Path, echo: Callable[[str], None]) -> dict:
@@ -44,16 +43,18 @@ def execute(run: Run, runs_dir: Path, echo: Callable[[str], None]) -> dict:
     run_dir = runs_dir / run.key
     command = run.command
     shown = " ".join(command)
-    if _reusable(run_dir, command):
-        stored = json.loads((run_dir / "command.json").read_text(encoding="utf-8"))
+    stored = _stored(run_dir)
+    same = stored.get("command") == command
+    output = output_of(run_dir) if same else None
+    if output is not None:
         echo(f"[suite] reuse {run.key}: {shown}")
-        return {**stored, "output": output_of(run_dir), "error": None, "dir": str(run_dir), "reused": True}
+        return {**stored, "output": output, "error": None, "dir": str(run_dir), "reused": True}
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in OUTPUTS:  # a stale output from another command must not be read as this one's
         (run_dir / name).unlink(missing_ok=True)
     (run_dir / "command.json").write_text(json.dumps({"command": command}) + "\n", encoding="utf-8")
     argv, out = list(command[1:]), run_dir / "out"
-    if run.output == "dir" and argv[0] == "simulate" and (out / "checkpoint.safetensors").exists():
+    if same and run.output == "dir" and argv[0] == "simulate" and (out / "checkpoint.safetensors").exists():
         argv = ["simulate", "--out", str(out), "--resume"]  # an interrupted federation continues
         echo(f"[suite] resume {run.key}: {shown}")
     else:
