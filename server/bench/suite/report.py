@@ -5,17 +5,17 @@ from __future__ import annotations
 #: figures live beside RESULTS.md in this folder
 FIGURES = "results"
 
-#: measured by hand, in depth, on the pages the suite does not regenerate
+#: measured by hand, in depth, on the pages (docs/<name>.md) the suite does not regenerate
 ELSEWHERE = (
     (
-        "cross-device.md",
+        "cross-device",
         "1,000-client federations (fedavg vs dp-fedavg at client-level ε = 8), public subspace",
     ),
-    ("dr-encoder.md", "the autoencoder, `fedlora bench codec` on MiniLM and SmolLM2, each change tried"),
-    ("prism.md", "`fedlora bench gauge`, `bench prism-step`, PRISM vs dp-adamw vs ffa with `train-local`"),
-    ("privacy.md", "a client-level ledger of a real run, accountant timings"),
-    ("deployment.md", "a 3-node `fedlora deploy up` run with client-level DP"),
-    ("small-federations.md", "federations of 4 nodes or fewer, the `make run` output"),
+    ("dr-encoder", "the autoencoder, `fedlora bench codec` on MiniLM and SmolLM2, each change tried"),
+    ("prism", "`fedlora bench gauge`, `bench prism-step`, PRISM vs dp-adamw vs ffa with `train-local`"),
+    ("privacy", "a client-level ledger of a real run, accountant timings"),
+    ("deployment", "a 3-node `fedlora deploy up` run with client-level DP"),
+    ("small-federations", "federations of 4 nodes or fewer, the `make run` output"),
 )
 
 
@@ -65,5 +65,5 @@ def markdown(results: dict) -> str:
             out.append("```")
         out.append("")
     out += ["## Measured by hand, in depth", "", "| page | what it measures |", "|---|---|"]
-    out += [f"| [{page}]({page}) | {what} |" for page, what in ELSEWHERE]
+    out += [f"| [{page}.md]({page}.md) | {what} |" for page, what in ELSEWHERE]
     return "\n".join(out) + "\n"
