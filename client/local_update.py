@@ -1,5 +1,6 @@
 """A client's local optimisation: non-private AdamW or SGD on the mean loss (``none``,
-common/tasks/training.py), or sample-level DP steps with one of client/dp/optimizers (``prism``, ``dp-adamw``, ``ffa``) through client/dp/engine.py."""
+common/tasks/training.py), or sample-level DP steps with one of client/dp/optimizers (``prism``, ``dp-adamw``, ``ffa``,
+``sparta``) through client/dp/engine.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from client.dp.optimizers import make_dp_optimizer
 from client.dp.sample_plan import SamplePlan
 from common.config import RunConfig
 from common.models.lora import lora_layers
+from common.sparta import selection_steps
 from common.tasks import Task
 from common.tasks.training import train_steps
 
@@ -50,7 +52,11 @@ def local_update(
         )
     if plan is None:
         raise ValueError(f"local optimizer {kind} needs a sample-level noise plan")
-    options = {"floor": cfg.prism_floor} if kind == "prism" else {}
+    options = {}
+    if kind == "prism":
+        options = {"floor": cfg.prism_floor}
+    elif kind == "sparta":
+        options = {"keep": cfg.sparta_keep, "selection": selection_steps(cfg.sparta_selection, steps)}
     optimizer = make_dp_optimizer(kind, lora_layers(model), lr, **options)
     dp_plan = DpSteps(steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch_size)
     return dp_train(

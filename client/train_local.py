@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 from safetensors.torch import save_file
 
+from client.dp.optimizers.sparta import check_rows
 from client.dp.sample_plan import SAMPLE_ACCOUNTANT, plan_sample_noise
 from client.local_update import local_update
 from common.config import MECHANISMS, RunConfig
 from common.errors import FedloraError
 from common.models import adapter_state
-from common.models.lora import lora_norm
+from common.models.lora import lora_layers, lora_norm
 from common.options import add_config_arguments, config_values
 from common.privacy.ledger import Ledger
 from common.runtime import initial_adapter, open_model, open_split
@@ -54,6 +55,8 @@ LOCAL_DEFAULTS: dict[str, object] = {
     "pooling": "cls",
     "head_init": "random",
     "prism_floor": "clamp",
+    "sparta_keep": 0.2,
+    "sparta_selection": 0.1,
     "max_train_examples": 2000,
     "eval_examples": 500,
     "max_length": 64,
@@ -124,6 +127,8 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: i
             cfg.sample_epsilon,
             cfg.sample_noise_multiplier,
         )
+    if kind == "sparta":
+        check_rows(lora_layers(model), cfg.sparta_keep)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger.create(out / LEDGER_FILE, "sample-level", f"{cfg.dataset}/train-local", cfg.delta)
     try:
@@ -134,7 +139,7 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: i
         # Its stats stay unpublished: under DP, ``examples-used`` and ``empty-batches`` are realised Poisson
         # batch sizes, which depend on the private data and are not covered by the sample-level guarantee.
         trained = time.time()
-        local_update(
+        stats = local_update(
             model,
             task,
             train,
@@ -179,6 +184,7 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: i
         # planned, not realised: realised Poisson batch sizes depend on the private data
         "examples_per_second": round(cfg.local_steps * cfg.batch_size / max(train_seconds, 1e-9), 2),
         "lora_norm": lora_norm(model),
+        **({"sparta": _sparta(cfg, stats)} if kind == "sparta" else {}),
         "privacy": _privacy(plan, privacy, cfg.delta, validation),
         "seconds": round(time.time() - start, 1),
     }
@@ -196,6 +202,11 @@ def _split_validation(pool: Sequence[int], count: int, seed: int) -> tuple[list[
     kept = sorted(int(i) for i in order[count:])
     held = sorted(int(i) for i in order[:count])
     return [pool[i] for i in kept], [pool[i] for i in held]
+
+
+def _sparta(cfg: RunConfig, stats: dict) -> dict:
+    keys = ("selection_steps", "kept_coordinates", "lora_coordinates")
+    return {"keep": cfg.sparta_keep, **{k: stats[k] for k in keys}}
 
 
 def _privacy(plan, report: dict, delta: float, validation: int) -> dict:
@@ -229,6 +240,12 @@ def _print(result: dict) -> None:
         f"({result['eval_examples']} examples); {result['examples_per_second']:g} examples/s "
         f"({result['steps'] * result['batch_size']} planned in {result['train_seconds']:g} s)"
     )
+    if "sparta" in result:
+        s = result["sparta"]
+        print(
+            f"sparta: {s['selection_steps']} selection steps, {s['kept_coordinates']} of "
+            f"{s['lora_coordinates']} LoRA coordinates trained (keep {s['keep']:g} rows per factor)"
+        )
     if p["epsilon"] is None:
         print("sample-level privacy: none (non-private AdamW)")
     else:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from common.errors import FedloraError
+from common.sparta import kept_rows, selection_steps
 
 #: mechanism preset -> (local optimizer, client-level release)
 MECHANISMS: dict[str, tuple[str, str]] = {
@@ -19,10 +20,11 @@ MECHANISMS: dict[str, tuple[str, str]] = {
     "prism": ("prism", "none"),
     "dp-adamw": ("dp-adamw", "none"),
     "ffa": ("ffa", "none"),
+    "sparta": ("sparta", "none"),
     "dr-encoder": ("none", "dr-encoder"),
 }
 #: sample-level local optimizers (client/dp/optimizers registers the DP ones under these names)
-LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa")
+LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa", "sparta")
 RELEASES = ("none", "gaussian", "dr-encoder")
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
 CODECS = ("ae", "identity", "constant-mean", "random-projection", "pca")
@@ -141,7 +143,7 @@ class RunConfig:
     mechanism: str = option(
         "fedavg",
         "local optimizer / release preset: fedavg (no DP), dp-fedavg (client-level Gaussian), "
-        "dr-encoder (client-level Gaussian on an autoencoder latent), prism, dp-adamw, ffa (sample-level DP)",
+        "dr-encoder (client-level Gaussian on an autoencoder latent), prism, dp-adamw, ffa, sparta (sample-level DP)",
         FEDERATION,
         choices=tuple(MECHANISMS),
     )
@@ -204,7 +206,7 @@ class RunConfig:
     # -- sample-level DP
     local_optimizer: str = option(
         "",
-        "sample-level local optimizer: none, prism, dp-adamw or ffa (default: the mechanism's)",
+        "sample-level local optimizer: none, prism, dp-adamw, ffa or sparta (default: the mechanism's)",
         SAMPLE_DP,
         choices=LOCAL_OPTIMIZERS,
     )
@@ -231,6 +233,18 @@ class RunConfig:
         "PRISM preconditioner floor: clamp (official code) or ridge (paper Eq. 25)",
         SAMPLE_DP,
         choices=PRISM_FLOORS,
+    )
+    sparta_keep: float = option(
+        0.2,
+        "SPARTA: rows kept trainable per LoRA factor of each module, a fraction (< 1) or a count (>= 1)",
+        SAMPLE_DP,
+        rule=POSITIVE,
+    )
+    sparta_selection: float = option(
+        0.1,
+        "SPARTA: fraction of each client's local steps spent selecting rows (no update; same noise plan)",
+        SAMPLE_DP,
+        rule=(lambda v: 0 < v < 1, "in (0, 1)"),
     )
     delta: float = option(
         1e-5, "delta of the client-level and the sample-level guarantees", SAMPLE_DP, rule=PROBABILITY
@@ -435,6 +449,12 @@ class RunConfig:
                 f"local optimizer {self.optimizer_kind} needs exactly one of --sample-epsilon and "
                 "--sample-noise-multiplier (> 0)"
             )
+        if self.optimizer_kind == "sparta":
+            if self.sparta_keep >= 1:
+                kept_rows(
+                    self.sparta_keep, int(self.sparta_keep)
+                )  # whole; the model's rows are checked later
+            selection_steps(self.sparta_selection, self.local_steps)
         if self.optimizer_kind != "none" and self.microbatch > self.batch_size:
             raise FedloraError(
                 f"--microbatch {self.microbatch} exceeds the logical batch --batch-size {self.batch_size}"

@@ -114,6 +114,7 @@ def dp_train(
             if before_steps is not None and step % block == 0:
                 before_steps(step, min(block, plan.steps - step))
             idx = poisson_batch(len(examples), plan.sample_rate, rng)
+            selecting = getattr(optimizer, "selecting", False)
             optimizer.begin()
             dense.begin()
             for part in chunks(idx, plan.microbatch):
@@ -128,7 +129,8 @@ def dp_train(
                 optimizer.accumulate(grads, alpha)
                 dense.accumulate(dense_grads, alpha)
             optimizer.step(noise_std, denom, generator)
-            dense.step(noise_std, denom, generator)
+            if not selecting:  # SPARTA's selection steps move nothing, the head included
+                dense.step(noise_std, denom, generator)
             used += len(idx)
             empty += len(idx) == 0
     model.eval()
@@ -139,4 +141,5 @@ def dp_train(
             plan.steps,
             plan.sample_rate,
         )
-    return {"steps": plan.steps, "examples-used": used, "empty-batches": empty}
+    summary = getattr(optimizer, "summary", dict)()  # e.g. SPARTA's kept rows (post-processing)
+    return {"steps": plan.steps, "examples-used": used, "empty-batches": empty, **summary}

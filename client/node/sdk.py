@@ -18,7 +18,7 @@ reads. A label is a class index of the federation's dataset, or its name (``"pos
 you name the dataset.
 
 **Privacy policy.** ``mechanism`` is the one mechanism your node takes part in (``fedavg``: no
-privacy; ``prism``, ``dp-adamw``, ``ffa``: sample-level DP of your examples; ``dp-fedavg``,
+privacy; ``prism``, ``dp-adamw``, ``ffa``, ``sparta``: sample-level DP of your examples; ``dp-fedavg``,
 ``dr-encoder``: client-level DP of your whole contribution) and ``epsilon`` is your budget for
 its guarantee at ``delta``. Your node refuses a run with another mechanism, a larger δ, another
 dataset than ``dataset``, or a plan that would take you over budget: for sample-level mechanisms
@@ -270,7 +270,7 @@ def join(
         data: a JSONL file written by :func:`prepare_data`, or anything :func:`prepare_data`
             accepts (then written to ``<state_dir>/data.jsonl``).
         mechanism: the only mechanism your node takes part in: ``fedavg`` (no DP), ``prism``,
-            ``dp-adamw``, ``ffa`` (sample-level DP), ``dp-fedavg``, ``dr-encoder`` (client-level DP).
+            ``dp-adamw``, ``ffa``, ``sparta`` (sample-level DP), ``dp-fedavg``, ``dr-encoder`` (client-level DP).
         epsilon: your privacy budget for that mechanism's guarantee (required unless ``fedavg``):
             the whole sample-level history of your data, or the run's client-level plan.
 

@@ -1,7 +1,8 @@
 """Local (sample-level) DP optimizers of LoRA factors, one registry (like Opacus's ``optimizers/``).
 
 ``prism`` tangent-space DP (client/dp/optimizers/prism.py); ``dp-adamw`` factor-space DP-SGD + AdamW
-and ``ffa`` (frozen ``lora_A``) (client/dp/optimizers/factor.py). ``none`` (non-private AdamW) is not a
+and ``ffa`` (frozen ``lora_A``) (client/dp/optimizers/factor.py); ``sparta`` row selection then sparse
+DP-AdamW (client/dp/optimizers/sparta.py). ``none`` (non-private AdamW) is not a
 DP optimizer and lives in client/local_update.py.
 """
 
@@ -14,6 +15,7 @@ from peft.tuners.lora import LoraLayer
 from client.dp.optimizers.base import FactorGrads, LoraDpOptimizer
 from client.dp.optimizers.factor import FactorDp
 from client.dp.optimizers.prism import PrismDp
+from client.dp.optimizers.sparta import SpartaDp
 from common.errors import FedloraError
 
 #: name -> factory(layers, lr, **options)
@@ -21,6 +23,7 @@ DP_OPTIMIZERS: dict[str, Callable[..., LoraDpOptimizer]] = {
     "prism": PrismDp,
     "dp-adamw": FactorDp,
     "ffa": lambda layers, lr, **kw: FactorDp(layers, lr, freeze_a=True, **kw),
+    "sparta": SpartaDp,
 }
 LOCAL_OPTIMIZERS = ("none", *DP_OPTIMIZERS)
 
@@ -38,5 +41,6 @@ __all__ = [
     "FactorGrads",
     "LoraDpOptimizer",
     "PrismDp",
+    "SpartaDp",
     "make_dp_optimizer",
 ]

@@ -32,5 +32,8 @@ class LoraDpOptimizer(Protocol):
     def accumulate(self, grads: FactorGrads, alpha: Tensor) -> None:
         """Add ``Σ_i α_i g_i`` (``alpha: (b,)`` clip factors) to the batch's sums."""
 
+    # An optimizer may also have ``selecting: bool``: while True, its steps move nothing and the engine
+    # leaves the dense trainables alone (SPARTA's selection phase, client/dp/optimizers/sparta.py).
+
     def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
         """Release ``(sum + N(0, noise_std²)) / denom`` in this optimizer's space and update the factors."""

@@ -69,11 +69,16 @@ class FactorDp:
                 if g is not None:
                     acc += torch.einsum("b,b...->...", alpha.to(g.dtype), g)
 
+    def noise_mask(self, name: str) -> list[Tensor | None]:
+        """Per weight of module ``name``, a 0/1 mask of the coordinates that are released (None: all)."""
+        return [None, None]
+
     def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
         for name, weights in self.weights.items():
-            for w, acc in zip(weights, self.sums[name], strict=True):
+            for w, acc, mask in zip(weights, self.sums[name], self.noise_mask(name), strict=True):
                 if acc is not None:
                     noise = torch.randn(acc.shape, generator=generator, dtype=acc.dtype, device=acc.device)
-                    w.grad = (acc + noise_std * noise) / denom
+                    noisy = acc + noise_std * noise
+                    w.grad = (noisy if mask is None else noisy * mask) / denom
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)

@@ -1,0 +1,112 @@
+"""SPARTA (Makni et al., KDD 2025, "SPARTA: An Optimization Framework for Differentially Private
+Sparse Fine-Tuning") on the rows of the LoRA factors, with AdamW.
+
+Two phases share one noise plan (every step is the same Poisson-subsampled Gaussian mechanism, so the
+node's ledger composes them as one run of steps; the mask and all that follows are post-processing):
+
+1. **Selection** (the first ``selection_steps`` steps): nothing moves. Each step releases
+   ``|Σ_i clip(g_i)| + N(0, σ²C²)`` (the official code's form: the absolute value of the clipped
+   *sum*; its ℓ2 sensitivity is still ≤ C) divided by the expected batch size; the releases are
+   summed, and each row group's score is ``max(0, Σ over the row's coordinates)``. Per factor of
+   every module, the ``keep`` best rows stay trainable (the official code keeps rows per layer).
+2. **Sparse DP-AdamW**: per-example gradients are masked before they are clipped (the official
+   reparametrisation ``W_init + m ⊙ W`` makes masked coordinates' gradients exactly 0), so the whole
+   clip budget goes to the kept rows, and noise is added to the kept rows only.
+
+Row groups are the rows of the paper factors (common/models/lora.py): ``lora_B``'s rows (output
+neurons, ``A: (m, r)``) and ``lora_A``'s columns (input features, ``B: (n, r)``). Dense trainables (a
+classifier head) stay fully trainable, as SPARTA's head does; they are frozen during selection.
+"""
+
+from __future__ import annotations
+
+import torch
+from peft.tuners.lora import LoraLayer
+from torch import Tensor
+
+from client.dp.optimizers.factor import FactorDp
+from common.sparta import kept_rows
+
+
+def check_rows(layers: dict[str, LoraLayer], keep: float, adapter: str = "default") -> None:
+    """Raise (one line) when ``keep`` asks for more rows than some factor has."""
+    for layer in layers.values():
+        lora_b, lora_a = layer.lora_B[adapter].weight, layer.lora_A[adapter].weight
+        kept_rows(keep, min(lora_b.shape[0], lora_a.shape[1]))
+
+
+class SpartaDp(FactorDp):
+    """SPARTA row selection, then masked DP-AdamW, on ``lora_B`` and ``lora_A`` of every module."""
+
+    def __init__(
+        self,
+        layers: dict[str, LoraLayer],
+        lr: float,
+        *,
+        keep: float = 0.2,
+        selection: int = 1,
+        adapter: str = "default",
+        **adamw,
+    ) -> None:
+        check_rows(layers, keep, adapter)
+        super().__init__(layers, lr, adapter=adapter, **adamw)
+        self.name = "sparta"
+        self.keep = keep
+        self.selection = selection
+        self.steps_done = 0
+        # running sum of the noisy releases, per weight: lora_B (m, r) and lora_A (r, n)
+        self.released = {k: [torch.zeros_like(b), torch.zeros_like(a)] for k, (b, a) in self.weights.items()}
+        # 0/1 masks broadcastable to the PEFT weights: lora_B (m, 1), lora_A (1, n); None while selecting
+        self.masks: dict[str, tuple[Tensor, Tensor]] | None = None
+
+    @property
+    def selecting(self) -> bool:
+        """True during the selection phase: the engine then leaves the dense trainables alone too."""
+        return self.steps_done < self.selection
+
+    def _peft_grads(self, name: str, gA: Tensor, gB: Tensor) -> tuple[Tensor, Tensor | None]:
+        g_b, g_a = super()._peft_grads(name, gA, gB)
+        if self.masks is None:
+            return g_b, g_a
+        mask_b, mask_a = self.masks[name]
+        return g_b * mask_b, g_a * mask_a  # mask-then-clip: the engine clips what this returns
+
+    def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
+        if not self.selecting:
+            super().step(noise_std, denom, generator)
+            self.steps_done += 1
+            return
+        for name, sums in self.sums.items():
+            for acc, running in zip(sums, self.released[name], strict=True):
+                noise = torch.randn(acc.shape, generator=generator, dtype=acc.dtype, device=acc.device)
+                running += (acc.abs() + noise_std * noise) / denom
+        self.steps_done += 1
+        if not self.selecting:
+            self.masks = {name: self._select(b, a) for name, (b, a) in self.released.items()}
+
+    def _select(self, released_b: Tensor, released_a: Tensor) -> tuple[Tensor, Tensor]:
+        """Row masks from the summed releases: ``lora_B`` rows (m, 1) and ``lora_A`` columns (1, n)."""
+        return _top_rows(released_b.sum(1), self.keep)[:, None], _top_rows(released_a.sum(0), self.keep)[
+            None, :
+        ]
+
+    def noise_mask(self, name: str) -> list[Tensor | None]:
+        """Noise on the kept rows only (masked coordinates never move)."""
+        return [None, None] if self.masks is None else list(self.masks[name])
+
+    def summary(self) -> dict[str, int]:
+        """Selection steps, and LoRA coordinates kept trainable of all (post-processing of DP releases)."""
+        total = sum(b.numel() + a.numel() for b, a in self.weights.values())
+        kept = total
+        if self.masks is not None:
+            rank = {k: b.shape[1] for k, (b, _) in self.weights.items()}
+            kept = sum(int(mb.sum() + ma.sum()) * rank[k] for k, (mb, ma) in self.masks.items())
+        return {"selection_steps": self.selection, "kept_coordinates": kept, "lora_coordinates": total}
+
+
+def _top_rows(scores: Tensor, keep: float) -> Tensor:
+    """0/1 float mask of the ``kept_rows`` highest ``max(0, score)`` entries."""
+    k = kept_rows(keep, scores.numel())
+    mask = torch.zeros_like(scores)
+    mask[torch.topk(scores.clamp(min=0), k, sorted=False).indices] = 1.0
+    return mask
