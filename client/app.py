@@ -5,7 +5,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from flwr.app import Context, Message
+import torch
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from autoencoder.layout import is_factor
@@ -109,12 +110,27 @@ def train(msg: Message, context: Context) -> Message:
     if cfg.private:
         metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
     increment = local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
-    with phase("encode"):
-        sent, extra = CLIENT_RELEASES[release](increment, ins, cfg, shard.bundle.device, node_state_dir(node))
-    meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": ins.noise_std, **extra}
-    count = None if cfg.private else len(shard.examples)  # a clear count is not private
-    reply = train_reply(sent, ins.round, count, metrics, meta)
+    reply = release_reply(increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics)
     return Message(reply, reply_to=msg)
+
+
+def release_reply(
+    increment: AdapterState,
+    ins: TrainInstruction,
+    cfg: RunConfig,
+    device: torch.device,
+    node_config: dict,
+    examples: int,
+    metrics: dict,
+) -> RecordDict:
+    """The train reply for ``increment``: the run's client-level release applied (clip, noise share,
+    encoding), its meta, and the example count only when the run is not private."""
+    release = cfg.release_kind
+    with phase("encode"):
+        sent, extra = CLIENT_RELEASES[release](increment, ins, cfg, device, node_state_dir(node_config))
+    meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": ins.noise_std, **extra}
+    count = None if cfg.private else examples  # a clear count is not private
+    return train_reply(sent, ins.round, count, metrics, meta)
 
 
 def _check_noise(cfg: RunConfig, noise_std: float, clip: float) -> None:

@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "server.deploy.cli",
         "run a real deployment: flower-superlink + N flower-supernodes + flwr run",
     ),
+    "audit": (
+        "server.audit.cli",
+        "empirical privacy audits: canary clients against the client-level mechanisms",
+    ),
     "node": ("client.node.cli", "join a federation as a data owner: a flower-supernode over your own data"),
 }
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
-from flwr.app import Context, RecordDict
+from flwr.app import Context, Message, RecordDict
 
 from common.config import PRESETS, RunConfig, preset, to_flat
 from common.errors import FedloraError
@@ -56,19 +57,25 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return base.replace(**{k: v for k, v in overrides.items() if v is not None}).check()
 
 
-def simulate(cfg: RunConfig, run_dir: Path | None = None) -> Path:
+#: (real ClientApp, message, context) -> reply: stands between the server and a node (e.g. audit canaries)
+ClientWrapper = Callable[[Callable, Message, Context], Message]
+
+
+def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | None = None) -> Path:
     """Run a federation of ``cfg.num_clients`` in-process nodes; returns the run directory. Node k
     keeps its state (its sample-level ledger) in ``<run dir>/nodes/node-k``.
 
     The clients run in this process, so the summary also gets ``time_split_s``: seconds of local
     training, the clients' release (clip, noise, encode), the server's decode and aggregate, and
-    evaluation (common/timing.py).
+    evaluation (common/timing.py). ``wrap`` receives every message to a node with the real ClientApp.
 
     Bad names, missing assets and too many clients fail in the ServerApp's Evaluator, before the
     run directory is created."""
     run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
     flat = to_flat(cfg.replace(out_dir=str(run_dir)))
-    grid = InProcessGrid(load_component(CLIENT_APP), cfg.num_clients, flat, state_root=run_dir / "nodes")
+    app = load_component(CLIENT_APP)
+    handler = app if wrap is None else (lambda msg, ctx: wrap(app, msg, ctx))
+    grid = InProcessGrid(handler, cfg.num_clients, flat, state_root=run_dir / "nodes")
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=flat)
     reset()
     load_component(SERVER_APP)(grid, context)

@@ -113,7 +113,7 @@ def _sample_arms(epsilon: float) -> tuple[Arm, ...]:
         Arm("non-private AdamW", _args("--mechanism fedavg")),
         *(
             Arm(f"{m} ε={epsilon:g}", _args(f"--mechanism {m} --sample-epsilon {epsilon:g}"), epsilon)
-            for m in ("prism", "dp-adamw", "ffa")
+            for m in ("prism", "dp-adamw", "ffa", "sparta")
         ),
     )
 

@@ -1,0 +1,141 @@
+"""The statistics of empirical privacy audits: from canary scores to an ε lower bound, an AUC and a
+one-shot ε estimate. The attacks that produce the scores live in server/audit/.
+
+- **One-run lower bound** (Steinke, Nasr & Jagielski, NeurIPS 2023, "Privacy auditing with one (1)
+  training run", Theorem 3.1 / their Algorithm 2 p-value): ``m`` canaries, each included independently
+  with probability ½; the auditor guesses "in" for its ``k`` highest scores and "out" for its ``k``
+  lowest, abstaining on the rest. Under (ε, δ)-DP, ``v`` correct of ``r`` guesses has p-value at most
+  ``P[Bin(r, q) ≥ v] + 2mδ·α`` with ``q = e^ε / (1 + e^ε)``; the bound is the largest ε rejected at
+  the stated confidence. Several ``k`` are tried with a Bonferroni correction, so the reported bound
+  keeps its confidence.
+- **AUC** of the canary scores, in vs out (the Mann-Whitney statistic).
+- **One-shot estimate** (Andrew et al., ICLR 2024, "One-shot empirical privacy estimation for federated
+  learning", §3): fit a Gaussian to the scores of included and of excluded canaries and report the ε
+  at δ of telling the two apart. It is an estimate (provably right for the Gaussian mechanism), not a
+  bound with a confidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import optimize, stats
+
+from common.errors import FedloraError
+
+#: fewest canaries an audit accepts
+MIN_CANARIES = 10
+
+
+def one_run_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
+    """P[≥ v correct of r guesses] under (ε, δ)-DP with m canaries (Steinke et al. 2023, Algorithm 2)."""
+    if not 0 <= v <= r <= m:
+        raise ValueError(f"need 0 <= v <= r <= m, got v={v}, r={r}, m={m}")
+    q = 1.0 / (1.0 + math.exp(-eps))  # accuracy of ε-DP randomized response
+    beta = stats.binom.sf(v - 1, r, q)  # P[Bin(r, q) ≥ v]
+    if delta == 0 or v == 0:
+        return float(min(beta, 1.0))
+    i = np.arange(1, v + 1)
+    mass = np.cumsum(stats.binom.pmf(v - i, r, q))  # P[v > Bin(r, q) ≥ v - i]
+    alpha = float((mass / i).max())
+    return float(min(beta + alpha * delta * 2 * m, 1.0))
+
+
+def one_run_epsilon(m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
+    """The largest ε that ``v`` correct of ``r`` guesses reject at ``confidence`` (0 if none)."""
+    p = 1.0 - confidence
+    if one_run_p_value(m, r, v, 0.0, delta) >= p:
+        return 0.0
+    hi = 1.0
+    while one_run_p_value(m, r, v, hi, delta) < p:
+        hi *= 2
+        if hi > 1e3:  # cannot happen for finite m: ≥ v correct has probability ≥ q^r > 0
+            return math.inf
+    return float(optimize.brentq(lambda e: one_run_p_value(m, r, v, e, delta) - p, 0.0, hi, xtol=1e-6))
+
+
+def guesses(scores: np.ndarray, included: np.ndarray, k: int) -> tuple[int, int]:
+    """``(r, v)``: guess "in" for the ``k`` highest scores and "out" for the ``k`` lowest."""
+    order = np.argsort(scores, kind="stable")
+    low, high = order[:k], order[len(order) - k :]
+    return 2 * k, int((~included[low]).sum() + included[high].sum())
+
+
+def one_run_bound(
+    scores: Sequence[float], included: Sequence[bool], delta: float, confidence: float = 0.95
+) -> dict:
+    """The best ε lower bound over guess counts ``k`` ∈ {m/20, m/10, m/4, m/2} (each side), each tested
+    at ``1 - (1 - confidence)/4`` so the maximum holds at ``confidence`` (Bonferroni)."""
+    s, inc = np.asarray(scores, dtype=float), np.asarray(included, dtype=bool)
+    m = check_canaries(s, inc)
+    ks = sorted({max(1, m // d) for d in (20, 10, 4)} | {m // 2})
+    each = 1.0 - (1.0 - confidence) / len(ks)
+    best = {"eps_lower_bound": 0.0, "guesses": 0, "correct": 0}
+    for k in ks:
+        r, v = guesses(s, inc, k)
+        eps = one_run_epsilon(m, r, v, delta, each)
+        if eps > best["eps_lower_bound"] or best["guesses"] == 0:
+            best = {"eps_lower_bound": eps, "guesses": r, "correct": v}
+    return {**best, "canaries": m, "confidence": confidence, "delta": delta}
+
+
+def check_canaries(scores: np.ndarray, included: np.ndarray) -> int:
+    if scores.shape != included.shape or scores.ndim != 1:
+        raise FedloraError("one score and one inclusion bit per canary")
+    if len(scores) < MIN_CANARIES:
+        raise FedloraError(f"an audit needs at least {MIN_CANARIES} canaries, got {len(scores)}")
+    if not np.isfinite(scores).all():
+        raise FedloraError("canary scores must be finite")
+    return len(scores)
+
+
+def auc(scores_in: Sequence[float], scores_out: Sequence[float]) -> float:
+    """P[score of an included canary > that of an excluded one] (ties count ½)."""
+    a, b = np.asarray(scores_in, dtype=float), np.asarray(scores_out, dtype=float)
+    if len(a) == 0 or len(b) == 0:
+        return math.nan
+    ranks = stats.rankdata(np.concatenate([a, b]))
+    return float((ranks[: len(a)].sum() - len(a) * (len(a) + 1) / 2) / (len(a) * len(b)))
+
+
+def gaussian_pair_delta(eps: float, mu_in: float, sd_in: float, mu_out: float, sd_out: float) -> float:
+    """δ(ε) of telling ``N(mu_in, sd_in²)`` from ``N(mu_out, sd_out²)``: the larger of both directions,
+    ``∫ max(0, p − e^ε q)``, by quadrature."""
+    lo = min(mu_in - 12 * sd_in, mu_out - 12 * sd_out)
+    hi = max(mu_in + 12 * sd_in, mu_out + 12 * sd_out)
+    x = np.linspace(lo, hi, 200_001)
+    p, q = stats.norm.pdf(x, mu_in, sd_in), stats.norm.pdf(x, mu_out, sd_out)
+    w = math.exp(eps)
+    return float(max(np.trapezoid(np.maximum(p - w * q, 0), x), np.trapezoid(np.maximum(q - w * p, 0), x)))
+
+
+def gaussian_pair_epsilon(mu_in: float, sd_in: float, mu_out: float, sd_out: float, delta: float) -> float:
+    """The ε at ``delta`` of the two fitted Gaussians (Andrew et al. 2024's one-shot estimate)."""
+    if gaussian_pair_delta(0.0, mu_in, sd_in, mu_out, sd_out) <= delta:
+        return 0.0
+    hi = 1.0
+    while gaussian_pair_delta(hi, mu_in, sd_in, mu_out, sd_out) > delta:
+        hi *= 2
+        if hi > 1e3:
+            return math.inf
+    f = lambda e: gaussian_pair_delta(e, mu_in, sd_in, mu_out, sd_out) - delta  # noqa: E731
+    return float(optimize.brentq(f, 0.0, hi, xtol=1e-5))
+
+
+def summarize(
+    scores: Sequence[float], included: Sequence[bool], delta: float, confidence: float = 0.95
+) -> dict:
+    """Everything an audit reports from its canaries' scores: AUC, the one-run lower bound, the one-shot
+    estimate and the means of both groups."""
+    s, inc = np.asarray(scores, dtype=float), np.asarray(included, dtype=bool)
+    check_canaries(s, inc)
+    a, b = s[inc], s[~inc]
+    out = {"auc": auc(a, b), **one_run_bound(s, inc, delta, confidence)}
+    estimate = None
+    if len(a) > 1 and len(b) > 1 and a.std(ddof=1) > 0 and b.std(ddof=1) > 0:
+        estimate = gaussian_pair_epsilon(a.mean(), a.std(ddof=1), b.mean(), b.std(ddof=1), delta)
+    out["eps_estimate"] = "inf" if estimate == math.inf else estimate  # JSON has no infinity
+    out.update(included=int(inc.sum()), mean_in=float(a.mean()), mean_out=float(b.mean()))
+    return out

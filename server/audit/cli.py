@@ -1,0 +1,90 @@
+"""``fedlora audit client``: canary-client audits of the client-level mechanisms, each a real
+federation (server/audit/client.py). ``--json`` prints one object per mechanism: ``auc``,
+``eps_lower_bound`` (one run, at ``--confidence``), ``eps_estimate`` (one-shot), the claimed
+``epsilon`` (PLD, the run's ledger) and the settings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from common.config import preset
+from common.errors import FedloraError
+from common.privacy.audit import MIN_CANARIES
+
+#: the audited arms: name -> RunConfig overrides (the no-noise arm must lose, the others must hold)
+CLIENT_ARMS: dict[str, dict[str, object]] = {
+    "no noise (clip only)": {"mechanism": "dp-fedavg", "clip_only": True},
+    "dp-fedavg central ε=8": {"mechanism": "dp-fedavg", "threat_model": "central", "target_epsilon": 8.0},
+    "dp-fedavg distributed ε=8": {
+        "mechanism": "dp-fedavg",
+        "threat_model": "distributed",
+        "target_epsilon": 8.0,
+    },
+}
+#: --quick: 20 real clients, every client every round, 3 rounds (≈ 5 minutes on 2 cores)
+QUICK = {
+    "num_clients": 20,
+    "sample_rate": 1.0,
+    "rounds": 3,
+    "max_train_examples": 600,
+    "eval_examples": 50,
+    "eval_every": 3,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="audit", metavar="{client}", required=True)
+    p = sub.add_parser("client", help="canary clients (Andrew et al. 2024): client-level DP mechanisms")
+    p.add_argument("--preset", default="minilm-rt-xdev", help="federation the canaries join")
+    p.add_argument("--quick", action="store_true", help="a small federation (20 clients, 3 rounds)")
+    p.add_argument("--clients", type=int, default=0, help="real clients (0: the preset's, 20 with --quick)")
+    p.add_argument("--rounds", type=int, default=0, help="rounds (0: the preset's, 3 with --quick)")
+    p.add_argument("--canaries", type=int, default=100, help=f"canary slots (>= {MIN_CANARIES})")
+    p.add_argument("--clip", type=float, default=0.5, help="client-level clip C (the canaries' norm)")
+    p.add_argument("--confidence", type=float, default=0.95, help="confidence of the ε lower bound")
+    p.add_argument("--seed", type=int, default=0, help="canary directions, inclusion and the run's seed")
+    p.add_argument("--arms", default=",".join(CLIENT_ARMS), help="comma-separated arms to audit")
+    p.add_argument("--out", default=None, help="directory for the audited runs (must not exist)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per arm")
+
+
+def run(args: argparse.Namespace) -> int:
+    from server.audit.client import audit_run  # loads the federation stack only when needed
+
+    if args.canaries < MIN_CANARIES:
+        raise FedloraError(f"an audit needs at least {MIN_CANARIES} canaries, got {args.canaries}")
+    if not 0.5 < args.confidence < 1:
+        raise FedloraError(f"--confidence must be in (0.5, 1), got {args.confidence}")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in CLIENT_ARMS]
+    if unknown or not arms:
+        name = unknown[0] if unknown else ""
+        raise FedloraError(f"unknown arm {name!r}; choose from {', '.join(CLIENT_ARMS)}")
+    out = Path(args.out or f"runs/audit-client-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists():
+        raise FedloraError(f"{out} exists; an audit never writes into an earlier one")
+    base = {**(QUICK if args.quick else {}), "clip": args.clip, "seed": args.seed}
+    base.update({k: v for k, v in (("num_clients", args.clients), ("rounds", args.rounds)) if v})
+    configs = [preset(args.preset, **{**base, **CLIENT_ARMS[a]}).check() for a in arms]  # all checked first
+    results = []
+    for k, (arm, cfg) in enumerate(zip(arms, configs, strict=True)):
+        result = {"arm": arm, **audit_run(cfg, args.canaries, out / f"arm-{k}", args.seed, args.confidence)}
+        results.append(result)
+        print(json.dumps(result) if args.json else _line(result), flush=True)
+    (out / "audit.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _line(r: dict) -> str:
+    claimed = "none (no noise)" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
+    estimate = r["eps_estimate"]
+    estimate = "n/a" if estimate is None else estimate if isinstance(estimate, str) else f"{estimate:.2f}"
+    return (
+        f"{r['arm']}: AUC {r['auc']:.3f}, ε lower bound {r['eps_lower_bound']:.2f} "
+        f"({r['correct']}/{r['guesses']} guesses, {r['confidence']:.0%}), one-shot estimate {estimate}, "
+        f"claimed ε {claimed} (PLD, δ {r['delta']:g}, {r['unit']}); {r['canaries']} canaries "
+        f"({r['included']} in), {r['seconds']:.0f} s"
+    )

@@ -1,0 +1,139 @@
+"""``fedlora audit client``: canary clients in a real federation (Andrew et al., ICLR 2024, "One-shot
+empirical privacy estimation for federated learning").
+
+``m`` canary slots are added after the real clients (their partitions hold data like any other).
+Canary ``j`` is included with probability ½: an included canary's node, whenever it is sampled,
+replies with a fixed random direction ``c_j`` of norm ``C`` in place of a trained increment, through
+the client's real release (clip, its noise share, encoding); an excluded canary's node is an ordinary
+client. After the last round the attack scores each canary by the cosine of ``c_j`` with the final
+model delta (final global adapter minus the initial one): included canaries' directions are in it,
+excluded ones' are independent of it. The scores give the AUC, the one-run ε lower bound and the
+one-shot estimate (common/privacy/audit.py); the claimed ε is the run's own ledger's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import Context, Message
+from safetensors.torch import load_file
+
+from client.app import release_reply
+from client.increment import increment as local_increment
+from client.node.shard import node_shard
+from common.config import RunConfig, from_flat
+from common.models import AdapterState
+from common.privacy.audit import MIN_CANARIES, summarize
+from common.wire import TrainInstruction
+from server.checkpoint import CHECKPOINT_FILE, OPTIMIZER_PREFIX
+from server.simulate import simulate
+
+
+@dataclass
+class Canaries:
+    """``count`` canary slots from partition ``first`` on; ``included``: (count,) bools."""
+
+    count: int
+    first: int
+    included: np.ndarray
+    seed: int
+    norm: float
+    initial: AdapterState | None = None  # the round-1 global adapter, seen on the way to a node
+
+    def direction(self, j: int, template: AdapterState) -> AdapterState:
+        """Canary ``j``: i.i.d. Gaussian entries over ``template``'s tensors, scaled to norm ``norm``."""
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + j)
+        draw = {
+            k: torch.randn(v.shape, generator=gen, dtype=torch.float32) for k, v in sorted(template.items())
+        }
+        total = torch.sqrt(sum(v.square().sum() for v in draw.values()))
+        return {k: v * (self.norm / total) for k, v in draw.items()}
+
+    def wrapper(self) -> Callable[[Callable, Message, Context], Message]:
+        def handle(app: Callable, msg: Message, ctx: Context) -> Message:
+            if msg.metadata.message_type != "train":
+                return app(msg, ctx)
+            ins = TrainInstruction.from_record(msg.content)
+            if ins.round == 1 and self.initial is None:
+                self.initial = {k: v.clone() for k, v in ins.global_state.items()}
+            j = int(ctx.node_config["partition-id"]) - self.first
+            if j < 0 or not self.included[j]:
+                return app(msg, ctx)
+            cfg = from_flat(dict(ctx.run_config)).check()
+            template = local_increment(ins.global_state, ins.global_state, cfg.increment_form)
+            examples = len(node_shard(dict(ctx.node_config), cfg)[2].examples) if not cfg.private else 0
+            reply = release_reply(
+                self.direction(j, template),
+                ins,
+                cfg,
+                torch.device("cpu"),
+                dict(ctx.node_config),
+                examples,
+                {},
+            )
+            return Message(reply, reply_to=msg)
+
+        return handle
+
+
+def cosines(canaries: Canaries, final: AdapterState) -> np.ndarray:
+    """cos(c_j, final − initial) for every canary (over the canaries' tensors)."""
+    if canaries.initial is None:
+        raise RuntimeError("the federation sent no round-1 train message")
+    keys = sorted(local_increment(canaries.initial, canaries.initial, "raw"))
+    delta = torch.cat([(final[k].float() - canaries.initial[k].float()).flatten() for k in keys])
+    template = {k: canaries.initial[k] for k in keys}
+    out = []
+    for j in range(canaries.count):
+        c = torch.cat([v.flatten() for _, v in sorted(canaries.direction(j, template).items())])
+        out.append(float(torch.dot(c, delta) / (c.norm() * delta.norm()).clamp(min=1e-30)))
+    return np.asarray(out)
+
+
+def final_state(run_dir: Path) -> AdapterState:
+    state = load_file(run_dir / CHECKPOINT_FILE)
+    return {k: v for k, v in state.items() if not k.startswith(OPTIMIZER_PREFIX)}
+
+
+def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: float) -> dict:
+    """One audited federation: ``cfg`` (its ``num_clients`` real clients) plus ``canaries`` slots."""
+    if canaries < MIN_CANARIES:
+        raise ValueError(f"need at least {MIN_CANARIES} canaries")
+    rng = np.random.default_rng([seed, 1])
+    slots = Canaries(
+        count=canaries,
+        first=cfg.num_clients,
+        included=rng.random(canaries) < 0.5,
+        seed=seed,
+        norm=cfg.clip,
+    )
+    run_cfg = cfg.replace(num_clients=cfg.num_clients + canaries, out_dir=str(out)).check()
+    start = time.time()
+    run_dir = simulate(run_cfg, out, wrap=slots.wrapper())
+    scores = cosines(slots, final_state(run_dir))
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    claimed = summary.get("client_privacy") or {}
+    stats = summarize(scores, slots.included, cfg.delta, confidence)
+    return {
+        "mechanism": cfg.mechanism,
+        "release": cfg.release_kind,
+        "threat_model": None if cfg.clip_only or cfg.release_kind == "none" else cfg.threat_model,
+        "clip_only": cfg.clip_only,
+        "epsilon": claimed.get("eps_tight"),
+        "eps_gdp": claimed.get("eps_gdp"),
+        "accountant": "pld (claimed ε); CLT mu-GDP beside it",
+        "unit": "client-level (add/remove one client)",
+        **stats,
+        "real_clients": cfg.num_clients,
+        "rounds": cfg.rounds,
+        "sample_rate": cfg.sample_rate,
+        "clip": cfg.clip,
+        "run_dir": str(run_dir),
+        "seconds": round(time.time() - start, 1),
+    }

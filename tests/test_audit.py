@@ -1,0 +1,123 @@
+"""Empirical audits: the one-run bound against scipy's binomial and a simulated ε-DP randomized
+response, the AUC against scipy's Mann-Whitney U, the one-shot estimate against the μ-GDP closed
+form, and ``fedlora audit client`` end to end (canaries in a real federation)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from common.errors import FedloraError
+from common.privacy.audit import (
+    auc,
+    gaussian_pair_epsilon,
+    one_run_bound,
+    one_run_epsilon,
+    one_run_p_value,
+    summarize,
+)
+from common.privacy.gdp import eps_for_delta
+from tests.conftest import run_cli
+
+
+def test_p_value_without_delta_is_the_binomial_tail():
+    for m, r, v, eps in ((100, 40, 30, 1.0), (1000, 200, 150, 0.5), (50, 50, 50, 3.0)):
+        q = math.exp(eps) / (1 + math.exp(eps))
+        assert one_run_p_value(m, r, v, eps, 0.0) == pytest.approx(stats.binom.sf(v - 1, r, q), rel=1e-12)
+    # δ > 0: the paper's Algorithm 2, transcribed literally (one term at a time)
+    for m, r, v, eps, delta in ((100, 40, 30, 1.0, 1e-3), (1000, 300, 200, 0.7, 1e-5)):
+        q = 1 / (1 + math.exp(-eps))
+        alpha, mass = 0.0, 0.0
+        for i in range(1, v + 1):
+            mass += stats.binom.pmf(v - i, r, q)
+            alpha = max(alpha, mass / i)
+        expected = min(stats.binom.sf(v - 1, r, q) + alpha * delta * 2 * m, 1.0)
+        assert one_run_p_value(m, r, v, eps, delta) == pytest.approx(expected, rel=1e-10)
+    # δ only adds: the p-value grows with δ and so the bound shrinks
+    assert one_run_p_value(100, 40, 30, 1.0, 1e-3) > one_run_p_value(100, 40, 30, 1.0, 0.0)
+    assert one_run_epsilon(1000, 200, 180, 1e-3) < one_run_epsilon(1000, 200, 180, 0.0)
+
+
+def test_bound_is_valid_and_tight_for_randomized_response():
+    """Guesses that are ε0-randomized response: the 95 % bound stays below ε0 in ≥ 95 % of trials
+    (up to sampling error) and comes close to it with many guesses."""
+    rng = np.random.default_rng(0)
+    eps0, m, trials = 2.0, 2000, 200
+    q = math.exp(eps0) / (1 + math.exp(eps0))
+    bounds = [one_run_epsilon(m, m, int(rng.binomial(m, q)), 0.0, 0.95) for _ in range(trials)]
+    assert np.mean(np.asarray(bounds) > eps0) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
+    assert np.median(bounds) > 0.8 * eps0
+
+
+def test_bonferroni_bound_over_guess_counts_and_canary_minimum():
+    rng = np.random.default_rng(1)
+    included = rng.random(400) < 0.5
+    scores = included + rng.normal(0, 0.3, 400)  # a strong attack
+    best = one_run_bound(scores, included, 1e-5)
+    assert best["eps_lower_bound"] > 1 and best["correct"] <= best["guesses"] <= 400
+    null = one_run_bound(rng.normal(size=400), included, 1e-5)  # scores independent of membership
+    assert null["eps_lower_bound"] < 0.5
+    with pytest.raises(FedloraError, match="at least 10 canaries"):
+        one_run_bound(scores[:9], included[:9], 1e-5)
+
+
+def test_auc_is_the_mann_whitney_statistic():
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(0.5, 1, 70), np.concatenate([rng.normal(0, 1, 50), [0.5, 0.5]])
+    u = stats.mannwhitneyu(a, b, alternative="two-sided").statistic
+    assert auc(a, b) == pytest.approx(u / (len(a) * len(b)), rel=1e-12)
+    assert auc([1, 2, 3], [0, -1]) == 1.0 and auc([0], [0]) == 0.5
+
+
+@pytest.mark.parametrize(("mu", "delta"), [(0.5, 1e-5), (1.0, 1e-6), (2.0, 1e-3)])
+def test_one_shot_estimate_of_equal_variance_gaussians_is_mu_gdp(mu, delta):
+    """N(μσ, σ²) vs N(0, σ²) is exactly μ-GDP: its ε(δ) has a closed form (Dong, Roth & Su 2019)."""
+    sd = 0.01
+    assert gaussian_pair_epsilon(mu * sd, sd, 0.0, sd, delta) == pytest.approx(
+        eps_for_delta(mu, delta), abs=2e-3
+    )
+
+
+def test_summary_reports_auc_bound_and_estimate():
+    rng = np.random.default_rng(3)
+    included = rng.random(200) < 0.5
+    scores = np.where(included, 1.0, 0.0) + rng.normal(0, 1, 200)
+    out = summarize(scores, included, 1e-5)
+    assert 0.6 < out["auc"] < 0.9 and 0 < out["eps_estimate"] < 10 and out["included"] == included.sum()
+    assert json.dumps(out)  # plain JSON (no infinities)
+
+
+def _audit(argv: list[str], capsys) -> list[dict]:
+    assert run_cli(["audit", "client", "--quick", "--clients", "2", "--json", *argv]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.strip().splitlines() if line.startswith("{")]
+
+
+def test_audit_client_without_noise_separates_the_canaries(tmp_path, capsys):
+    """Canaries in a real federation, clipped but not noised: the cosine attack wins outright."""
+    out = tmp_path / "audit"
+    argv = ["--rounds", "1", "--canaries", "12", "--arms", "no noise (clip only)", "--out", str(out)]
+    (free,) = _audit(argv, capsys)
+    assert free["epsilon"] is None and free["threat_model"] is None and free["auc"] == 1.0
+    assert free["canaries"] == 12 and free["eps_lower_bound"] > 0
+    assert json.loads((out / "audit.json").read_text())[0]["arm"] == "no noise (clip only)"
+    # an audit never writes into an earlier one; too few canaries is a one-line error
+    assert run_cli(["audit", "client", "--out", str(out)]) == 2
+    assert "never writes into an earlier one" in capsys.readouterr().err
+    assert run_cli(["audit", "client", "--canaries", "5", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "at least 10 canaries" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow  # ≈ 2 minutes: two audited federations
+def test_audit_client_bound_stays_below_the_claim(tmp_path, capsys):
+    arms = "no noise (clip only),dp-fedavg central ε=8"
+    free, private = _audit(
+        ["--rounds", "2", "--canaries", "16", "--arms", arms, "--out", str(tmp_path / "a")], capsys
+    )
+    assert free["auc"] == 1.0
+    assert 0 < private["epsilon"] <= 8.0 + 1e-6 and private["eps_lower_bound"] < private["epsilon"]
+    assert private["unit"].startswith("client-level") and private["threat_model"] == "central"
