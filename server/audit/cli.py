@@ -80,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _line(r: dict) -> str:
     claimed = "none (no noise)" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
-    estimate = r["eps_estimate"]
-    estimate = "n/a" if estimate is None else estimate if isinstance(estimate, str) else f"{estimate:.2f}"
+    estimate = "n/a" if r["eps_estimate"] is None else f"{r['eps_estimate']:.2f} (mu {r['mu_estimate']:.2f})"
     return (
         f"{r['arm']}: AUC {r['auc']:.3f}, ε lower bound {r['eps_lower_bound']:.2f} "
         f"({r['correct']}/{r['guesses']} guesses, {r['confidence']:.0%}), one-shot estimate {estimate}, "

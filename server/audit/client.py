@@ -120,6 +120,10 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     claimed = summary.get("client_privacy") or {}
     stats = summarize(scores, slots.included, cfg.delta, confidence)
+    canary_file = run_dir / "canaries.json"  # for re-analysis: every canary's score and membership
+    canary_file.write_text(
+        json.dumps({"scores": scores.tolist(), "included": slots.included.tolist()}) + "\n"
+    )
     return {
         "mechanism": cfg.mechanism,
         "release": cfg.release_kind,
