@@ -20,18 +20,22 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.torch import save_file
+from torch import nn
 
 from client.dp.optimizers.sparta import check_rows
-from client.dp.sample_plan import SAMPLE_ACCOUNTANT, plan_sample_noise
+from client.dp.sample_plan import SAMPLE_ACCOUNTANT, SamplePlan, plan_sample_noise
 from client.local_update import local_update
 from common.config import MECHANISMS, RunConfig
+from common.data.federated import FederatedSplit
 from common.errors import FedloraError
 from common.models import adapter_state
+from common.models.loader import ModelBundle
 from common.models.lora import lora_layers, lora_norm
 from common.options import add_config_arguments, config_values
 from common.privacy.ledger import Ledger
 from common.runtime import initial_adapter, open_model, open_split
 from common.tasks import make_task
+from common.tasks.base import Task
 
 LEDGER_FILE = "sample-ledger.sqlite"
 #: mechanisms train-local runs: those without a client-level release (fedavg: non-private AdamW)
@@ -105,30 +109,15 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: i
     if charge_every < 1:
         raise FedloraError("charge-every must be >= 1")
     start = time.time()
-    split = open_split(cfg, 1)
-    bundle = open_model(cfg, split)
+    bundle, split, task = open_local(cfg)
     model, device = bundle.model, bundle.device
-    initial_adapter(cfg, bundle, split)  # the bundle is shared per process: start from its load state
-    task = make_task(bundle.kind, split.corpus, bundle.tokenizer, cfg.max_length)
     pool, held_out = _split_validation(split.clients[0], validation, cfg.seed)
     train = task.encode(split.texts(pool), split.labels(pool))
     held_out = held_out if validation else split.test
     test = task.encode(split.texts(held_out), split.labels(held_out))
     before = task.evaluate(model, test, device, batch_size=32)
     kind = cfg.optimizer_kind
-    plan = None
-    if kind != "none":
-        plan = plan_sample_noise(
-            len(train),
-            cfg.batch_size,
-            cfg.local_steps,
-            cfg.sample_clip,
-            cfg.delta,
-            cfg.sample_epsilon,
-            cfg.sample_noise_multiplier,
-        )
-    if kind == "sparta":
-        check_rows(lora_layers(model), cfg.sparta_keep)  # before anything is written
+    plan = local_plan(cfg, model, len(train))  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger.create(out / LEDGER_FILE, "sample-level", f"{cfg.dataset}/train-local", cfg.delta)
     try:
@@ -192,6 +181,32 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: i
     os.replace(out / "adapter.safetensors.tmp", out / "adapter.safetensors")
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+def open_local(cfg: RunConfig) -> tuple[ModelBundle, FederatedSplit, Task]:
+    """The model (its run's starting adapter set), the one-client split and the task for ``cfg``."""
+    split = open_split(cfg, 1)
+    bundle = open_model(cfg, split)
+    initial_adapter(cfg, bundle, split)  # the bundle is shared per process: start from its load state
+    return bundle, split, make_task(bundle.kind, split.corpus, bundle.tokenizer, cfg.max_length)
+
+
+def local_plan(cfg: RunConfig, model: nn.Module, examples: int) -> SamplePlan | None:
+    """The sample-level noise plan for ``cfg``'s local steps over ``examples`` examples (None:
+    non-private); checks SPARTA's row count against ``model``'s LoRA factors."""
+    if cfg.optimizer_kind == "none":
+        return None
+    if cfg.optimizer_kind == "sparta":
+        check_rows(lora_layers(model), cfg.sparta_keep)
+    return plan_sample_noise(
+        examples,
+        cfg.batch_size,
+        cfg.local_steps,
+        cfg.sample_clip,
+        cfg.delta,
+        cfg.sample_epsilon,
+        cfg.sample_noise_multiplier,
+    )
 
 
 def _split_validation(pool: Sequence[int], count: int, seed: int) -> tuple[list[int], list[int]]:

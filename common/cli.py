@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "audit": (
         "server.audit.cli",
-        "empirical privacy audits: canary clients against the client-level mechanisms",
+        "empirical privacy audits: canary clients (client-level) and canary examples (sample-level)",
     ),
     "node": ("client.node.cli", "join a federation as a data owner: a flower-supernode over your own data"),
 }

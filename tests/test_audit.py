@@ -1,5 +1,7 @@
 """Empirical audits: the one-run bound against scipy's binomial and a simulated ε-DP randomized
-response, the AUC against scipy's Mann-Whitney U, the one-shot estimate on Gaussian scores of known μ, and ``fedlora audit client`` end to end (canaries in a real federation)."""
+response, the AUC against scipy's Mann-Whitney U, the one-shot estimate on Gaussian scores of known
+μ, ``fedlora audit client`` end to end (canaries in a real federation) and ``fedlora audit mia``
+(canary examples in a local run)."""
 
 from __future__ import annotations
 
@@ -124,3 +126,63 @@ def test_audit_client_bound_stays_below_the_claim(tmp_path, capsys):
     assert free["auc"] == 1.0
     assert 0 < private["epsilon"] <= 8.0 + 1e-6 and private["eps_lower_bound"] < private["epsilon"]
     assert private["unit"].startswith("client-level") and private["threat_model"] == "central"
+
+
+def test_mia_canaries_are_seeded_random_vocabulary_texts():
+    from transformers import AutoTokenizer
+
+    from common.models.registry import resolve_model
+    from server.audit.mia import CANARY_TOKENS, canary_texts
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model("minilm-l6").locate()))
+    texts, labels = canary_texts(tok, 40, 3, seed=1)
+    assert (texts, labels) == canary_texts(tok, 40, 3, seed=1) and texts != canary_texts(tok, 40, 3, seed=2)[
+        0
+    ]
+    assert len(set(texts)) == 40 and set(labels) == {0, 1, 2}
+    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    assert all(abs(len(i) - CANARY_TOKENS) <= 4 for i in ids)  # re-tokenising merges a few word pieces
+    assert not set().union(*map(set, ids)) & set(tok.all_special_ids)
+
+
+def test_audit_mia_rejects_bad_input_in_one_line(tmp_path, capsys):
+    for argv, message in (
+        (["--canaries", "9"], "at least 10 canaries"),
+        (["--arms", "dp-sgd"], "unknown arm 'dp-sgd'"),
+        (["--confidence", "1.5"], "--confidence must be in"),
+    ):
+        assert run_cli(["audit", "mia", *argv, "--out", str(tmp_path / "a")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "a").exists()
+
+
+def _mia(argv: list[str], capsys) -> list[dict]:
+    assert run_cli(["audit", "mia", "--quick", "--examples", "20", "--json", *argv]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.strip().splitlines() if line.startswith("{")]
+
+
+def test_audit_mia_without_noise_finds_the_memorised_canaries(tmp_path, capsys):
+    """Random-sequence canaries in a small non-private local run: the loss attack wins outright."""
+    out = tmp_path / "mia"
+    argv = ["--steps", "20", "--canaries", "20", "--arms", "no noise (non-private AdamW)", "--out", str(out)]
+    (free,) = _mia(argv, capsys)
+    assert free["epsilon"] is None and free["mechanism"] == "none" and free["dataset"] == "bbc-news"
+    assert free["auc"] >= 0.9 and free["eps_lower_bound"] > 0 and free["canaries"] == 20
+    kept = json.loads((out / "arm-0" / "canaries.json").read_text())
+    assert len(kept["scores"]) == 20 and sum(kept["included"]) == free["included"]
+    assert run_cli(["audit", "mia", "--out", str(out)]) == 2  # never into an earlier audit
+    assert "never writes into an earlier one" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # ≈ 2 minutes: a non-private and a dp-adamw run
+def test_audit_mia_bound_stays_below_the_claim(tmp_path, capsys):
+    arms = "no noise (non-private AdamW),dp-adamw ε=3"
+    free, private = _mia(
+        ["--steps", "30", "--canaries", "40", "--arms", arms, "--out", str(tmp_path / "a")], capsys
+    )
+    assert free["auc"] >= 0.9
+    assert (
+        private["epsilon"] == pytest.approx(3.0, abs=1e-3) and private["eps_lower_bound"] < private["epsilon"]
+    )
+    assert private["unit"].startswith("sample-level") and private["noise_multiplier"] > 0

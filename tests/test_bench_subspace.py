@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import run_cli
 
 TINY = ["--preset", "minilm-rt", "--num-clients", "3", "--max-train-examples", "120", "--eval-examples", "8"]
 TINY += ["--local-steps", "1", "--batch-size", "4", "--max-length", "16", "--public-fraction", "0.25"]
 
 
+@pytest.mark.slow  # ≈ 30 s: real increments from a federation (make test-all)
 def test_subspace_bench_reports_each_codecs_energy_on_real_increments(capsys):
     code = run_cli(
         [

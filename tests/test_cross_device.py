@@ -229,6 +229,7 @@ def test_option_lists_agree_with_their_implementations():
     assert SERVER_OPTIMIZERS == optimizers.SERVER_OPTIMIZERS
 
 
+@pytest.mark.slow  # ≈ 50 s: three in-process populations (make test-all)
 @pytest.mark.process
 def test_bench_scale_reports_time_and_memory_per_population(capsys):
     from server.bench import scale

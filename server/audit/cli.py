@@ -1,7 +1,8 @@
-"""``fedlora audit client``: canary-client audits of the client-level mechanisms, each a real
-federation (server/audit/client.py). ``--json`` prints one object per mechanism: ``auc``,
-``eps_lower_bound`` (one run, at ``--confidence``), ``eps_estimate`` (one-shot), the claimed
-``epsilon`` (PLD, the run's ledger) and the settings."""
+"""``fedlora audit client|mia``: empirical privacy audits, each a real attack on the real training code.
+``client``: canary clients in a federation, against the client-level mechanisms (server/audit/client.py);
+``mia``: canary examples in one local training run, against the sample-level ones (server/audit/mia.py).
+``--json`` prints one object per audited arm: ``auc``, ``eps_lower_bound`` (one run, at
+``--confidence``), ``eps_estimate`` (one-shot), the claimed ``epsilon`` (PLD) and the settings."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from common.config import preset
+from common.config import RunConfig, preset
 from common.errors import FedloraError
 from common.privacy.audit import MIN_CANARIES
 
@@ -24,6 +25,11 @@ CLIENT_ARMS: dict[str, dict[str, object]] = {
         "target_epsilon": 8.0,
     },
 }
+#: sample-level arms: name -> train-local overrides (the no-noise arm must lose, the others must hold)
+MIA_ARMS: dict[str, dict[str, object]] = {
+    "no noise (non-private AdamW)": {"mechanism": "fedavg"},
+    **{f"{m} ε=3": {"mechanism": m, "sample_epsilon": 3.0} for m in ("prism", "dp-adamw", "ffa", "sparta")},
+}
 #: --quick: 20 real clients, every client every round, 3 rounds (≈ 5 minutes on 2 cores)
 QUICK = {
     "num_clients": 20,
@@ -34,41 +40,62 @@ QUICK = {
     "eval_every": 3,
 }
 
+#: mia --quick: 100 real examples and 60 steps of 32 at lr 5e-3 (each canary in ≈ 13 expected batches)
+QUICK_MIA = {"max_train_examples": 100, "local_steps": 60, "batch_size": 32, "lr": 5e-3, "eval_examples": 50}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="audit", metavar="{client}", required=True)
+    sub = parser.add_subparsers(dest="audit", metavar="{client,mia}", required=True)
     p = sub.add_parser("client", help="canary clients (Andrew et al. 2024): client-level DP mechanisms")
     p.add_argument("--preset", default="minilm-rt-xdev", help="federation the canaries join")
     p.add_argument("--quick", action="store_true", help="a small federation (20 clients, 3 rounds)")
     p.add_argument("--clients", type=int, default=0, help="real clients (0: the preset's, 20 with --quick)")
     p.add_argument("--rounds", type=int, default=0, help="rounds (0: the preset's, 3 with --quick)")
-    p.add_argument("--canaries", type=int, default=100, help=f"canary slots (>= {MIN_CANARIES})")
     p.add_argument("--clip", type=float, default=0.5, help="client-level clip C (the canaries' norm)")
+    _common(p, CLIENT_ARMS, "canary directions, inclusion and the run's seed")
+    m = sub.add_parser(
+        "mia", help="canary examples in one run (Steinke et al. 2023): sample-level DP optimizers"
+    )
+    m.add_argument("--model", default="minilm-l6", help="model (a packaged one or a local path)")
+    m.add_argument("--dataset", default="bbc-news", help="the client's data (5 classes; see docs/privacy.md)")
+    m.add_argument("--quick", action="store_true", help="100 real examples, 60 steps of 32, lr 5e-3")
+    m.add_argument("--examples", type=int, default=0, help="real training examples (0: train-local's)")
+    m.add_argument("--steps", type=int, default=0, help="local steps (0: train-local's)")
+    m.add_argument("--lr", type=float, default=0.0, help="learning rate of every arm (0: train-local's)")
+    _common(m, MIA_ARMS, "canary texts, labels, inclusion and the run's seed")
+
+
+def _common(p: argparse.ArgumentParser, arms: dict, seeds: str) -> None:
+    p.add_argument("--canaries", type=int, default=100, help=f"canaries (>= {MIN_CANARIES})")
     p.add_argument("--confidence", type=float, default=0.95, help="confidence of the ε lower bound")
-    p.add_argument("--seed", type=int, default=0, help="canary directions, inclusion and the run's seed")
-    p.add_argument("--arms", default=",".join(CLIENT_ARMS), help="comma-separated arms to audit")
+    p.add_argument("--seed", type=int, default=0, help=seeds)
+    p.add_argument("--arms", default=",".join(arms), help="comma-separated arms to audit")
     p.add_argument("--out", default=None, help="directory for the audited runs (must not exist)")
     p.add_argument("--json", action="store_true", help="print one JSON object per arm")
 
 
 def run(args: argparse.Namespace) -> int:
-    from server.audit.client import audit_run  # loads the federation stack only when needed
-
     if args.canaries < MIN_CANARIES:
         raise FedloraError(f"an audit needs at least {MIN_CANARIES} canaries, got {args.canaries}")
     if not 0.5 < args.confidence < 1:
         raise FedloraError(f"--confidence must be in (0.5, 1), got {args.confidence}")
+    known = CLIENT_ARMS if args.audit == "client" else MIA_ARMS
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in CLIENT_ARMS]
+    unknown = [a for a in arms if a not in known]
     if unknown or not arms:
         name = unknown[0] if unknown else ""
-        raise FedloraError(f"unknown arm {name!r}; choose from {', '.join(CLIENT_ARMS)}")
-    out = Path(args.out or f"runs/audit-client-{time.strftime('%Y%m%d-%H%M%S')}")
+        raise FedloraError(f"unknown arm {name!r}; choose from {', '.join(known)}")
+    out = Path(args.out or f"runs/audit-{args.audit}-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists():
         raise FedloraError(f"{out} exists; an audit never writes into an earlier one")
-    base = {**(QUICK if args.quick else {}), "clip": args.clip, "seed": args.seed}
-    base.update({k: v for k, v in (("num_clients", args.clients), ("rounds", args.rounds)) if v})
-    configs = [preset(args.preset, **{**base, **CLIENT_ARMS[a]}).check() for a in arms]  # all checked first
+    if args.audit == "client":
+        from server.audit.client import audit_run  # loads the federation stack only when needed
+
+        configs = _client_configs(args, arms)
+    else:
+        from server.audit.mia import audit_run
+
+        configs = _mia_configs(args, arms)
     results = []
     for k, (arm, cfg) in enumerate(zip(arms, configs, strict=True)):
         result = {"arm": arm, **audit_run(cfg, args.canaries, out / f"arm-{k}", args.seed, args.confidence)}
@@ -76,6 +103,22 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result) if args.json else _line(result), flush=True)
     (out / "audit.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
+    base = {**(QUICK if args.quick else {}), "clip": args.clip, "seed": args.seed}
+    base.update({k: v for k, v in (("num_clients", args.clients), ("rounds", args.rounds)) if v})
+    return [preset(args.preset, **{**base, **CLIENT_ARMS[a]}).check() for a in arms]  # all checked first
+
+
+def _mia_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
+    from client.train_local import LOCAL_DEFAULTS
+
+    base = {**LOCAL_DEFAULTS, **(QUICK_MIA if args.quick else {}), "seed": args.seed}
+    base.update(model=args.model, dataset=args.dataset)
+    given = (("max_train_examples", args.examples), ("local_steps", args.steps), ("lr", args.lr))
+    base.update({k: v for k, v in given if v})
+    return [RunConfig(num_clients=1, partition="iid", **{**base, **MIA_ARMS[a]}).check() for a in arms]
 
 
 def _line(r: dict) -> str:
