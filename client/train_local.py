@@ -128,19 +128,8 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: i
         # Its stats stay unpublished: under DP, ``examples-used`` and ``empty-batches`` are realised Poisson
         # batch sizes, which depend on the private data and are not covered by the sample-level guarantee.
         trained = time.time()
-        stats = local_update(
-            model,
-            task,
-            train,
-            cfg,
-            steps=cfg.local_steps,
-            lr=cfg.lr,
-            seed=cfg.seed,
-            device=device,
-            plan=plan,
-            before_steps=charge if plan else None,
-            block=charge_every,
-            desc=f"train-local {kind}",
+        stats = train_one(
+            cfg, bundle, task, train, plan, before_steps=charge if plan else None, block=charge_every
         )
         train_seconds = time.time() - trained
         for row in ledger.rows():
@@ -160,12 +149,7 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: i
         "eval_examples": len(test),
         "pooling": cfg.pooling,
         "head_init": cfg.head_init,
-        "steps": cfg.local_steps,
-        "batch_size": cfg.batch_size,
-        "lr": cfg.lr,
-        "clip": cfg.sample_clip if plan else None,
-        "sample_rate": plan.sample_rate if plan else None,
-        "noise_multiplier": plan.sigma if plan else None,
+        **step_settings(cfg, plan),
         "before": before[task.metric],
         task.metric: metrics[task.metric],
         "top_class_share": metrics.get("top_class_share"),
@@ -207,6 +191,38 @@ def local_plan(cfg: RunConfig, model: nn.Module, examples: int) -> SamplePlan | 
         cfg.sample_epsilon,
         cfg.sample_noise_multiplier,
     )
+
+
+def train_one(
+    cfg: RunConfig, bundle: ModelBundle, task: Task, train: list[dict], plan: SamplePlan | None, **hooks
+) -> dict[str, float]:
+    """``cfg``'s local steps (its steps, lr and seed) on ``train`` with ``plan``: the one client's
+    training; ``hooks`` go to :func:`local_update` (``before_steps``, ``block``)."""
+    return local_update(
+        bundle.model,
+        task,
+        train,
+        cfg,
+        steps=cfg.local_steps,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        device=bundle.device,
+        plan=plan,
+        desc=f"local {cfg.optimizer_kind}",
+        **hooks,
+    )
+
+
+def step_settings(cfg: RunConfig, plan: SamplePlan | None) -> dict:
+    """The local steps' settings a result reports (clip, rate and σ are None when non-private)."""
+    return {
+        "steps": cfg.local_steps,
+        "batch_size": cfg.batch_size,
+        "lr": cfg.lr,
+        "clip": cfg.sample_clip if plan else None,
+        "sample_rate": plan.sample_rate if plan else None,
+        "noise_multiplier": plan.sigma if plan else None,
+    }
 
 
 def _split_validation(pool: Sequence[int], count: int, seed: int) -> tuple[list[int], list[int]]:

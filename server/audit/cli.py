@@ -40,8 +40,15 @@ QUICK = {
     "eval_every": 3,
 }
 
-#: mia --quick: 100 real examples and 60 steps of 32 at lr 5e-3 (each canary in ≈ 13 expected batches)
-QUICK_MIA = {"max_train_examples": 100, "local_steps": 60, "batch_size": 32, "lr": 5e-3, "eval_examples": 50}
+#: mia --quick: 50 real examples, 60 steps of 32 at lr 5e-3, 32 tokens (each canary in ≈ 17 batches)
+QUICK_MIA = {
+    "max_train_examples": 50,
+    "local_steps": 60,
+    "batch_size": 32,
+    "lr": 5e-3,
+    "max_length": 32,
+    "eval_examples": 50,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     m.add_argument("--model", default="minilm-l6", help="model (a packaged one or a local path)")
     m.add_argument("--dataset", default="bbc-news", help="the client's data (5 classes; see docs/privacy.md)")
-    m.add_argument("--quick", action="store_true", help="100 real examples, 60 steps of 32, lr 5e-3")
+    m.add_argument("--quick", action="store_true", help="50 real examples, 60 steps of 32, lr 5e-3")
     m.add_argument("--examples", type=int, default=0, help="real training examples (0: train-local's)")
     m.add_argument("--steps", type=int, default=0, help="local steps (0: train-local's)")
     m.add_argument("--lr", type=float, default=0.0, help="learning rate of every arm (0: train-local's)")

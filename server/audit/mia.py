@@ -26,8 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.local_update import local_update
-from client.train_local import local_plan, open_local
+from client.train_local import local_plan, open_local, step_settings, train_one
 from common.config import RunConfig
 from common.privacy.audit import MIN_CANARIES, summarize
 from common.tasks.base import Task, chunks
@@ -78,18 +77,7 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
     members = [canary_set[j] for j in np.flatnonzero(included)]
     train = task.encode(split.texts(pool), split.labels(pool)) + members
     plan = local_plan(cfg, model, len(train))
-    local_update(
-        model,
-        task,
-        train,
-        cfg,
-        steps=cfg.local_steps,
-        lr=cfg.lr,
-        seed=cfg.seed,
-        device=device,
-        plan=plan,
-        desc=f"audit mia {cfg.optimizer_kind}",
-    )
+    train_one(cfg, bundle, task, train, plan)
     scores = -losses(model, task, canary_set, device)
     out.mkdir(parents=True)
     (out / "canaries.json").write_text(
@@ -105,12 +93,7 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
         "model": cfg.model,
         "dataset": cfg.dataset,
         "examples": len(train),
-        "steps": cfg.local_steps,
-        "batch_size": cfg.batch_size,
-        "lr": cfg.lr,
-        "noise_multiplier": plan.sigma if plan else None,
-        "sample_rate": plan.sample_rate if plan else None,
-        "clip": cfg.sample_clip if plan else None,
+        **step_settings(cfg, plan),
         "run_dir": str(out),
         "seconds": round(time.time() - start, 1),
     }
