@@ -96,8 +96,10 @@ def test_summary_reports_auc_bound_and_estimate():
     assert json.dumps(out, allow_nan=False)
 
 
-def _audit(argv: list[str], capsys) -> list[dict]:
-    assert run_cli(["audit", "client", "--quick", "--clients", "2", "--json", *argv]) == 0
+def _audit(argv: list[str], capsys, kind: str = "client") -> list[dict]:
+    """``fedlora audit KIND --quick --json`` on a tiny federation (client) or client data (mia)."""
+    tiny = ["--clients", "2"] if kind == "client" else ["--examples", "20"]
+    assert run_cli(["audit", kind, "--quick", *tiny, "--json", *argv]) == 0
     return [json.loads(line) for line in capsys.readouterr().out.strip().splitlines() if line.startswith("{")]
 
 
@@ -157,16 +159,11 @@ def test_audit_mia_rejects_bad_input_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "a").exists()
 
 
-def _mia(argv: list[str], capsys) -> list[dict]:
-    assert run_cli(["audit", "mia", "--quick", "--examples", "20", "--json", *argv]) == 0
-    return [json.loads(line) for line in capsys.readouterr().out.strip().splitlines() if line.startswith("{")]
-
-
 def test_audit_mia_without_noise_finds_the_memorised_canaries(tmp_path, capsys):
     """Random-sequence canaries in a small non-private local run: the loss attack wins outright."""
     out = tmp_path / "mia"
     argv = ["--steps", "20", "--canaries", "20", "--arms", "no noise (non-private AdamW)", "--out", str(out)]
-    (free,) = _mia(argv, capsys)
+    (free,) = _audit(argv, capsys, "mia")
     assert free["epsilon"] is None and free["mechanism"] == "none" and free["dataset"] == "bbc-news"
     assert free["auc"] >= 0.9 and free["eps_lower_bound"] > 0 and free["canaries"] == 20
     kept = json.loads((out / "arm-0" / "canaries.json").read_text())
@@ -178,8 +175,8 @@ def test_audit_mia_without_noise_finds_the_memorised_canaries(tmp_path, capsys):
 @pytest.mark.slow  # ≈ 2 minutes: a non-private and a dp-adamw run
 def test_audit_mia_bound_stays_below_the_claim(tmp_path, capsys):
     arms = "no noise (non-private AdamW),dp-adamw ε=3"
-    free, private = _mia(
-        ["--steps", "30", "--canaries", "40", "--arms", arms, "--out", str(tmp_path / "a")], capsys
+    free, private = _audit(
+        ["--steps", "30", "--canaries", "40", "--arms", arms, "--out", str(tmp_path / "a")], capsys, "mia"
     )
     assert free["auc"] >= 0.9
     assert (

@@ -10,8 +10,8 @@ memorised; an excluded one is labelled by chance. The scores give the AUC, the o
 and the one-shot estimate (common/privacy/audit.py); the claimed ε is the plan's (PLD at δ).
 
 The default task has 5 classes (bbc-news): on a 2-class task a trained model labels an unseen random
-sequence confidently and right half the time, which caps any loss attack's AUC near 0.85 even
-without noise (measured: docs/privacy.md).
+sequence confidently and right half the time, which weakens the loss attack even without noise
+(measured in docs/privacy.md: AUC 0.926 on rotten-tomatoes against 0.994 on bbc-news).
 """
 
 from __future__ import annotations
