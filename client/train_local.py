@@ -63,6 +63,9 @@ LOCAL_DEFAULTS: dict[str, object] = {
     "sparta_selection": 0.1,
     "max_train_examples": 2000,
     "eval_examples": 500,
+    "num_clients": 1,
+    "partition": "iid",
+    "dirichlet_alpha": 1.0,
     "max_length": 64,
     "seed": 0,
     "device": "auto",
@@ -76,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--charge-every", type=int, default=25, help="steps per ledger row")
     add(
+        "--node",
+        type=int,
+        default=0,
+        help="train only node K's shard of the --num-clients split (0-based; what that node reaches alone, "
+        "evaluated on the federation's test set)",
+    )
+    add(
         "--validation",
         type=int,
         default=0,
@@ -87,9 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_of(args: argparse.Namespace) -> RunConfig:
-    """One client (all of the training split) with the given options; ``--sample-noise-multiplier``
-    replaces the ``--sample-epsilon`` calibration."""
-    values = {k: v for k, v in config_values(args).items() if v is not None}
+    """One client's training with the given options (by default one node with the whole training
+    split); ``--sample-noise-multiplier`` replaces the ``--sample-epsilon`` calibration."""
+    values = {"num_clients": 1, "partition": "iid"}
+    values.update({k: v for k, v in config_values(args).items() if v is not None})
     if values["mechanism"] not in LOCAL_MECHANISMS:
         raise FedloraError(
             f"train-local runs {', '.join(LOCAL_MECHANISMS)} (no client-level release), not {values['mechanism']}"
@@ -98,20 +109,27 @@ def config_of(args: argparse.Namespace) -> RunConfig:
         values["sample_epsilon"] = 0.0
     if MECHANISMS[values["mechanism"]][0] == "none":
         values["sample_noise_multiplier"] = 0.0
-    return RunConfig(num_clients=1, partition="iid", **values).check()
+    return RunConfig(**values).check()
 
 
-def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: int = 0) -> dict:
-    """Train one client per ``cfg`` into the new directory ``out``; returns the result record.
-    ``validation`` > 0: that many training examples are held out and evaluated instead of the test split."""
+def train_local(
+    cfg: RunConfig, out: Path, charge_every: int = 25, validation: int = 0, node: int = 0
+) -> dict:
+    """Train node ``node`` of ``cfg``'s split (one node: the whole training split) into the new
+    directory ``out``; returns the result record. ``validation`` > 0: that many of its training
+    examples are held out and evaluated instead of the test split."""
     if out.exists() and any(out.iterdir()):
         raise FedloraError(f"{out} is not empty; train-local never writes into an existing run")
     if charge_every < 1:
         raise FedloraError("charge-every must be >= 1")
+    if not 0 <= node < cfg.num_clients:
+        raise FedloraError(
+            f"--node must be in [0, {cfg.num_clients}) (--num-clients {cfg.num_clients}), got {node}"
+        )
     start = time.time()
     bundle, split, task = open_local(cfg)
     model, device = bundle.model, bundle.device
-    pool, held_out = _split_validation(split.clients[0], validation, cfg.seed)
+    pool, held_out = _split_validation(split.clients[node], validation, cfg.seed)
     train = task.encode(split.texts(pool), split.labels(pool))
     held_out = held_out if validation else split.test
     test = task.encode(split.texts(held_out), split.labels(held_out))
@@ -144,6 +162,9 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: i
         "dataset": cfg.dataset,
         "seed": cfg.seed,
         "init": cfg.init_kind,
+        "node": node,
+        "num_clients": cfg.num_clients,
+        "partition": cfg.partition,
         "examples": len(train),
         "eval_split": "validation" if validation else "test",
         "eval_examples": len(test),
@@ -168,8 +189,8 @@ def train_local(cfg: RunConfig, out: Path, charge_every: int = 25, validation: i
 
 
 def open_local(cfg: RunConfig) -> tuple[ModelBundle, FederatedSplit, Task]:
-    """The model (its run's starting adapter set), the one-client split and the task for ``cfg``."""
-    split = open_split(cfg, 1)
+    """The model (its run's starting adapter set), ``cfg``'s split and the task."""
+    split = open_split(cfg)
     bundle = open_model(cfg, split)
     initial_adapter(cfg, bundle, split)  # the bundle is shared per process: start from its load state
     return bundle, split, make_task(bundle.kind, split.corpus, bundle.tokenizer, cfg.max_length)
@@ -259,11 +280,17 @@ def _privacy(plan, report: dict, delta: float, validation: int) -> dict:
     }
 
 
+def _shard(result: dict) -> str:
+    if result["num_clients"] == 1:
+        return ""
+    return f" (node {result['node']} of {result['num_clients']}, {result['partition']} split)"
+
+
 def _print(result: dict) -> None:
     p = result["privacy"]
     metric = "accuracy" if "accuracy" in result else "perplexity"
     print(
-        f"train-local {result['mechanism']} on {result['model']} / {result['dataset']}: "
+        f"train-local {result['mechanism']} on {result['model']} / {result['dataset']}{_shard(result)}: "
         f"N = {result['examples']}, {result['steps']} steps, batch {result['batch_size']}, lr {result['lr']:g}"
     )
     print(
@@ -295,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
         else Path("runs")
         / (f"local-{time.strftime('%Y%m%d-%H%M%S')}-{args.mechanism}-{cfg.model.replace('/', '_')}")
     )
-    result = train_local(cfg, out, args.charge_every, args.validation)
+    result = train_local(cfg, out, args.charge_every, args.validation, args.node)
     if args.json:
         print(json.dumps(result))
     else:

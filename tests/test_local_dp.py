@@ -19,6 +19,7 @@ from common.models.lora import get_factors, lora_layers
 from common.models.lora_init import apply_lora_init, check_ranks
 from common.privacy.calibration import epsilon_for
 from common.privacy.ledger import Ledger
+from common.runtime import open_split
 from common.tasks.base import by_length
 from tests.conftest import run_cli
 
@@ -241,6 +242,39 @@ def test_train_local_reports_accuracy_and_sample_level_epsilon(tmp_path, capsys)
     assert (out / "adapter.safetensors").is_file() and (out / "result.json").is_file()
 
 
+def test_train_local_node_trains_its_shard_and_keeps_the_federations_test_set(tmp_path, capsys):
+    """``--node K --num-clients N``: node K's shard of the federation's split, scored on its test set."""
+    shard = ["--num-clients", "3", "--partition", "dirichlet", "--dirichlet-alpha", "0.5", "--node", "2"]
+    assert (
+        run_cli(
+            [
+                "train-local",
+                "--mechanism",
+                "fedavg",
+                *FAST_LOCAL,
+                *shard,
+                "--out",
+                str(tmp_path / "a"),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cfg = RunConfig(
+        num_clients=3, partition="dirichlet", dirichlet_alpha=0.5, max_train_examples=64, eval_examples=16
+    )
+    split, whole = (
+        open_split(cfg),
+        open_split(RunConfig(num_clients=1, max_train_examples=64, eval_examples=16)),
+    )
+    assert result["examples"] == len(split.clients[2]) < 64 and (result["node"], result["num_clients"]) == (
+        2,
+        3,
+    )
+    assert list(split.test) == list(whole.test) and result["eval_examples"] == 16
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -248,6 +282,7 @@ def test_train_local_reports_accuracy_and_sample_level_epsilon(tmp_path, capsys)
         (["--mechanism", "prism", "--lora-init", "peft"], "PRISM needs full-rank LoRA factors"),
         (["--mechanism", "ffa", "--batch-size", "100"], "exceeds the 64 training examples"),
         (["--mechanism", "prism", "--delta", "1.5"], "delta must be in (0, 1)"),
+        (["--mechanism", "ffa", "--num-clients", "2", "--node", "2"], "--node must be in [0, 2)"),
     ],
 )
 def test_train_local_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
