@@ -35,7 +35,7 @@ def _start(context: Context, global_state: AdapterState) -> tuple[RunConfig, int
     The node config says where the data and model come from (client/node/shard.py) and what the node
     accepts (client/node/policy.py): a run its policy refuses raises before any training."""
     node = dict(context.node_config)
-    cfg = from_flat(dict(context.run_config)).check()
+    cfg = from_flat(dict(context.run_config)).check_federated()
     NodePolicy.from_node_config(node).check_run(cfg)
     pid, parts, shard = node_shard(node, cfg)
     load_global(shard, global_state, cfg, str(node.get(MODEL_PATH) or ""))

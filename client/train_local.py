@@ -23,12 +23,14 @@ from safetensors.torch import save_file
 from torch import nn
 
 from client.dp.optimizers.sparta import check_rows
+from client.dp.optimizers.wishart import projection_shape
 from client.dp.sample_plan import SAMPLE_ACCOUNTANT, SamplePlan, plan_sample_noise
 from client.local_update import local_update
 from common.config import MECHANISMS, RunConfig
 from common.data.federated import FederatedSplit
 from common.errors import FedloraError
 from common.models import adapter_state
+from common.models.dense_delta import dense_deltas
 from common.models.loader import ModelBundle
 from common.models.lora import lora_layers, lora_norm
 from common.options import add_config_arguments, config_values
@@ -54,8 +56,8 @@ LOCAL_DEFAULTS: dict[str, object] = {
     "lr": 1e-3,
     "rank": 8,
     "lora_alpha": 16.0,
+    "lora_init": None,  # by mechanism (RunConfig.init_kind)
     "targets": "",
-    "lora_init": "balanced",
     "pooling": "cls",
     "head_init": "random",
     "prism_floor": "clamp",
@@ -63,13 +65,15 @@ LOCAL_DEFAULTS: dict[str, object] = {
     "sparta_selection": 0.1,
     "max_train_examples": 2000,
     "eval_examples": 500,
-    "num_clients": 1,
-    "partition": "iid",
-    "dirichlet_alpha": 1.0,
+    **{"num_clients": 1, "partition": "iid", "dirichlet_alpha": 1.0},  # SHARD_OPTIONS, with --node
     "max_length": 64,
     "seed": 0,
     "device": "auto",
 }
+
+
+#: the options that pick one node's shard of a federation's split (``--node``)
+SHARD_OPTIONS = ("num_clients", "partition", "dirichlet_alpha")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,10 +183,11 @@ def train_local(
         "examples_per_second": round(cfg.local_steps * cfg.batch_size / max(train_seconds, 1e-9), 2),
         "lora_norm": lora_norm(model),
         **({"sparta": _sparta(cfg, stats)} if kind == "sparta" else {}),
-        "privacy": _privacy(plan, privacy, cfg.delta, validation),
+        "privacy": _privacy(plan, privacy, cfg.delta, validation, stats.get("assumptions")),
         "seconds": round(time.time() - start, 1),
     }
-    save_file(adapter_state(model), str(out / "adapter.safetensors.tmp"))
+    deltas = {f"{name}.delta": d for name, d in dense_deltas(model).items()}  # wishart's dense update
+    save_file({**adapter_state(model), **deltas}, str(out / "adapter.safetensors.tmp"))
     os.replace(out / "adapter.safetensors.tmp", out / "adapter.safetensors")
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
@@ -203,6 +208,9 @@ def local_plan(cfg: RunConfig, model: nn.Module, examples: int) -> SamplePlan | 
         return None
     if cfg.optimizer_kind == "sparta":
         check_rows(lora_layers(model), cfg.sparta_keep)
+    projection = None
+    if cfg.optimizer_kind == "wishart":
+        projection = projection_shape(lora_layers(model), cfg.max_length)
     return plan_sample_noise(
         examples,
         cfg.batch_size,
@@ -211,6 +219,7 @@ def local_plan(cfg: RunConfig, model: nn.Module, examples: int) -> SamplePlan | 
         cfg.delta,
         cfg.sample_epsilon,
         cfg.sample_noise_multiplier,
+        projection,
     )
 
 
@@ -261,12 +270,14 @@ def _sparta(cfg: RunConfig, stats: dict) -> dict:
     return {"keep": cfg.sparta_keep, **{k: stats[k] for k in keys}}
 
 
-def _privacy(plan, report: dict, delta: float, validation: int) -> dict:
+def _privacy(plan, report: dict, delta: float, validation: int, assumptions: dict | None = None) -> dict:
     if plan is None:
         return {"unit": "sample-level", "epsilon": None, "note": "non-private: no guarantee"}
     outside = ["wall times (they depend on the realised batch sizes)"]
     if validation:
         outside.append(f"the validation metrics (computed on {validation} of the client's own examples)")
+    if plan.projection is not None:
+        return {"not_covered": outside, **_wishart_privacy(plan, report, assumptions)}
     return {
         "not_covered": outside,
         "unit": "sample-level (add/remove one of this client's examples)",
@@ -284,6 +295,24 @@ def _shard(result: dict) -> str:
     if result["num_clients"] == 1:
         return ""
     return f" (node {result['node']} of {result['num_clients']}, {result['partition']} split)"
+
+
+def _wishart_privacy(plan: SamplePlan, report: dict, assumptions: dict | None) -> dict:
+    """The amplified ε if this run met every M2 assumption, else the ledger's baseline, with why."""
+    amplified = plan.amplified()
+    epsilon, claim = plan.claimed_epsilon(assumptions)
+    return {
+        "unit": "sample-level (add/remove one of this client's examples)",
+        "threat_model": "the client's noisy projected steps and the dense update they produce are public",
+        "accountant": "wishart (Thm 5 amplification, pld inside); the ledger holds the unamplified pld bound",
+        "delta": amplified.delta,
+        "epsilon": epsilon,
+        "claim": claim,
+        "epsilon_baseline": report["eps_tight"],
+        "eps_gdp": report["eps_gdp"],
+        "mu": report["mu"],
+        "wishart": amplified.as_dict(),
+    }
 
 
 def _print(result: dict) -> None:
@@ -306,6 +335,12 @@ def _print(result: dict) -> None:
         )
     if p["epsilon"] is None:
         print("sample-level privacy: none (non-private AdamW)")
+    elif "wishart" in p:
+        print(
+            f"sample-level epsilon = {p['epsilon']:.3f} ({p['claim']}); unamplified (PLD, as in the ledger) "
+            f"{p['epsilon_baseline']:.3f}; delta = {p['delta']:g}, sigma = {result['noise_multiplier']:.4f}, "
+            f"q = {result['sample_rate']:.4g}, C = {result['clip']:g}"
+        )
     else:
         print(
             f"sample-level epsilon = {p['epsilon']:.3f} (PLD, delta = {p['delta']:g}; CLT mu-GDP "

@@ -21,10 +21,13 @@ MECHANISMS: dict[str, tuple[str, str]] = {
     "dp-adamw": ("dp-adamw", "none"),
     "ffa": ("ffa", "none"),
     "sparta": ("sparta", "none"),
+    "wishart": ("wishart", "none"),
     "dr-encoder": ("none", "dr-encoder"),
 }
 #: sample-level local optimizers (client/dp/optimizers registers the DP ones under these names)
-LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa", "sparta")
+LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa", "sparta", "wishart")
+#: local optimizers whose update is not LoRA factors (train-local only, never in a federation)
+LOCAL_ONLY = ("wishart",)
 RELEASES = ("none", "gaussian", "dr-encoder")
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
 CODECS = ("ae", "identity", "constant-mean", "random-projection", "pca")
@@ -96,7 +99,7 @@ class RunConfig:
     targets: str = option("", "comma-separated LoRA target modules (default: the model's)", MODEL)
     lora_init: str = option(
         "",
-        "LoRA init: balanced (full rank; default with a DP local optimizer) or peft",
+        "LoRA init: balanced (full rank; default with a DP local optimizer but wishart) or peft",
         MODEL,
         choices=LORA_INITS,
     )
@@ -409,12 +412,22 @@ class RunConfig:
 
     @property
     def init_kind(self) -> str:
-        return self.lora_init or ("peft" if self.optimizer_kind == "none" else "balanced")
+        return self.lora_init or ("peft" if self.optimizer_kind in ("none", *LOCAL_ONLY) else "balanced")
 
     @property
     def target_modules(self) -> list[str] | None:
         names = [t.strip() for t in self.targets.split(",") if t.strip()]
         return names or None
+
+    def check_federated(self) -> RunConfig:
+        """:meth:`check`, and refuse what cannot run in a federation (one line)."""
+        self.check()
+        if self.optimizer_kind in LOCAL_ONLY:
+            raise FedloraError(
+                f"{self.optimizer_kind} merges a dense update into the base weights at every step; "
+                "federations exchange LoRA factors: run it with fedlora train-local"
+            )
+        return self
 
     def replace(self, **changes: object) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -443,6 +456,10 @@ class RunConfig:
     def _check_relations(self) -> None:
         if self.optimizer_kind == "prism" and self.init_kind == "peft":
             raise FedloraError("PRISM needs full-rank LoRA factors: use --lora-init balanced")
+        if self.optimizer_kind == "wishart" and (self.init_kind != "peft" or self.lora_dropout > 0):
+            raise FedloraError(
+                "wishart trains B from 0 on the undropped input: use --lora-init peft, --lora-dropout 0"
+            )
         dp_budgets = (self.sample_epsilon > 0) + (self.sample_noise_multiplier > 0)
         if self.optimizer_kind != "none" and dp_budgets != 1:
             raise FedloraError(
@@ -694,4 +711,4 @@ def _parse_bool(value: object) -> bool:
     raise ValueError(value)
 
 
-__all__ = ["PRESETS", "RunConfig", "field", "from_flat", "preset", "to_flat"]
+__all__ = ["LOCAL_ONLY", "PRESETS", "RunConfig", "field", "from_flat", "preset", "to_flat"]

@@ -7,6 +7,7 @@ from common.data import FederatedSplit, federated_split
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState, LoraSpec, ModelBundle, adapter_state, load_adapter_state, load_model
+from common.models.dense_delta import restore_base
 from common.models.head_init import apply_zero_shot_head, descriptions
 from common.models.lora_init import apply_lora_init
 
@@ -43,6 +44,7 @@ def initial_adapter(cfg: RunConfig, bundle: ModelBundle, split: FederatedSplit) 
     """The run's starting adapter, set on ``bundle.model``: the model as loaded, LoRA re-initialised
     per ``lora-init`` (seeded: every process computes the same factors), the head per ``head-init``
     (zero-shot: from public label descriptions, no privacy cost)."""
+    restore_base(bundle.model)  # a wishart run before this one merged a dense update
     load_adapter_state(bundle.model, bundle.initial)
     apply_lora_init(bundle.model, cfg.init_kind, cfg.seed)
     if cfg.head_init == "zero-shot":

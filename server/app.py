@@ -16,5 +16,5 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = from_flat(dict(context.run_config)).check()
+    cfg = from_flat(dict(context.run_config)).check_federated()
     run_federation(grid, cfg, Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))

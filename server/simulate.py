@@ -45,7 +45,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     given too must agree with it, which the run directory checks)."""
     overrides = {**config_values(args), "out_dir": args.out_dir, "resume": args.resume}
     if not args.resume:
-        return preset(args.preset, **overrides).check()
+        return preset(args.preset, **overrides).check_federated()
     if not args.out_dir:
         raise FedloraError("--resume needs --out RUN_DIR")
     stored = Path(args.out_dir) / "config.json"
@@ -54,7 +54,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         base = RunConfig(**values)
     except (OSError, ValueError, TypeError) as exc:
         raise FedloraError(f"cannot resume: {stored} is missing or unreadable ({exc})") from None
-    return base.replace(**{k: v for k, v in overrides.items() if v is not None}).check()
+    return base.replace(**{k: v for k, v in overrides.items() if v is not None}).check_federated()
 
 
 #: (real ClientApp, message, context) -> reply: stands between the server and a node (e.g. audit canaries)

@@ -15,6 +15,7 @@ from client.dp.prism import clip_coefficients, lift, tangent_sq_norm
 from client.dp.sample_plan import plan_sample_noise
 from common.config import LOCAL_OPTIMIZERS, MECHANISMS, RunConfig
 from common.errors import FedloraError
+from common.models.dense_delta import dense_deltas
 from common.models.lora import get_factors, lora_layers
 from common.models.lora_init import apply_lora_init, check_ranks
 from common.privacy.calibration import epsilon_for
@@ -148,7 +149,8 @@ def sq_median(opt, model, task, data):
 
 @pytest.mark.parametrize("name", sorted(DP_OPTIMIZERS))
 def test_empty_poisson_batches_release_noise_without_crashing(name, tiny_llama, caplog):
-    apply_lora_init(tiny_llama, "balanced", seed=0)
+    if name != "wishart":  # wishart keeps PEFT's lora_B = 0 and moves a dense update instead
+        apply_lora_init(tiny_llama, "balanced", seed=0)
     before = {k: get_factors(v) for k, v in lora_layers(tiny_llama).items()}
     opt = make_dp_optimizer(name, lora_layers(tiny_llama), 1e-2)
     plan = DpSteps(steps=3, sample_rate=1e-9, clip=1.0, noise_multiplier=1.0)
@@ -157,7 +159,7 @@ def test_empty_poisson_batches_release_noise_without_crashing(name, tiny_llama, 
     assert stats["empty-batches"] == 3 and stats["examples-used"] == 0
     assert "3 of 3 steps drew no examples" in caplog.text
     moved = any(not torch.equal(get_factors(v)[0], before[k][0]) for k, v in lora_layers(tiny_llama).items())
-    assert moved  # the noise was applied
+    assert moved or any(d.abs().max() > 0 for d in dense_deltas(tiny_llama).values())  # the noise was applied
 
 
 def test_prism_refuses_zero_factors(tiny_llama):

@@ -49,6 +49,11 @@ PUBLISHED = {
     "top_class_share",
     "train_seconds",
     "examples_per_second",
+    # the shard options (--node of a --num-clients split): options, and the shard's size N is
+    # already public as "examples" (the split is a seeded function of public choices)
+    "node",
+    "num_clients",
+    "partition",
 }
 
 

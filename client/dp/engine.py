@@ -108,6 +108,8 @@ def dp_train(
     noise_std = plan.noise_multiplier * plan.clip
     used, empty = 0, 0
     block = block or plan.steps
+    layer_io = getattr(optimizer, "needs_layer_io", False)  # wishart: inputs and output gradients
+    trains_dense = getattr(optimizer, "trains_dense", True)
     model.train()
     with GradSampler(model) as sampler:
         for step in tqdm(range(plan.steps), desc=desc, leave=False, disable=None):
@@ -120,7 +122,8 @@ def dp_train(
             for part in chunks(by_length(idx, examples), plan.microbatch):
                 batch = task.collate([examples[i] for i in part], device)
                 task.per_example_loss(model, batch).sum().backward()
-                grads, dense_grads = sampler.factor_grads(), sampler.dense_grads()
+                grads = sampler.layer_io() if layer_io else sampler.factor_grads()
+                dense_grads = sampler.dense_grads() if trains_dense else {}
                 model.zero_grad(set_to_none=True)
                 sq = optimizer.sq_norms(grads)
                 for g in dense_grads.values():
@@ -129,7 +132,7 @@ def dp_train(
                 optimizer.accumulate(grads, alpha)
                 dense.accumulate(dense_grads, alpha)
             optimizer.step(noise_std, denom, generator)
-            if not selecting:  # SPARTA's selection steps move nothing, the head included
+            if trains_dense and not selecting:  # SPARTA's selection steps move nothing, the head included
                 dense.step(noise_std, denom, generator)
             used += len(idx)
             empty += len(idx) == 0

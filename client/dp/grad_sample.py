@@ -85,6 +85,16 @@ class GradSampler:
             out[name] = (g_lora_b / root, g_lora_a_t / root)  # A = √s·lora_B, B = √s·lora_Aᵀ
         return out
 
+    def layer_io(self) -> dict[str, tuple[Tensor, Tensor]]:
+        """``{module: (x: (b, T, n), dy: (b, T, m))}``: each LoRA layer's input (after LoRA dropout)
+        and ``∂L/∂y`` of its output ``y`` (the LoRA branch's output gradient is ``s·∂L/∂y``); the
+        per-example full weight gradient is ``dyᵢᵀ xᵢ``."""
+        out = {}
+        for name, (cap_a, cap_b) in self._lora.items():
+            scaling = self.layers[name].scaling[self.adapter]
+            out[name] = (_tokens(cap_a.inputs), _tokens(cap_b.grad_out) / scaling)
+        return out
+
     def dense_grads(self) -> dict[str, Tensor]:
         """Per-example gradients of dense trainable parameters by name: (b, *shape)."""
         out = {}

@@ -15,6 +15,7 @@ from common.errors import FedloraError
 from common.privacy.accountants import Event
 from common.privacy.calibration import calibrate_sigma, epsilon_for
 from common.privacy.ledger import Charge
+from common.privacy.wishart import WishartEpsilon, wishart_claim, wishart_epsilon, wishart_sigma
 
 log = logging.getLogger("fedlora.client")
 
@@ -34,6 +35,8 @@ class SamplePlan:
     sigma: float
     delta: float
     target_epsilon: float
+    #: the wishart optimizer's (rank, dim, grad_rank): σ is calibrated for the amplified ε
+    projection: tuple[int, int, int] | None = None
 
     @property
     def expected_batch(self) -> float:
@@ -46,6 +49,25 @@ class SamplePlan:
     def epsilon(self, accountant: str = SAMPLE_ACCOUNTANT) -> float:
         """ε at ``delta`` after all planned steps."""
         return epsilon_for(accountant, self.sigma, self.sample_rate, self.steps, self.delta)
+
+    def amplified(self) -> WishartEpsilon | None:
+        """The Wishart-amplified ε beside the baseline (None: no random projection). The ledger keeps
+        the baseline, which holds whether or not M2's assumptions do."""
+        if self.projection is None:
+            return None
+        return wishart_epsilon(self.sigma, self.sample_rate, self.steps, self.delta, *self.projection)
+
+    def claimed_epsilon(self, assumptions: dict | None = None) -> tuple[float, str]:
+        """The ε this plan may claim and why: Wishart-amplified when it has a projection and the run
+        met every M2 assumption (``assumptions``: the wishart optimizer's summary), else the PLD ε."""
+        amplified = self.amplified()
+        if amplified is None:
+            return self.epsilon(), SAMPLE_ACCOUNTANT
+        try:
+            wishart_claim(**(assumptions or {}))
+        except (FedloraError, TypeError) as exc:  # TypeError: no assumptions reported at all
+            return self.epsilon(), f"baseline ({SAMPLE_ACCOUNTANT}): {exc}"
+        return amplified.epsilon, f"{amplified.claimed}: {amplified.reason}"
 
     def charge(self, run: str, rnd: int, count: int, mechanism: str) -> Charge:
         """A ledger row for ``count`` steps (``sampled`` holds N, the population q applies to)."""
@@ -71,9 +93,11 @@ def plan_sample_noise(
     delta: float,
     epsilon: float = 0.0,
     noise_multiplier: float = 0.0,
+    projection: tuple[int, int, int] | None = None,
 ) -> SamplePlan:
     """σ for ``steps`` steps of expected batch ``batch_size`` over ``examples`` examples: the given
-    ``noise_multiplier``, or calibrated for ``epsilon`` at ``delta``. Warns when δ ≥ 1/N."""
+    ``noise_multiplier``, or calibrated for ``epsilon`` at ``delta`` (with ``projection`` = the
+    wishart optimizer's (rank, dim, grad_rank): for its amplified ε). Warns when δ ≥ 1/N."""
     if examples < 1:
         raise FedloraError("no training examples")
     if steps < 1 or batch_size <= 0:
@@ -94,8 +118,13 @@ def plan_sample_noise(
             1.0 / examples,
         )
     q = batch_size / examples
-    sigma = noise_multiplier or calibrate_sigma(SAMPLE_ACCOUNTANT, epsilon, delta, q, steps)
-    return SamplePlan(examples, q, steps, clip, sigma, delta, epsilon)
+    if noise_multiplier:
+        sigma = noise_multiplier
+    elif projection is not None:
+        sigma = wishart_sigma(epsilon, q, steps, delta, *projection)
+    else:
+        sigma = calibrate_sigma(SAMPLE_ACCOUNTANT, epsilon, delta, q, steps)
+    return SamplePlan(examples, q, steps, clip, sigma, delta, epsilon, projection)
 
 
 __all__ = ["SAMPLE_ACCOUNTANT", "SamplePlan", "plan_sample_noise"]

@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass
 from scipy import special
 
 from common.errors import FedloraError
-from common.privacy.calibration import epsilon_for
+from common.privacy.calibration import calibrate_sigma, epsilon_for
 
 #: the paper's experiments (App. F.2): δ_p = 0.1·δ for projection failure
 DEFAULT_FAIL_FRAC = 0.1
@@ -194,6 +194,29 @@ def wishart_epsilon(
     )
 
 
+def wishart_sigma(
+    target: float,
+    p: float,
+    rounds: int,
+    delta: float,
+    rank: int,
+    dim: int,
+    grad_rank: int | None = None,
+    fail_frac: float = DEFAULT_FAIL_FRAC,
+) -> float:
+    """The noise multiplier whose claimed :func:`wishart_epsilon` is ``target`` (never above it): α*
+    does not depend on σ, so the amplified ε = PLD-ε(σ/√α*) at δ − δ_p gives σ = √α*·σ_PLD(target);
+    the baseline's σ where that is smaller (no amplification)."""
+    grad_rank = dim if grad_rank is None else grad_rank
+    _check_shape(rank, dim, grad_rank)
+    projection_delta = fail_frac * delta
+    alpha = alpha_star(rank, dim, grad_rank, projection_delta / rounds)
+    amplified = math.sqrt(alpha) * calibrate_sigma(
+        BASELINE_ACCOUNTANT, target, delta - projection_delta, p, rounds
+    )
+    return min(amplified, calibrate_sigma(BASELINE_ACCOUNTANT, target, delta, p, rounds))
+
+
 #: the M2 assumptions the amplified ε rests on (Wishart paper Thm 5, Lemma 17, App. E/F.2)
 ASSUMPTIONS = {
     "a_gaussian": "A is i.i.d. Gaussian (Lemma 17 needs a rotation-invariant col(A^T); "
@@ -247,4 +270,5 @@ __all__ = [
     "projection_failure",
     "wishart_claim",
     "wishart_epsilon",
+    "wishart_sigma",
 ]

@@ -28,7 +28,10 @@ CLIENT_ARMS: dict[str, dict[str, object]] = {
 #: sample-level arms: name -> train-local overrides (the no-noise arm must lose, the others must hold)
 MIA_ARMS: dict[str, dict[str, object]] = {
     "no noise (non-private AdamW)": {"mechanism": "fedavg"},
-    **{f"{m} ε=3": {"mechanism": m, "sample_epsilon": 3.0} for m in ("prism", "dp-adamw", "ffa", "sparta")},
+    **{
+        f"{m} ε=3": {"mechanism": m, "sample_epsilon": 3.0}
+        for m in ("prism", "dp-adamw", "ffa", "sparta", "wishart")
+    },
 }
 #: --quick: 20 real clients, every client every round, 3 rounds (≈ 5 minutes on 2 cores)
 QUICK = {
@@ -121,11 +124,12 @@ def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig
 def _mia_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
     from client.train_local import LOCAL_DEFAULTS
 
-    base = {**LOCAL_DEFAULTS, **(QUICK_MIA if args.quick else {}), "seed": args.seed}
+    defaults = {k: v for k, v in LOCAL_DEFAULTS.items() if v is not None}  # one node, the whole split
+    base = {**defaults, **(QUICK_MIA if args.quick else {}), "seed": args.seed}
     base.update(model=args.model, dataset=args.dataset)
     given = (("max_train_examples", args.examples), ("local_steps", args.steps), ("lr", args.lr))
     base.update({k: v for k, v in given if v})
-    return [RunConfig(num_clients=1, partition="iid", **{**base, **MIA_ARMS[a]}).check() for a in arms]
+    return [RunConfig(**{**base, **MIA_ARMS[a]}).check() for a in arms]
 
 
 def _line(r: dict) -> str:

@@ -77,7 +77,7 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
     members = [canary_set[j] for j in np.flatnonzero(included)]
     train = task.encode(split.texts(pool), split.labels(pool)) + members
     plan = local_plan(cfg, model, len(train))
-    train_one(cfg, bundle, task, train, plan)
+    stats = train_one(cfg, bundle, task, train, plan)
     scores = -losses(model, task, canary_set, device)
     out.mkdir(parents=True)
     (out / "canaries.json").write_text(
@@ -85,9 +85,9 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
     )
     return {
         "mechanism": cfg.optimizer_kind if plan else "none",
-        "epsilon": plan.epsilon() if plan else None,
+        "epsilon": plan.claimed_epsilon(stats.get("assumptions"))[0] if plan else None,
         "eps_gdp": plan.epsilon("gdp") if plan else None,
-        "accountant": "pld (claimed ε); CLT mu-GDP beside it",
+        "accountant": "pld (claimed ε; wishart: its amplified ε); CLT mu-GDP beside it",
         "unit": "sample-level (add/remove one example)",
         **summarize(scores, included, cfg.delta, confidence),
         "model": cfg.model,

@@ -36,7 +36,7 @@ def resolve_run_config(items: tuple[str, ...], nodes: int, work_dir: Path) -> di
     if clients != nodes:
         raise FedloraError(f"num-clients={clients} in --run-config, but --nodes {nodes}: they must agree")
     flat["out-dir"] = str(Path(str(flat.get("out-dir") or work_dir / "run")).resolve())
-    cfg = from_flat(dict(flat)).check()
+    cfg = from_flat(dict(flat)).check_federated()
     out = Path(cfg.out_dir)
     if not cfg.resume and ((out / "config.json").exists() or (out / "ledger.sqlite").exists()):
         raise FedloraError(f"run directory {out} already holds a run; give another out-dir or resume=true")

@@ -2,7 +2,8 @@
 
 ``prism`` tangent-space DP (client/dp/optimizers/prism.py); ``dp-adamw`` factor-space DP-SGD + AdamW
 and ``ffa`` (frozen ``lora_A``) (client/dp/optimizers/factor.py); ``sparta`` row selection then sparse
-DP-AdamW (client/dp/optimizers/sparta.py). ``none`` (non-private AdamW) is not a
+DP-AdamW (client/dp/optimizers/sparta.py); ``wishart`` the random-projection mechanism M2 with a fresh
+Gaussian A every step (client/dp/optimizers/wishart.py). ``none`` (non-private AdamW) is not a
 DP optimizer and lives in client/local_update.py.
 """
 
@@ -16,6 +17,7 @@ from client.dp.optimizers.base import FactorGrads, LoraDpOptimizer
 from client.dp.optimizers.factor import FactorDp
 from client.dp.optimizers.prism import PrismDp
 from client.dp.optimizers.sparta import SpartaDp
+from client.dp.optimizers.wishart import WishartDp
 from common.errors import FedloraError
 
 #: name -> factory(layers, lr, **options)
@@ -24,6 +26,7 @@ DP_OPTIMIZERS: dict[str, Callable[..., LoraDpOptimizer]] = {
     "dp-adamw": FactorDp,
     "ffa": lambda layers, lr, **kw: FactorDp(layers, lr, freeze_a=True, **kw),
     "sparta": SpartaDp,
+    "wishart": WishartDp,
 }
 LOCAL_OPTIMIZERS = ("none", *DP_OPTIMIZERS)
 
@@ -42,5 +45,6 @@ __all__ = [
     "LoraDpOptimizer",
     "PrismDp",
     "SpartaDp",
+    "WishartDp",
     "make_dp_optimizer",
 ]
