@@ -8,6 +8,11 @@ one-shot ε estimate. The attacks that produce the scores live in server/audit/.
   ``P[Bin(r, q) ≥ v] + 2mδ·α`` with ``q = e^ε / (1 + e^ε)``; the bound is the largest ε rejected at
   the stated confidence. Several ``k`` are tried with a Bonferroni correction, so the reported bound
   keeps its confidence.
+- **K-models threshold bound** (Jagielski, Ullman & Oprea 2020; Nasr et al. 2021): K models, one
+  canary in each included with probability ½; for every threshold on the canary's score, the attack's
+  false-positive and false-negative rates get Clopper–Pearson upper bounds and DP's
+  ``FPR + e^ε·FNR ≥ 1 − δ`` (both ways round) gives ``ε ≥ log((1 − δ − FPR) / FNR)``. Every threshold
+  and both directions share the confidence (Bonferroni), so the maximum keeps it.
 - **AUC** of the canary scores, in vs out (the Mann-Whitney statistic).
 - **One-shot estimate** (Andrew et al., ICLR 2024, "One-shot empirical privacy estimation for federated
   learning", §3): the included canaries' mean score shift in units of the excluded ones' spread, read
@@ -28,6 +33,8 @@ from common.privacy.gdp import eps_for_delta
 
 #: fewest canaries an audit accepts
 MIN_CANARIES = 10
+#: fewest models a K-models audit accepts
+MIN_MODELS = 10
 
 
 def one_run_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
@@ -80,6 +87,44 @@ def one_run_bound(
         if eps > best["eps_lower_bound"] or best["guesses"] == 0:
             best = {"eps_lower_bound": eps, "guesses": r, "correct": v}
     return {**best, "canaries": m, "confidence": confidence, "delta": delta}
+
+
+def clopper_pearson_upper(k, n: int, alpha: float):
+    """One-sided (1 − α) Clopper–Pearson upper bound on a rate after ``k`` events (an int or an
+    array) in ``n`` trials."""
+    k = np.asarray(k)
+    if n < 1 or (k < 0).any() or (k > n).any():
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    upper = np.where(k == n, 1.0, stats.beta.ppf(1.0 - alpha, k + 1, np.maximum(n - k, 1)))
+    return float(upper) if upper.ndim == 0 else upper
+
+
+def threshold_bound(
+    scores_in: Sequence[float], scores_out: Sequence[float], delta: float, confidence: float = 0.95
+) -> dict:
+    """The K-models ε lower bound (module docstring) from one canary score per model, split by
+    whether the model trained on the canary; ``threshold`` is the best cut ("in" when score ≥ it)."""
+    a, b = np.sort(np.asarray(scores_in, dtype=float)), np.sort(np.asarray(scores_out, dtype=float))
+    if len(a) < 1 or len(b) < 1 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise FedloraError("a threshold bound needs finite scores of models with and without the canary")
+    cuts = np.unique(np.concatenate([a, b]))
+    alpha = (1.0 - confidence) / (2 * len(cuts))  # two bounds per threshold
+    fp = len(b) - np.searchsorted(b, cuts, side="left")  # out-models scoring ≥ the cut
+    fn = np.searchsorted(a, cuts, side="left")  # in-models scoring below it
+    fpr, fnr = clopper_pearson_upper(fp, len(b), alpha), clopper_pearson_upper(fn, len(a), alpha)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eps = np.maximum(np.log((1.0 - delta - fpr) / fnr), np.log((1.0 - delta - fnr) / fpr))
+    eps = np.nan_to_num(eps, nan=0.0, neginf=0.0)
+    best = {"eps_lower_bound": 0.0, "threshold": None, "fpr": None, "fnr": None}
+    i = int(np.argmax(eps))
+    if eps[i] > 0:
+        best = {
+            "eps_lower_bound": float(eps[i]),
+            "threshold": float(cuts[i]),
+            "fpr": float(fp[i] / len(b)),
+            "fnr": float(fn[i] / len(a)),
+        }
+    return {**best, "models_in": len(a), "models_out": len(b), "confidence": confidence, "delta": delta}
 
 
 def check_canaries(scores: np.ndarray, included: np.ndarray) -> int:

@@ -1,6 +1,7 @@
 """``fedlora audit client|mia``: empirical privacy audits, each a real attack on the real training code.
 ``client``: canary clients in a federation, against the client-level mechanisms (server/audit/client.py);
-``mia``: canary examples in one local training run, against the sample-level ones (server/audit/mia.py).
+``mia``: canary examples in one local training run (or, with ``--models K``, one canary in K runs), against
+the sample-level ones (server/audit/mia.py).
 ``--json`` prints one object per audited arm: ``auc``, ``eps_lower_bound`` (one run, at
 ``--confidence``), ``eps_estimate`` (one-shot), the claimed ``epsilon`` (PLD) and the settings."""
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from common.config import RunConfig, preset
 from common.errors import FedloraError
-from common.privacy.audit import MIN_CANARIES
+from common.privacy.audit import MIN_CANARIES, MIN_MODELS
 
 #: the audited arms: name -> RunConfig overrides (the no-noise arm must lose, the others must hold)
 CLIENT_ARMS: dict[str, dict[str, object]] = {
@@ -72,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--examples", type=int, default=0, help="real training examples (0: train-local's)")
     m.add_argument("--steps", type=int, default=0, help="local steps (0: train-local's)")
     m.add_argument("--lr", type=float, default=0.0, help="learning rate of every arm (0: train-local's)")
+    m.add_argument(
+        "--models",
+        type=int,
+        default=0,
+        help="K-models audit instead: K trainings, one canary in each with probability 1/2, "
+        "Clopper-Pearson threshold bound (0: the one-run audit; K >= 10)",
+    )
     _common(m, MIA_ARMS, "canary texts, labels, inclusion and the run's seed")
 
 
@@ -85,6 +93,8 @@ def _common(p: argparse.ArgumentParser, arms: dict, seeds: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "models", 0) and args.models < MIN_MODELS:
+        raise FedloraError(f"--models must be 0 (one run) or >= {MIN_MODELS}, got {args.models}")
     if args.canaries < MIN_CANARIES:
         raise FedloraError(f"an audit needs at least {MIN_CANARIES} canaries, got {args.canaries}")
     if not 0.5 < args.confidence < 1:
@@ -103,12 +113,16 @@ def run(args: argparse.Namespace) -> int:
 
         configs = _client_configs(args, arms)
     else:
-        from server.audit.mia import audit_run
+        from server.audit.mia import audit_run, models_audit
 
         configs = _mia_configs(args, arms)
     results = []
     for k, (arm, cfg) in enumerate(zip(arms, configs, strict=True)):
-        result = {"arm": arm, **audit_run(cfg, args.canaries, out / f"arm-{k}", args.seed, args.confidence)}
+        where = (out / f"arm-{k}", args.seed, args.confidence)
+        if getattr(args, "models", 0):
+            result = {"arm": arm, **models_audit(cfg, args.models, *where)}
+        else:
+            result = {"arm": arm, **audit_run(cfg, args.canaries, *where)}
         results.append(result)
         print(json.dumps(result) if args.json else _line(result), flush=True)
     (out / "audit.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
@@ -134,6 +148,12 @@ def _mia_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
 
 def _line(r: dict) -> str:
     claimed = "none (no noise)" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
+    if "models" in r:
+        return (
+            f"{r['arm']}: AUC {r['auc']:.3f}, ε lower bound {r['eps_lower_bound']:.2f} ({r['confidence']:.0%}, "
+            f"K-models threshold), claimed ε {claimed} (δ {r['delta']:g}, {r['unit']}); {r['models']} models "
+            f"({r['models_in']} with the canary), {r['seconds']:.0f} s"
+        )
     estimate = "n/a" if r["eps_estimate"] is None else f"{r['eps_estimate']:.2f} (mu {r['mu_estimate']:.2f})"
     return (
         f"{r['arm']}: AUC {r['auc']:.3f}, ε lower bound {r['eps_lower_bound']:.2f} "
