@@ -12,7 +12,7 @@ from torch import nn
 from client.dp.engine import DpSteps, dp_train
 from client.dp.optimizers import make_dp_optimizer
 from client.dp.sample_plan import SamplePlan
-from common.config import RunConfig
+from common.config import SPARTA_OPTIMIZERS, RunConfig
 from common.models.lora import lora_layers
 from common.sparta import selection_steps
 from common.tasks import Task
@@ -55,7 +55,7 @@ def local_update(
     options = {}
     if kind == "prism":
         options = {"floor": cfg.prism_floor}
-    elif kind == "sparta":
+    elif kind in SPARTA_OPTIMIZERS:
         options = {"keep": cfg.sparta_keep, "selection": selection_steps(cfg.sparta_selection, steps)}
     optimizer = make_dp_optimizer(kind, lora_layers(model), lr, **options)
     dp_plan = DpSteps(steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch_size)

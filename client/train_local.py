@@ -23,10 +23,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from client.dp.optimizers.sparta import check_rows
+from client.dp.optimizers.sparta_base import check_base_rows
 from client.dp.optimizers.wishart import projection_shape
 from client.dp.sample_plan import SAMPLE_ACCOUNTANT, SamplePlan, plan_sample_noise
 from client.local_update import local_update
-from common.config import MECHANISMS, RunConfig
+from common.config import MECHANISMS, SPARTA_OPTIMIZERS, RunConfig
 from common.data.federated import FederatedSplit
 from common.errors import FedloraError
 from common.models import adapter_state
@@ -182,7 +183,7 @@ def train_local(
         # planned, not realised: realised Poisson batch sizes depend on the private data
         "examples_per_second": round(cfg.local_steps * cfg.batch_size / max(train_seconds, 1e-9), 2),
         "lora_norm": lora_norm(model),
-        **({"sparta": _sparta(cfg, stats)} if kind == "sparta" else {}),
+        **({"sparta": _sparta(cfg, stats)} if kind in SPARTA_OPTIMIZERS else {}),
         "privacy": _privacy(plan, privacy, cfg.delta, validation, stats.get("assumptions")),
         "seconds": round(time.time() - start, 1),
     }
@@ -208,6 +209,8 @@ def local_plan(cfg: RunConfig, model: nn.Module, examples: int) -> SamplePlan | 
         return None
     if cfg.optimizer_kind == "sparta":
         check_rows(lora_layers(model), cfg.sparta_keep)
+    if cfg.optimizer_kind == "sparta-base":
+        check_base_rows(lora_layers(model), cfg.sparta_keep)
     projection = None
     if cfg.optimizer_kind == "wishart":
         projection = projection_shape(lora_layers(model), cfg.max_length)
@@ -266,8 +269,9 @@ def _split_validation(pool: Sequence[int], count: int, seed: int) -> tuple[list[
 
 
 def _sparta(cfg: RunConfig, stats: dict) -> dict:
-    keys = ("selection_steps", "kept_coordinates", "lora_coordinates")
-    return {"keep": cfg.sparta_keep, **{k: stats[k] for k in keys}}
+    where = "base" if cfg.optimizer_kind == "sparta-base" else "lora"
+    keys = ("selection_steps", "kept_coordinates", f"{where}_coordinates")
+    return {"keep": cfg.sparta_keep, "rows_of": where, **{k: stats[k] for k in keys}}
 
 
 def _privacy(plan, report: dict, delta: float, validation: int, assumptions: dict | None = None) -> dict:
@@ -329,9 +333,11 @@ def _print(result: dict) -> None:
     )
     if "sparta" in result:
         s = result["sparta"]
+        where = "base-weight" if s["rows_of"] == "base" else "LoRA"
         print(
             f"sparta: {s['selection_steps']} selection steps, {s['kept_coordinates']} of "
-            f"{s['lora_coordinates']} LoRA coordinates trained (keep {s['keep']:g} rows per factor)"
+            f"{s[s['rows_of'] + '_coordinates']} {where} coordinates trained (keep {s['keep']:g} rows per "
+            f"{'layer' if s['rows_of'] == 'base' else 'factor'})"
         )
     if p["epsilon"] is None:
         print("sample-level privacy: none (non-private AdamW)")

@@ -21,13 +21,16 @@ MECHANISMS: dict[str, tuple[str, str]] = {
     "dp-adamw": ("dp-adamw", "none"),
     "ffa": ("ffa", "none"),
     "sparta": ("sparta", "none"),
+    "sparta-base": ("sparta-base", "none"),
     "wishart": ("wishart", "none"),
     "dr-encoder": ("none", "dr-encoder"),
 }
 #: sample-level local optimizers (client/dp/optimizers registers the DP ones under these names)
-LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa", "sparta", "wishart")
+LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa", "sparta", "sparta-base", "wishart")
 #: local optimizers whose update is not LoRA factors (train-local only, never in a federation)
-LOCAL_ONLY = ("wishart",)
+LOCAL_ONLY = ("sparta-base", "wishart")
+#: the SPARTA optimizers (rows of the LoRA factors, or of the base weights)
+SPARTA_OPTIMIZERS = ("sparta", "sparta-base")
 RELEASES = ("none", "gaussian", "dr-encoder")
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
 CODECS = ("ae", "identity", "constant-mean", "random-projection", "pca")
@@ -456,9 +459,10 @@ class RunConfig:
     def _check_relations(self) -> None:
         if self.optimizer_kind == "prism" and self.init_kind == "peft":
             raise FedloraError("PRISM needs full-rank LoRA factors: use --lora-init balanced")
-        if self.optimizer_kind == "wishart" and (self.init_kind != "peft" or self.lora_dropout > 0):
+        if self.optimizer_kind in LOCAL_ONLY and (self.init_kind != "peft" or self.lora_dropout > 0):
             raise FedloraError(
-                "wishart trains B from 0 on the undropped input: use --lora-init peft, --lora-dropout 0"
+                f"{self.optimizer_kind} taps the gradient through B = 0 on the undropped input: "
+                "use --lora-init peft, --lora-dropout 0"
             )
         dp_budgets = (self.sample_epsilon > 0) + (self.sample_noise_multiplier > 0)
         if self.optimizer_kind != "none" and dp_budgets != 1:
@@ -466,7 +470,7 @@ class RunConfig:
                 f"local optimizer {self.optimizer_kind} needs exactly one of --sample-epsilon and "
                 "--sample-noise-multiplier (> 0)"
             )
-        if self.optimizer_kind == "sparta":
+        if self.optimizer_kind in SPARTA_OPTIMIZERS:
             if self.sparta_keep >= 1:
                 kept_rows(
                     self.sparta_keep, int(self.sparta_keep)
@@ -711,4 +715,13 @@ def _parse_bool(value: object) -> bool:
     raise ValueError(value)
 
 
-__all__ = ["LOCAL_ONLY", "PRESETS", "RunConfig", "field", "from_flat", "preset", "to_flat"]
+__all__ = [
+    "LOCAL_ONLY",
+    "PRESETS",
+    "SPARTA_OPTIMIZERS",
+    "RunConfig",
+    "field",
+    "from_flat",
+    "preset",
+    "to_flat",
+]

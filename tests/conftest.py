@@ -13,7 +13,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from common.models import LoraSpec, load_model
-from common.models.lora import attach_lora
+from common.models.lora import attach_lora, lora_layers
 from common.models.smollm2 import smollm2_dir
 
 torch.set_num_threads(2)
@@ -79,3 +79,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def per_example_base_grads(model, task, examples) -> list[dict[str, torch.Tensor]]:
+    """``∂L_i/∂W`` of every LoRA layer's base weight, one example at a time (plain autograd)."""
+    layers = lora_layers(model)
+    weights = {k: layer.get_base_layer().weight for k, layer in layers.items()}
+    for w in weights.values():
+        w.requires_grad_(True)
+    out = []
+    for ex in examples:
+        batch = task.collate([ex], torch.device("cpu"))
+        grads = torch.autograd.grad(task.per_example_loss(model, batch).sum(), list(weights.values()))
+        out.append(dict(zip(weights, grads, strict=True)))
+    for w in weights.values():
+        w.requires_grad_(False)
+    return out

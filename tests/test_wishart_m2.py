@@ -21,7 +21,7 @@ from common.models.dense_delta import dense_deltas, restore_base
 from common.models.lora import lora_layers
 from common.privacy.wishart import wishart_epsilon, wishart_sigma
 from common.tasks.language_model import LanguageModelTask
-from tests.conftest import run_cli
+from tests.conftest import per_example_base_grads, run_cli
 
 TEXTS = [
     "a gorgeous, witty film",
@@ -29,22 +29,6 @@ TEXTS = [
     "it never quite finds its footing, sadly, and then it ends",
     "ok then, fine",
 ]
-
-
-def _per_example_full_grads(model, task, examples) -> list[dict[str, torch.Tensor]]:
-    """``∂L_i/∂W`` of every LoRA layer's base weight, one example at a time (plain autograd)."""
-    layers = lora_layers(model)
-    weights = {k: layer.get_base_layer().weight for k, layer in layers.items()}
-    for w in weights.values():
-        w.requires_grad_(True)
-    out = []
-    for ex in examples:
-        batch = task.collate([ex], torch.device("cpu"))
-        grads = torch.autograd.grad(task.per_example_loss(model, batch).sum(), list(weights.values()))
-        out.append(dict(zip(weights, grads, strict=True)))
-    for w in weights.values():
-        w.requires_grad_(False)
-    return out
 
 
 def test_ghost_norms_and_projected_sum_match_per_example_autograd(tiny_llama, smollm2_tokenizer):
@@ -61,7 +45,7 @@ def test_ghost_norms_and_projected_sum_match_per_example_autograd(tiny_llama, sm
         task.per_example_loss(model, batch).sum().backward()
         io = sampler.layer_io()
     model.zero_grad(set_to_none=True)
-    full = _per_example_full_grads(model, task, examples)
+    full = per_example_base_grads(model, task, examples)
     want_sq = torch.tensor(
         [sum(float(g.square().sum()) for g in gi.values()) for gi in full], dtype=torch.float64
     )

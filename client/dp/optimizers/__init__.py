@@ -2,7 +2,8 @@
 
 ``prism`` tangent-space DP (client/dp/optimizers/prism.py); ``dp-adamw`` factor-space DP-SGD + AdamW
 and ``ffa`` (frozen ``lora_A``) (client/dp/optimizers/factor.py); ``sparta`` row selection then sparse
-DP-AdamW (client/dp/optimizers/sparta.py); ``wishart`` the random-projection mechanism M2 with a fresh
+DP-AdamW (client/dp/optimizers/sparta.py), ``sparta-base`` the same on rows of the base weights
+(client/dp/optimizers/sparta_base.py); ``wishart`` the random-projection mechanism M2 with a fresh
 Gaussian A every step (client/dp/optimizers/wishart.py). ``none`` (non-private AdamW) is not a
 DP optimizer and lives in client/local_update.py.
 """
@@ -17,6 +18,7 @@ from client.dp.optimizers.base import FactorGrads, LoraDpOptimizer
 from client.dp.optimizers.factor import FactorDp
 from client.dp.optimizers.prism import PrismDp
 from client.dp.optimizers.sparta import SpartaDp
+from client.dp.optimizers.sparta_base import SpartaBaseDp
 from client.dp.optimizers.wishart import WishartDp
 from common.errors import FedloraError
 
@@ -26,6 +28,7 @@ DP_OPTIMIZERS: dict[str, Callable[..., LoraDpOptimizer]] = {
     "dp-adamw": FactorDp,
     "ffa": lambda layers, lr, **kw: FactorDp(layers, lr, freeze_a=True, **kw),
     "sparta": SpartaDp,
+    "sparta-base": SpartaBaseDp,
     "wishart": WishartDp,
 }
 LOCAL_OPTIMIZERS = ("none", *DP_OPTIMIZERS)
@@ -44,6 +47,7 @@ __all__ = [
     "FactorGrads",
     "LoraDpOptimizer",
     "PrismDp",
+    "SpartaBaseDp",
     "SpartaDp",
     "WishartDp",
     "make_dp_optimizer",

@@ -86,7 +86,7 @@ class SpartaDp(FactorDp):
 
     def _select(self, released_b: Tensor, released_a: Tensor) -> tuple[Tensor, Tensor]:
         """Row masks from the summed releases: ``lora_B`` rows (m, 1) and ``lora_A`` columns (1, n)."""
-        return _top_rows(released_b.sum(1), self.keep)[:, None], _top_rows(released_a.sum(0), self.keep)[
+        return top_rows(released_b.sum(1), self.keep)[:, None], top_rows(released_a.sum(0), self.keep)[
             None, :
         ]
 
@@ -104,7 +104,7 @@ class SpartaDp(FactorDp):
         return {"selection_steps": self.selection, "kept_coordinates": kept, "lora_coordinates": total}
 
 
-def _top_rows(scores: Tensor, keep: float) -> Tensor:
+def top_rows(scores: Tensor, keep: float) -> Tensor:
     """0/1 float mask of the ``kept_rows`` highest ``max(0, score)`` entries."""
     k = kept_rows(keep, scores.numel())
     mask = torch.zeros_like(scores)
