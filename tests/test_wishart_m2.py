@@ -119,7 +119,7 @@ def test_wishart_refuses_nonzero_b_and_a_claim_without_fresh_draws(tiny_llama):
     assert plan.claimed_epsilon(held)[0] == amplified.amplified < amplified.baseline
     with torch.no_grad():
         next(iter(layers.values())).lora_B["default"].weight.fill_(0.1)
-    with pytest.raises(FedloraError, match="lora_B != 0"):
+    with pytest.raises(FedloraError, match="needs lora_B = 0"):
         WishartDp(layers, lr=1e-2)
 
 

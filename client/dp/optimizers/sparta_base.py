@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import torch
 from peft.tuners.lora import LoraLayer
-from torch import Tensor, nn
+from torch import Tensor
 
+from client.dp.optimizers.dense import DenseUpdate, LayerIO, ghost_sq_norms
 from client.dp.optimizers.sparta import top_rows
-from client.dp.optimizers.wishart import LayerIO
-from common.errors import FedloraError
-from common.models.dense_delta import set_dense_delta
 from common.sparta import kept_rows
 
 
@@ -38,11 +36,10 @@ def check_base_rows(layers: dict[str, LoraLayer], keep: float) -> None:
         kept_rows(keep, layer.get_base_layer().weight.shape[0])
 
 
-class SpartaBaseDp:
+class SpartaBaseDp(DenseUpdate):
     """SPARTA row selection, then masked DP-AdamW, on the base weights of every module in ``layers``."""
 
     name = "sparta-base"
-    needs_layer_io = True  # the engine passes LayerIO, not factor gradients
 
     def __init__(
         self,
@@ -52,21 +49,11 @@ class SpartaBaseDp:
         keep: float = 0.2,
         selection: int = 1,
         adapter: str = "default",
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
+        **adamw,
     ) -> None:
         check_base_rows(layers, keep)
-        for name, layer in layers.items():
-            if bool(layer.lora_B[adapter].weight.detach().any()):
-                raise FedloraError(
-                    f"sparta-base needs lora_B = 0 (the gradient tap): {name} (use --lora-init peft)"
-                )
-        self.layers, self.keep, self.selection, self.steps_done = layers, keep, selection, 0
-        self.deltas = {
-            k: nn.Parameter(torch.zeros_like(layer.get_base_layer().weight, dtype=torch.float32))
-            for k, layer in layers.items()
-        }
-        self.opt = torch.optim.AdamW(self.deltas.values(), lr=lr, betas=betas, weight_decay=weight_decay)
+        super().__init__(layers, lr, adapter=adapter, **adamw)
+        self.keep, self.selection, self.steps_done = keep, selection, 0
         self.released = {k: torch.zeros_like(d) for k, d in self.deltas.items()}
         self.rows: dict[str, Tensor] | None = None  # kept row indices per layer, after selection
         self.sums: dict[str, Tensor] = {}
@@ -87,11 +74,7 @@ class SpartaBaseDp:
         return dy.float() if self.rows is None else dy.float()[..., self.rows[name]]
 
     def sq_norms(self, io: LayerIO) -> Tensor:
-        total = 0.0
-        for name, (x, dy) in io.items():
-            x, dy = x.float(), self._dy(name, dy)
-            total = total + ((x @ x.mT) * (dy @ dy.mT)).sum(dim=(1, 2))
-        return total
+        return sum(ghost_sq_norms(x, self._dy(name, dy)) for name, (x, dy) in io.items())
 
     def accumulate(self, io: LayerIO, alpha: Tensor) -> None:
         for name, (x, dy) in io.items():
@@ -114,11 +97,7 @@ class SpartaBaseDp:
             grad = torch.zeros_like(delta)
             grad[self.rows[name]] = (acc + noise_std * noise) / denom
             delta.grad = grad
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for name, layer in self.layers.items():
-                set_dense_delta(layer, self.deltas[name])
+        self.apply()
         self.steps_done += 1
 
     def summary(self) -> dict[str, int]:

@@ -31,45 +31,21 @@ import secrets
 
 import torch
 from peft.tuners.lora import LoraLayer
-from torch import Tensor, nn
+from torch import Tensor
 
+from client.dp.optimizers.dense import DenseUpdate, LayerIO, ghost_sq_norms
 from common.errors import FedloraError
-from common.models.dense_delta import set_dense_delta
-
-#: ``{module: (x: (b, T, in), dy: (b, T, out))}``: each LoRA layer's input and ∂L/∂(its output)
-LayerIO = dict[str, tuple[Tensor, Tensor]]
 
 
-class WishartDp:
+class WishartDp(DenseUpdate):
     """M2 steps with AdamW on the dense update ``D`` of every module in ``layers``."""
 
     name = "wishart"
-    needs_layer_io = True  # the engine passes LayerIO, not factor gradients
     trains_dense = False  # dense trainables (a head) stay as initialised
 
-    def __init__(
-        self,
-        layers: dict[str, LoraLayer],
-        lr: float,
-        *,
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
-        adapter: str = "default",
-    ) -> None:
-        for name, layer in layers.items():
-            if bool(layer.lora_B[adapter].weight.detach().any()):
-                raise FedloraError(
-                    f"wishart trains B from 0 at every step: {name} has lora_B != 0 (use --lora-init peft)"
-                )
-            if not isinstance(layer.lora_dropout[adapter], nn.Identity):
-                raise FedloraError("wishart needs --lora-dropout 0 (the projection sees the undropped input)")
-        self.layers = layers
+    def __init__(self, layers: dict[str, LoraLayer], lr: float, *, adapter: str = "default", **adamw) -> None:
+        super().__init__(layers, lr, adapter=adapter, **adamw)
         self.rank = {k: layer.r[adapter] for k, layer in layers.items()}
-        self.deltas = {
-            k: nn.Parameter(torch.zeros_like(layer.get_base_layer().weight, dtype=torch.float32))
-            for k, layer in layers.items()
-        }
-        self.opt = torch.optim.AdamW(self.deltas.values(), lr=lr, betas=betas, weight_decay=weight_decay)
         self._draw: dict[torch.device, torch.Generator] = {}
         self.a: dict[str, Tensor] = {}
         self.sums: dict[str, Tensor] = {}
@@ -93,11 +69,7 @@ class WishartDp:
 
     def sq_norms(self, io: LayerIO) -> Tensor:
         """``Σ_layers ‖G_i‖_F²`` per example by the ghost-norm identity: ``(b,)``."""
-        total = 0.0
-        for x, dy in io.values():
-            x, dy = x.float(), dy.float()
-            total = total + ((x @ x.mT) * (dy @ dy.mT)).sum(dim=(1, 2))
-        return total
+        return sum(ghost_sq_norms(x, dy) for x, dy in io.values())
 
     def accumulate(self, io: LayerIO, alpha: Tensor) -> None:
         """``Σ_i α_i G_i A_tᵀ = Σ_i α_i dyᵢᵀ (xᵢ A_tᵀ)``."""
@@ -110,11 +82,7 @@ class WishartDp:
             a = self.a[k]
             released = self.sums[k] + projected_noise(a, delta.shape[0], noise_std, generator)
             delta.grad = (released @ a) / denom
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for k, layer in self.layers.items():
-                set_dense_delta(layer, self.deltas[k])
+        self.apply()
         self.steps += 1
 
     def summary(self) -> dict:
@@ -156,4 +124,4 @@ def projection_shape(
     return ranks.pop(), dim, grad_rank
 
 
-__all__ = ["LayerIO", "WishartDp", "projected_noise", "projection_shape"]
+__all__ = ["WishartDp", "projected_noise", "projection_shape"]
