@@ -219,6 +219,7 @@ def test_threshold_bound_closed_form_and_validity():
         threshold_bound([1.0], [], 1e-5)
 
 
+@pytest.mark.slow  # ≈ 40 s (10 trainings); the bound's statistics are tested above
 def test_audit_mia_k_models_without_noise(tmp_path, capsys):
     """One canary, 10 tiny non-private runs: every file and field is there and the canary separates
     (AUC; 10 models are too few for a positive 95 % bound)."""

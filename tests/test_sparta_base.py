@@ -98,6 +98,7 @@ def test_sparta_base_bad_input_and_federation_refusal(tiny_llama):
         RunConfig(mechanism="sparta-base", sample_epsilon=3, lora_init="balanced").check()
 
 
+@pytest.mark.slow  # ≈ 15 s; the optimizer is tested above, the dense-update wiring by wishart's e2e
 def test_train_local_sparta_base_reports_rows_and_saves_the_dense_update(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["--local-steps", "4", "--batch-size", "8", "--max-train-examples", "64", "--eval-examples", "16"]
