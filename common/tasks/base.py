@@ -6,7 +6,8 @@ optimiser just takes their mean.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -30,6 +31,24 @@ class Task(Protocol):
     def evaluate(
         self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
     ) -> dict[str, float]: ...
+
+
+def evaluation(evaluate: Callable) -> Callable:
+    """Decorates a task's ``evaluate(self, model, ...)``: no gradients, and the model in eval mode (no
+    dropout) for the call, its training flag restored after, so a score never depends on the mode
+    the caller left the model in."""
+
+    @functools.wraps(evaluate)
+    def wrapper(self, model: nn.Module, *args, **kwargs):
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return evaluate(self, model, *args, **kwargs)
+        finally:
+            model.train(was_training)
+
+    return wrapper
 
 
 def pad(seqs: Sequence[Sequence[int]], value: int) -> tuple[Tensor, Tensor]:

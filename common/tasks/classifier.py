@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.tasks.base import Batch, chunks, classification_metrics, logits_of, token_batch
+from common.tasks.base import Batch, chunks, classification_metrics, evaluation, logits_of, token_batch
 
 
 class ClassifierTask:
@@ -30,7 +30,7 @@ class ClassifierTask:
         logits = logits_of(model, batch)
         return F.cross_entropy(logits, batch["labels"], reduction="none")
 
-    @torch.no_grad()
+    @evaluation
     def evaluate(
         self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
     ) -> dict[str, float]:

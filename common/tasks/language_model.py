@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from common.tasks.base import Batch, chunks, logits_of, token_batch
+from common.tasks.base import Batch, chunks, evaluation, logits_of, token_batch
 from common.tasks.verbalizer import token_nll
 
 
@@ -40,7 +40,7 @@ class LanguageModelTask:
         logits = logits_of(model, batch)
         return token_nll(logits, batch["target"])
 
-    @torch.no_grad()
+    @evaluation
     def evaluate(
         self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
     ) -> dict[str, float]:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.data.prompts import Prompt
-from common.tasks.base import Batch, chunks, classification_metrics, logits_of, pad, token_batch
+from common.tasks.base import Batch, chunks, classification_metrics, evaluation, logits_of, pad, token_batch
 
 
 class VerbalizerTask:
@@ -69,6 +69,7 @@ class VerbalizerTask:
             scores.append(-token_nll(logits_of(model, batch), batch["target"]) * len(word))
         return torch.stack(scores, dim=1)
 
+    @evaluation
     def evaluate(
         self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
     ) -> dict[str, float]:
