@@ -183,11 +183,12 @@ def train_local(
         # planned, not realised: realised Poisson batch sizes depend on the private data
         "examples_per_second": round(cfg.local_steps * cfg.batch_size / max(train_seconds, 1e-9), 2),
         "lora_norm": lora_norm(model),
+        **({"dense_norm": _norm(deltas)} if (deltas := dense_deltas(model)) else {}),  # wishart, sparta-base
         **({"sparta": _sparta(cfg, stats)} if kind in SPARTA_OPTIMIZERS else {}),
         "privacy": _privacy(plan, privacy, cfg.delta, validation, stats.get("assumptions")),
         "seconds": round(time.time() - start, 1),
     }
-    deltas = {f"{name}.delta": d for name, d in dense_deltas(model).items()}  # wishart's dense update
+    deltas = {f"{name}.delta": d for name, d in dense_deltas(model).items()}  # a dense update
     save_file({**adapter_state(model), **deltas}, str(out / "adapter.safetensors.tmp"))
     os.replace(out / "adapter.safetensors.tmp", out / "adapter.safetensors")
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -293,6 +294,11 @@ def _privacy(plan, report: dict, delta: float, validation: int, assumptions: dic
         "eps_gdp": report["eps_gdp"],
         "mu": report["mu"],
     }
+
+
+def _norm(tensors: dict) -> float:
+    """Frobenius norm of all of ``tensors`` together."""
+    return float(sum(t.float().square().sum() for t in tensors.values()) ** 0.5)
 
 
 def _shard(result: dict) -> str:

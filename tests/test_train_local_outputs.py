@@ -54,6 +54,8 @@ PUBLISHED = {
     "node",
     "num_clients",
     "partition",
+    # the dense update's norm (wishart, sparta-base): what "lora_norm" is for a LoRA update
+    "dense_norm",
 }
 
 

@@ -162,6 +162,7 @@ def test_train_local_wishart_claims_the_amplified_epsilon_and_saves_the_dense_up
     saved = load_file(str(out / "adapter.safetensors"))
     deltas = {k: v for k, v in saved.items() if k.endswith(".delta")}
     assert deltas and all(v.abs().max() > 0 for v in deltas.values())
+    assert result["dense_norm"] == pytest.approx(float(sum(v.square().sum() for v in deltas.values()) ** 0.5))
     # the next run in this process starts from the base weights as loaded (the shared model was restored)
     code = run_cli(["train-local", "--mechanism", "fedavg", *args, "--out", str(tmp_path / "next"), "--json"])
     assert code == 0
