@@ -161,6 +161,7 @@ def train_local(
     finally:
         ledger.close()
     metrics = task.evaluate(model, test, device, batch_size=32)
+    deltas = dense_deltas(model)  # a dense update (wishart, sparta-base), else empty
     result = {
         "mechanism": kind,
         "model": cfg.model,
@@ -183,13 +184,13 @@ def train_local(
         # planned, not realised: realised Poisson batch sizes depend on the private data
         "examples_per_second": round(cfg.local_steps * cfg.batch_size / max(train_seconds, 1e-9), 2),
         "lora_norm": lora_norm(model),
-        **({"dense_norm": _norm(deltas)} if (deltas := dense_deltas(model)) else {}),  # wishart, sparta-base
+        **({"dense_norm": _norm(deltas)} if deltas else {}),  # wishart, sparta-base
         **({"sparta": _sparta(cfg, stats)} if kind in SPARTA_OPTIMIZERS else {}),
         "privacy": _privacy(plan, privacy, cfg.delta, validation, stats.get("assumptions")),
         "seconds": round(time.time() - start, 1),
     }
-    deltas = {f"{name}.delta": d for name, d in dense_deltas(model).items()}  # a dense update
-    save_file({**adapter_state(model), **deltas}, str(out / "adapter.safetensors.tmp"))
+    saved = {**adapter_state(model), **{f"{name}.delta": d for name, d in deltas.items()}}
+    save_file(saved, str(out / "adapter.safetensors.tmp"))
     os.replace(out / "adapter.safetensors.tmp", out / "adapter.safetensors")
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
@@ -309,7 +310,7 @@ def _shard(result: dict) -> str:
 
 def _wishart_privacy(plan: SamplePlan, report: dict, assumptions: dict | None) -> dict:
     """The amplified ε if this run met every M2 assumption, else the ledger's baseline, with why."""
-    amplified = plan.amplified()
+    amplified = plan.amplified
     epsilon, claim = plan.claimed_epsilon(assumptions)
     return {
         "unit": "sample-level (add/remove one of this client's examples)",

@@ -109,7 +109,7 @@ def test_wishart_refuses_nonzero_b_and_a_claim_without_fresh_draws(tiny_llama):
     opt.begin()  # two draws, no step: not one fresh A per released step
     assert not opt.summary()["assumptions"]["a_redrawn_each_step"]
     plan = SamplePlan(1000, 0.05, 100, 1.0, 0.5, 1e-5, 0.0, projection=(4, 32, 8))
-    amplified = plan.amplified()
+    amplified = plan.amplified
     report = {"eps_tight": amplified.baseline, "eps_gdp": 1.0, "mu": 1.0}
     refused = _wishart_privacy(plan, report, opt.summary()["assumptions"])
     assert refused["epsilon"] == pytest.approx(amplified.baseline) and refused["claim"].startswith("baseline")

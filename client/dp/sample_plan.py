@@ -8,6 +8,7 @@ with the tight accountant (PLD) so that the planned number of steps meets the ta
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ class SamplePlan:
         """ε at ``delta`` after all planned steps."""
         return epsilon_for(accountant, self.sigma, self.sample_rate, self.steps, self.delta)
 
+    @functools.cached_property
     def amplified(self) -> WishartEpsilon | None:
         """The Wishart-amplified ε beside the baseline (None: no random projection). The ledger keeps
         the baseline, which holds whether or not M2's assumptions do."""
@@ -60,7 +62,7 @@ class SamplePlan:
     def claimed_epsilon(self, assumptions: dict | None = None) -> tuple[float, str]:
         """The ε this plan may claim and why: Wishart-amplified when it has a projection and the run
         met every M2 assumption (``assumptions``: the wishart optimizer's summary), else the PLD ε."""
-        amplified = self.amplified()
+        amplified = self.amplified
         if amplified is None:
             return self.epsilon(), SAMPLE_ACCOUNTANT
         try:
