@@ -16,7 +16,7 @@ from client.increment import increment as local_increment
 from client.local_update import local_update
 from client.node.policy import NodePolicy
 from client.node.shard import MODEL_PATH, Shard, load_global, node_shard
-from client.node.state import node_state_dir, sample_ledger
+from client.node.state import encoder_cache_dir, node_state_dir, sample_ledger
 from client.releases import CLIENT_RELEASES, round_clip
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
@@ -127,7 +127,7 @@ def release_reply(
     encoding), its meta, and the example count only when the run is not private."""
     release = cfg.release_kind
     with phase("encode"):
-        sent, extra = CLIENT_RELEASES[release](increment, ins, cfg, device, node_state_dir(node_config))
+        sent, extra = CLIENT_RELEASES[release](increment, ins, cfg, device, encoder_cache_dir(node_config))
     meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": ins.noise_std, **extra}
     count = None if cfg.private else examples  # a clear count is not private
     return train_reply(sent, ins.round, count, metrics, meta)

@@ -23,11 +23,13 @@ from common.privacy.release import add_noise, clip
 from common.wire import CLIP_BIT, TrainInstruction
 
 Sent = tuple[AdapterState, dict]
-#: (increment, instruction, run config, device, node state dir) -> (what is sent, extra reply meta)
+#: (increment, instruction, run config, device, the node's encoder cache directory) -> (what is sent, extra reply meta)
 ClientRelease = Callable[[AdapterState, TrainInstruction, RunConfig, torch.device, Path], Sent]
 
 
-def release_none(increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device, state_dir) -> Sent:
+def release_none(
+    increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device, encoder_cache
+) -> Sent:
     """No client-level release: the increment as it is."""
     return increment, {}
 
@@ -42,7 +44,7 @@ def round_clip(ins: TrainInstruction, cfg: RunConfig) -> float:
 
 
 def release_gaussian(
-    increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device, state_dir
+    increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device, encoder_cache
 ) -> Sent:
     """The increment clipped to the round's C plus this client's noise share for the round; with
     adaptive clipping also the bit [‖Δ‖ ≤ C], with its noise share under distributed noise."""
@@ -63,11 +65,11 @@ def release_gaussian(
 
 
 def release_dr_encoder(
-    increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device: torch.device, state_dir: Path
+    increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device: torch.device, encoder_cache: Path
 ) -> Sent:
     """The increment encoded by the round's codec ({latent, dense entries}), then clipped and noised."""
-    codec = round_codec(ins, device, state_dir)
-    coded, _ = release_gaussian(encode_update(codec, increment), ins, cfg, device, state_dir)
+    codec = round_codec(ins, device, encoder_cache)
+    coded, _ = release_gaussian(encode_update(codec, increment), ins, cfg, device, encoder_cache)
     return coded, {"ae-version": str(ins.codec["ae-version"])}
 
 

@@ -43,7 +43,8 @@ class InProcessGrid(Grid):
         raise_errors: bool = True,
         state_root: Path | None = None,
     ) -> None:
-        """``state_root``: node k keeps its state (sample-level ledger) in ``state_root/node-k``."""
+        """``state_root``: node k keeps its state (sample-level ledger) in ``state_root/node-k``; the
+        encoders the nodes receive are cached once, in ``state_root/shared``."""
         self.client_app = client_app
         self.raise_errors = raise_errors
         self._run = Run.create_empty(run_id)
@@ -54,7 +55,14 @@ class InProcessGrid(Grid):
                 node_config={
                     "partition-id": k,
                     "num-partitions": num_nodes,
-                    **({"state-dir": str(state_root / f"node-{k}")} if state_root else {}),
+                    **(
+                        {
+                            "state-dir": str(state_root / f"node-{k}"),
+                            "encoder-cache": str(state_root / "shared"),
+                        }
+                        if state_root
+                        else {}
+                    ),
                 },
                 state=RecordDict(),
                 run_config=dict(run_config),

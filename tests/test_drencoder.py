@@ -195,12 +195,13 @@ def test_dr_encoder_round_end_to_end_with_client_level_ledger(dr_run):
     )
 
 
-def test_encoder_goes_to_each_node_once_and_stays_in_its_state_dir(dr_run):
+def test_encoder_goes_to_each_node_once_and_stays_in_the_shared_cache(dr_run):
     run_dir, seen = dr_run
     assert seen["encoder"] == [(1, True), (1, True), (2, False), (2, False)]
     version = json.loads((run_dir / "summary.json").read_text())["dr_encoder"]["ae_version"]
-    cached = run_dir.parent / "nodes" / "node-1" / "encoders" / f"{version}.safetensors"
-    assert cached.is_file()
+    cached = run_dir.parent / "nodes" / "shared" / "encoders" / f"{version}.safetensors"
+    assert cached.is_file()  # one copy for the simulated nodes, none in each node's state dir
+    assert not list((run_dir.parent / "nodes").glob("node-*/encoders"))
     # A restarted node (empty memory) encodes from its state dir alone; without it, a clear error.
     from client.drencoder import round_codec as client_codec
 

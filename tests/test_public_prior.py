@@ -140,7 +140,7 @@ def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tm
     ).check()
     simulate(cfg, run_dir)
     assert int(load_file(str(run_dir / PCA_FILE))["round"].item()) == 2
-    cached = {p.name for p in (run_dir / "nodes").glob("*/encoders/*.safetensors")}
+    cached = {p.name for p in (run_dir / "nodes" / "shared" / "encoders").glob("*.safetensors")}
     assert len(cached) == 2 and all(
         name.startswith("pca-") for name in cached
     )  # both versions reached the nodes

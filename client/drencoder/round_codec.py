@@ -6,8 +6,9 @@ rebuilt once per version and process; ``identity`` and ``random-projection``: fr
 server decodes).
 
 The server sends the encoder to a node until that node has answered a round with it; the node keeps
-it in memory and in its state directory (``encoders/<version>.safetensors``), so a restarted node
-does not need it again. A round that names an encoder the node does not hold fails with a clear
+it in memory and in its encoder cache (``encoders/<version>.safetensors`` under the node's state
+directory; one directory shared by all nodes of an in-process simulation), so a restarted node does
+not need it again. A round that names an encoder the node does not hold fails with a clear
 error, and the server sends it with the next round.
 """
 
