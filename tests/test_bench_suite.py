@@ -15,7 +15,15 @@ from server.bench.suite.plan import Run, profile, runs
 from server.bench.suite.runner import execute
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("client-level", "sample-level", "privacy", "communication", "speed", "scale")
+SECTIONS = (
+    "client-level",
+    "sample-level",
+    "privacy",
+    "communication",
+    "speed",
+    "scale",
+    "audit",
+)
 
 
 def _fedlora(*argv: str) -> subprocess.CompletedProcess:
@@ -48,7 +56,7 @@ def test_tiny_suite_writes_every_section_from_the_runs_outputs(tiny):
     assert sections["sample-level"]["rows"][0]["ε (PLD)"] == f"{result['privacy']['epsilon']:.2f}"
     privacy_runs = {r["run"] for r in sections["privacy"]["rows"]}
     assert privacy_runs == {"dp-fedavg central ε=8", "prism ε=3"}  # the non-private arm spends nothing
-    assert any("not implemented" in n for n in sections["privacy"]["notes"])
+    assert any("audit section" in n for n in sections["privacy"]["notes"])
     # the round's time split comes from the in-process run, every phase present
     split = summary["time_split_s"]
     assert split["local-training"] > 0 and split["evaluation"] > 0
@@ -155,3 +163,34 @@ def test_every_planned_federation_is_a_valid_configuration(name):
         parser = argparse.ArgumentParser()
         simulate.add_arguments(parser)
         simulate.config_from_args(parser.parse_args([*run.command[2:], "--out", "x"]))
+
+
+def test_the_audit_section_shows_each_arm_beside_its_claim():
+    from server.bench.suite.plan import Run
+    from server.bench.suite.sections import audit
+
+    mia = {
+        "arm": "prism ε=3",
+        "unit": "sample-level (add/remove one example)",
+        "epsilon": 2.9999,
+        "delta": 1e-5,
+    }
+    mia |= {"auc": 0.5649, "eps_lower_bound": 0.0, "confidence": 0.95, "eps_estimate": 0.767, "canaries": 100}
+    k_models = {**mia, "arm": "no noise", "epsilon": None, "eps_lower_bound": 1.234, "eps_estimate": None}
+    del k_models["canaries"]
+    done = [
+        {
+            "run": Run("audit", "audit-0", ("audit", "mia", "--quick")),
+            "output": [mia, k_models],
+            "error": None,
+        }
+    ]
+    rows = audit(done)["rows"]
+    assert [
+        (r["claimed ε (PLD)"], r["AUC"], r["ε lower bound"], r["ε estimate (one-shot)"], r["canaries"])
+        for r in rows
+    ] == [
+        ("3.00", "0.565", "0.00 (95%)", "0.77", 100),
+        ("none (not private)", "0.565", "1.23 (95%)", "n/a", "n/a"),
+    ]
+    assert rows[0]["audit"] == "mia"

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_const",
         const="quick",
         default="full",
-        help="miniature runs, about 20 minutes on 2 cores (same as --profile quick)",
+        help="miniature runs and quick audits, about 30 minutes on 2 cores (same as --profile quick)",
     )
     parser.add_argument(
         "--profile",

@@ -4,11 +4,13 @@ A profile fixes the settings; an *arm* is one configuration compared in a sectio
 budget); every arm runs once per seed. Each run is a plain ``fedlora`` command line, recorded as it
 is run, so any figure in the report can be reproduced by pasting its command.
 
-- ``full``: the real presets (``minilm-rt-xdev``: 1,000 clients, 30 rounds; MiniLM ``train-local``
-  with logical batches of 256), 3 seeds. Hours on a 2-core CPU; a run directory that already holds a
-  finished run with the same command is reused, so an interrupted suite picks up where it stopped.
+- ``full``: the real presets (``minilm-rt-xdev``: 1,000 clients, 30 rounds; MiniLM ``train-local``:
+  100 logical batches of 128 from the whole train split, each method at its own learning rate, the
+  best of a validation grid: ``fedlora bench compare``, docs/prism.md), 3 seeds; ``fedlora audit``
+  at its defaults. Hours on a 2-core CPU; a run directory that already holds a finished run with the
+  same command is reused, so an interrupted suite picks up where it stopped.
 - ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
-  local steps), 3 seeds, about 20 minutes on 2 cores. Its accuracies check the pipeline and the
+  local steps), 3 seeds, and ``audit ... --quick``: about 30 minutes on 2 cores. Its accuracies check the pipeline and the
   accounting; at that size nothing has time to learn, and the report says so.
 - ``tiny``: one seed, one round, a handful of examples: the suite's own smoke test (``make test``).
 """
@@ -60,6 +62,7 @@ class Profile:
     prism_step: tuple[str, ...]
     scale: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
+    audits: tuple[tuple[str, ...], ...] = ()  # ``fedlora audit ...`` commands (their own canaried runs)
 
 
 def _args(line: str) -> tuple[str, ...]:
@@ -108,19 +111,30 @@ def _public_arms(k: int, epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
     return tuple(arms)
 
 
-def _sample_arms(epsilon: float) -> tuple[Arm, ...]:
-    return (
-        Arm("non-private AdamW", _args("--mechanism fedavg")),
-        *(
-            Arm(f"{m} ε={epsilon:g}", _args(f"--mechanism {m} --sample-epsilon {epsilon:g}"), epsilon)
-            for m in ("prism", "dp-adamw", "ffa", "sparta")
-        ),
-    )
+SAMPLE_METHODS = ("fedavg", "prism", "dp-adamw", "ffa", "sparta")
+
+
+def _sample_arm(method: str, epsilon: float, lr: str | None = None) -> Arm:
+    """``method`` under sample-level ε (``fedavg``: non-private AdamW), at ``lr`` when given."""
+    lr_args = f" --lr {lr}" if lr else ""
+    if method == "fedavg":
+        return Arm("non-private AdamW" + (f" lr {lr}" if lr else ""), _args(f"--mechanism fedavg{lr_args}"))
+    label = f"{method} ε={epsilon:g}" + (f" lr {lr}" if lr else "")
+    return Arm(label, _args(f"--mechanism {method} --sample-epsilon {epsilon:g}{lr_args}"), epsilon)
+
+
+def _sample_arms(epsilon: float, lrs: dict[str, str] | None = None) -> tuple[Arm, ...]:
+    """Every sample-level method; ``lrs``: each method's learning rate (else the base's)."""
+    return tuple(_sample_arm(m, epsilon, (lrs or {}).get(m)) for m in SAMPLE_METHODS)
 
 
 _DP = "--mechanism dp-fedavg --clip 0.5"
 _SAMPLE = "train-local --model minilm-l6 --dataset rotten-tomatoes --pooling mean --head-init zero-shot --delta 1e-5"
 _QUICK_XDEV = "--preset minilm-rt-xdev --num-clients 100"
+_FULL_SAMPLE = f"{_SAMPLE} --local-steps 100 --batch-size 128 --eval-examples 500 --max-train-examples 0"
+#: each method's learning rate in the full profile: the best of the validation grid measured with
+#: these settings (docs/prism.md; sparta was not in that grid)
+FULL_SAMPLE_LR = {"fedavg": "3e-3", "prism": "1e-2", "dp-adamw": "3e-3", "ffa": "3e-2", "sparta": "1e-2"}
 
 _PROFILES: dict[str, Profile] = {
     "full": Profile(
@@ -131,11 +145,12 @@ _PROFILES: dict[str, Profile] = {
             *_client_arms(min_replies=75, ae_steps=300, epsilons=(8.0, 3.0, 1.0)),
             *_public_arms(k=128, epsilons=(8.0, 3.0)),
         ),
-        sample_base=_args(f"{_SAMPLE} --local-steps 200 --batch-size 256 --lr 2e-3 --eval-examples 1000"),
-        sample_arms=_sample_arms(3.0),
+        sample_base=_args(_FULL_SAMPLE),
+        sample_arms=_sample_arms(3.0, FULL_SAMPLE_LR),
         codec=_args("bench codec --preset minilm-rt-xdev --sample-rate 0.032 --json"),
         prism_step=_args("bench prism-step --model smollm2-135m --json"),
         scale=_args("bench scale --json"),
+        audits=(_args("audit client"), _args("audit mia")),
     ),
     "quick": Profile(
         "quick",
@@ -147,6 +162,7 @@ _PROFILES: dict[str, Profile] = {
         codec=_args(f"bench codec {_QUICK_XDEV} --sample-rate 0.1 --ae-steps 50 --json"),
         prism_step=_args("bench prism-step --model smollm2-135m --batch 4 --seq 64 --repeats 3 --json"),
         scale=_args("bench scale --populations 10,1000 --rounds 2 --json"),
+        audits=(_args("audit client --quick"), _args("audit mia --quick")),
         notes=(
             "quick profile: miniature runs (2 rounds of about 10 clients; 8 local steps): they check the "
             "pipeline and the accounting; accuracies at this size rank nothing (the full profile, "
@@ -194,4 +210,5 @@ def runs(p: Profile) -> list[Run]:
     for section, argv in (("communication", p.codec), ("speed", p.prism_step), ("scale", p.scale)):
         if argv:
             out.append(Run(section, section, argv, output="json"))
+    out += [Run("audit", f"audit-{i}", argv) for i, argv in enumerate(p.audits)]
     return out
