@@ -23,7 +23,8 @@ from common.privacy.release import add_noise, clip
 from common.wire import CLIP_BIT, TrainInstruction
 
 Sent = tuple[AdapterState, dict]
-#: (increment, instruction, run config, device, the node's encoder cache directory) -> (what is sent, extra reply meta)
+#: (increment, instruction, run config, device, the node's encoder cache directory)
+#:     -> (what is sent, extra reply meta)
 ClientRelease = Callable[[AdapterState, TrainInstruction, RunConfig, torch.device, Path], Sent]
 
 

@@ -36,6 +36,7 @@ from common.models.loader import ModelBundle
 from common.models.lora import lora_layers, lora_norm
 from common.options import add_config_arguments, config_values
 from common.privacy.ledger import Ledger
+from common.privacy.release import global_norm
 from common.runtime import initial_adapter, open_model, open_split
 from common.tasks import make_task
 from common.tasks.base import Task
@@ -184,7 +185,7 @@ def train_local(
         # planned, not realised: realised Poisson batch sizes depend on the private data
         "examples_per_second": round(cfg.local_steps * cfg.batch_size / max(train_seconds, 1e-9), 2),
         "lora_norm": lora_norm(model),
-        **({"dense_norm": _norm(deltas)} if deltas else {}),  # wishart, sparta-base
+        **({"dense_norm": global_norm(deltas)} if deltas else {}),  # wishart, sparta-base
         **({"sparta": _sparta(cfg, stats)} if kind in SPARTA_OPTIMIZERS else {}),
         "privacy": _privacy(plan, privacy, cfg.delta, validation, stats.get("assumptions")),
         "seconds": round(time.time() - start, 1),
@@ -295,11 +296,6 @@ def _privacy(plan, report: dict, delta: float, validation: int, assumptions: dic
         "eps_gdp": report["eps_gdp"],
         "mu": report["mu"],
     }
-
-
-def _norm(tensors: dict) -> float:
-    """Frobenius norm of all of ``tensors`` together."""
-    return float(sum(t.float().square().sum() for t in tensors.values()) ** 0.5)
 
 
 def _shard(result: dict) -> str:

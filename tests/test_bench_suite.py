@@ -166,7 +166,6 @@ def test_every_planned_federation_is_a_valid_configuration(name):
 
 
 def test_the_audit_section_shows_each_arm_beside_its_claim():
-    from server.bench.suite.plan import Run
     from server.bench.suite.sections import audit
 
     mia = {

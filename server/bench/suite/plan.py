@@ -10,8 +10,9 @@ is run, so any figure in the report can be reproduced by pasting its command.
   at its defaults. Hours on a 2-core CPU; a run directory that already holds a finished run with the
   same command is reused, so an interrupted suite picks up where it stopped.
 - ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
-  local steps), 3 seeds, and ``audit ... --quick``: about 30 minutes on 2 cores. Its accuracies check the pipeline and the
-  accounting; at that size nothing has time to learn, and the report says so.
+  local steps), 3 seeds, and ``audit ... --quick``: about 30 minutes on 2 cores. Its accuracies
+  check the pipeline and the accounting; at that size nothing has time to learn, and the report
+  says so.
 - ``tiny``: one seed, one round, a handful of examples: the suite's own smoke test (``make test``).
 """
 
@@ -116,11 +117,11 @@ SAMPLE_METHODS = ("fedavg", "prism", "dp-adamw", "ffa", "sparta")
 
 def _sample_arm(method: str, epsilon: float, lr: str | None = None) -> Arm:
     """``method`` under sample-level ε (``fedavg``: non-private AdamW), at ``lr`` when given."""
-    lr_args = f" --lr {lr}" if lr else ""
+    lr_args, lr_label = (f" --lr {lr}", f" lr {lr}") if lr else ("", "")
     if method == "fedavg":
-        return Arm("non-private AdamW" + (f" lr {lr}" if lr else ""), _args(f"--mechanism fedavg{lr_args}"))
-    label = f"{method} ε={epsilon:g}" + (f" lr {lr}" if lr else "")
-    return Arm(label, _args(f"--mechanism {method} --sample-epsilon {epsilon:g}{lr_args}"), epsilon)
+        return Arm(f"non-private AdamW{lr_label}", _args(f"--mechanism fedavg{lr_args}"))
+    argv = _args(f"--mechanism {method} --sample-epsilon {epsilon:g}{lr_args}")
+    return Arm(f"{method} ε={epsilon:g}{lr_label}", argv, epsilon)
 
 
 def _sample_arms(epsilon: float, lrs: dict[str, str] | None = None) -> tuple[Arm, ...]:

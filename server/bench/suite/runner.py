@@ -2,7 +2,8 @@
 
 A run's directory ``<out>/runs/<key>`` gets ``command.json`` (the command line) when it starts and
 the command's own outputs (``summary.json`` of ``simulate``, ``result.json`` of ``train-local``,
-``audit.json`` of ``audit``, or ``output.json``: the JSON a ``bench ... --json`` prints) when it ends; ``log.txt`` holds its output.
+``audit.json`` of ``audit``, or ``output.json``: the JSON a ``bench ... --json`` prints) when it
+ends; ``log.txt`` holds its output.
 A directory whose command is the same and whose outputs exist is reused, not run again."""
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def execute(run: Run, runs_dir: Path, echo: Callable[[str], None]) -> dict:
 def _collect(run_dir: Path) -> None:
     """Copy the command's summary/result and metrics up to the run directory (the command wrote them
     into ``out/``), so :func:`output_of` finds them."""
-    for name in ("metrics.jsonl", "result.json", "summary.json", "audit.json"):  # the outputs last
+    for name in ("metrics.jsonl", *OUTPUTS):  # the outputs last
         src = run_dir / "out" / name
         if src.exists():
             (run_dir / name).write_bytes(src.read_bytes())
