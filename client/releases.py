@@ -68,7 +68,14 @@ def release_gaussian(
 def release_dr_encoder(
     increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device: torch.device, encoder_cache: Path
 ) -> Sent:
-    """The increment encoded by the round's codec ({latent, dense entries}), then clipped and noised."""
+    """The increment encoded by the round's codec ({latent, dense entries}), then clipped and noised;
+    with ``--encode-at server`` (central noise only, checked by the run config) the raw increment: the
+    trusted server encodes, clips and noises it."""
+    site = str(ins.codec.get("encode-at", "client"))
+    if site != cfg.encode_at:
+        raise FedloraError(f"the round asks to encode at the {site}, the run config says {cfg.encode_at}")
+    if site == "server":
+        return increment, {"ae-version": str(ins.codec["ae-version"])}
     codec = round_codec(ins, device, encoder_cache)
     coded, _ = release_gaussian(encode_update(codec, increment), ins, cfg, device, encoder_cache)
     return coded, {"ae-version": str(ins.codec["ae-version"])}

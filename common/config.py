@@ -39,6 +39,7 @@ AE_NORMALISATIONS = ("none", "image", "factor")
 AE_LATENTS = ("raw", "homogeneous")
 STATS_GRANULARITIES = ("matrix", "column")  # per-row or per-entry statistics exceed the 1 % payload bound
 DECODE_ORDERS = ("aggregate-first", "decode-first")
+ENCODE_SITES = ("client", "server")
 INCREMENT_FORMS = ("raw", "horizontal")  # client/increment.py implements them
 LORA_INITS = ("balanced", "peft")  # common/models/lora_init.py
 PRISM_FLOORS = ("clamp", "ridge")
@@ -385,6 +386,14 @@ class RunConfig:
         DR_ENCODER,
         choices=DECODE_ORDERS,
     )
+    encode_at: str = option(
+        "client",
+        "where dr-encoder encodes: client (the paper: the encoder or basis is sent to every node, replies "
+        "are latents) or server (--threat-model central only: replies are raw increments, the trusted "
+        "server encodes, clips and noises them; nothing is broadcast)",
+        DR_ENCODER,
+        choices=ENCODE_SITES,
+    )
     # -- run
     out_dir: str = option("", "run directory (default runs/<time>-<model>-<dataset>)", RUN)
     resume: bool = option(False, "continue the run in --out from its checkpoint and ledger", RUN)
@@ -530,6 +539,11 @@ class RunConfig:
         if self.codec == "pca" and not self.public_subspace:
             raise FedloraError(
                 "--codec pca needs --public-subspace K (its latent size) and --public-fraction (its public data)"
+            )
+        if self.encode_at == "server" and self.threat_model != "central":
+            raise FedloraError(
+                "--encode-at server needs --threat-model central: only a trusted server may see a "
+                "client's raw increment"
             )
         if self.decode_order == "decode-first" and self.threat_model != "local":
             raise FedloraError(

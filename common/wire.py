@@ -74,7 +74,8 @@ class TrainInstruction:
     static (local steps, lr, seed, release, clip, ...) comes from the run config both sides hold.
 
     ``noise_std``: the client's noise share (it depends on the round's sample); ``codec``: the
-    ``dr-encoder`` codec (``codec``, ``ae-version``, ``latent-size``, ``codec-seed``, ``layout``);
+    ``dr-encoder`` codec (``codec``, ``ae-version``, ``latent-size``, ``codec-seed``, ``layout``,
+    ``encode-at``);
     ``records``: further named records (the encoder broadcast); ``clip``: the round's C under
     adaptive clipping (0: the run config's)."""
 

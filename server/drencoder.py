@@ -33,7 +33,7 @@ from torch import Tensor
 from autoencoder.broadcast import encoder_payload, pca_payload
 from autoencoder.checkpoint import load_checkpoint, save_checkpoint
 from autoencoder.codecs import Codec, make_codec
-from autoencoder.coded import coded_shapes, decode_update
+from autoencoder.coded import coded_shapes, decode_update, encode_update
 from autoencoder.layout import Layout, is_factor
 from autoencoder.synthetic import Stats, prior_moments, unpack_stats
 from autoencoder.train import TrainConfig, train_autoencoder
@@ -60,19 +60,23 @@ AE_CONFIGS: dict[str, Callable[[], AeConfig]] = {
 
 
 class ServerCodec:
-    """The run's codec (it decodes) and what each train round tells clients about it."""
+    """The run's codec (it decodes, and encodes too when ``encode_at`` is ``server``) and what each
+    train round tells clients about it."""
 
-    def __init__(self, codec: Codec, version: str, seed: int, encoder: tuple | None) -> None:
-        self.codec, self.version = codec, version
+    def __init__(
+        self, codec: Codec, version: str, seed: int, encoder: tuple | None, encode_at: str = "client"
+    ) -> None:
+        self.codec, self.version, self.encode_at = codec, version, encode_at
         self.round_config = {
             "codec": codec.name,
             "ae-version": version,
             "latent-size": codec.latent_size,
             "codec-seed": seed,
             "layout": codec.layout.to_json(),
+            "encode-at": encode_at,
         }
         self.records = {}
-        if encoder is not None:
+        if encoder is not None and encode_at == "client":
             tensors, meta = encoder
             self.records = {
                 "encoder": ArrayRecord.from_torch_state_dict(tensors),
@@ -89,12 +93,17 @@ class ServerCodec:
         (self.holders.add if ok else self.holders.discard)(node)
 
     def reply_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-        return coded_shapes(self.codec, shapes)
+        return dict(shapes) if self.encode_at == "server" else coded_shapes(self.codec, shapes)
 
     def aggregate(
-        self, coded: Sequence[AdapterState], order: str, plan: NoisePlan, expected: float
+        self, replies: Sequence[AdapterState], order: str, plan: NoisePlan, expected: float
     ) -> AdapterState:
-        """The round's decoded mean increment from the clients' (clipped, noised) coded updates."""
+        """The round's decoded mean increment from the clients' (clipped, noised) coded updates, or
+        from their raw increments when the server encodes (central noise: the mean clips each coded
+        update to C, as a client would, before it adds the noise)."""
+        coded = replies
+        if self.encode_at == "server":
+            coded = [encode_update(self.codec, r) for r in replies]
         if order == "decode-first":
             decoded = [decode_update(self.codec, c) for c in coded]
             return private_mean(decoded, plan.threat_model, plan.server_sigma, plan.clip, expected)
@@ -172,13 +181,20 @@ def _announce(
         increment_bytes=raw,
         coded_bytes=coded,
         compression=raw / coded if coded else None,
+        encode_at=cfg.encode_at,
     )
-    ratio = f"{raw / coded:.1f}x fewer" if coded else "nothing sent"
-    echo(
-        f"codec {cfg.codec} ({version}): latent {codec.latent_size:,} numbers; {coded / 1e3:.1f} kB per client "
-        f"per round (latent + dense entries) instead of {raw / 1e3:.1f} kB ({ratio})"
-    )
-    return ServerCodec(codec, version, cfg.seed, encoder), info
+    if cfg.encode_at == "server":
+        echo(
+            f"codec {cfg.codec} ({version}): latent {codec.latent_size:,} numbers, encoded on the server "
+            f"(central noise): each client sends its raw increment ({raw / 1e3:.1f} kB) and receives no encoder"
+        )
+    else:
+        ratio = f"{raw / coded:.1f}x fewer" if coded else "nothing sent"
+        echo(
+            f"codec {cfg.codec} ({version}): latent {codec.latent_size:,} numbers; {coded / 1e3:.1f} kB per "
+            f"client per round (latent + dense entries) instead of {raw / 1e3:.1f} kB ({ratio})"
+        )
+    return ServerCodec(codec, version, cfg.seed, encoder, cfg.encode_at), info
 
 
 def _public_codec(cfg, layout, state, run_dir, evaluator, echo) -> tuple[Codec, dict]:
@@ -223,7 +239,7 @@ def refresh_public_codec(
         return coder, fitted
     codec = fit_public_basis(evaluator, cfg, state, coder.codec.layout, path, rnd)
     echo(f"round {rnd}: codec pca refitted on {cfg.public_increments} public increments ({codec.version})")
-    return ServerCodec(codec, codec.version, cfg.seed, pca_payload(codec)), rnd
+    return ServerCodec(codec, codec.version, cfg.seed, pca_payload(codec), cfg.encode_at), rnd
 
 
 def _stats_round(

@@ -54,6 +54,9 @@ def test_config_lists_match_the_implementations():
         (dict(stats_floor=0.0), "stats-floor"),
         (dict(stats_floor=0.01), "stats-floor"),
         (dict(stats_clip=0.0), "stats-clip must be > 0"),
+        (dict(encode_at="server"), "--encode-at server needs --threat-model central"),
+        (dict(encode_at="server", threat_model="distributed"), "--encode-at server needs"),
+        (dict(encode_at="edge"), "unknown encode-at"),
     ],
 )
 def test_bad_dr_encoder_configs_fail_with_one_line(changes, message):
@@ -117,10 +120,47 @@ def test_privatised_statistics_are_clipped_and_noised_with_the_configured_std():
 # -- server decode + aggregate ------------------------------------------------------------------------------
 
 
-def _codec(name):
+def _codec(name, encode_at="client"):
     layout = Layout.from_shapes({"m.A": (12, 2), "m.B": (10, 2)}, multiple=4)
     mean = {n: torch.zeros(s) for n, s in layout.shapes.items()}
-    return ServerCodec(make_codec(name, layout=layout, mean=mean, latent_size=11, seed=1), name, 1, None)
+    codec = make_codec(name, layout=layout, mean=mean, latent_size=11, seed=1)
+    return ServerCodec(codec, name, 1, ({"w": torch.ones(2)}, {}), encode_at)
+
+
+def test_a_server_that_encodes_releases_what_clients_that_encode_would(monkeypatch):
+    """``--encode-at server`` (central noise): the server encodes each raw increment and clips the
+    coded update to C as the client-side release does; same noise draw, same released mean; and
+    no encoder goes out."""
+    from autoencoder.coded import encode_update
+    from common.privacy.release import clip
+
+    on_client, on_server = _codec("random-projection"), _codec("random-projection", "server")
+    plan = NoisePlan(1.0, 0.1, 0.5, "central", 0.0, 1e-5, False)
+    raw = [{"m.A": torch.randn(12, 2), "m.B": torch.randn(10, 2), "head": torch.randn(3)} for _ in range(3)]
+    coded = [clip(encode_update(on_client.codec, r), 0.5)[0] for r in raw]  # the client-side release
+    monkeypatch.setattr("common.privacy.release.secrets.randbits", lambda _bits: 7)  # one noise draw
+    expected = on_client.aggregate(coded, "aggregate-first", plan, 3.0)
+    got = on_server.aggregate(raw, "aggregate-first", plan, 3.0)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name])
+    assert on_client.records_for(5) and not on_server.records_for(5)
+    shapes = {"m.A": (12, 2), "m.B": (10, 2), "head": (3,)}
+    assert on_server.reply_shapes(shapes) == shapes
+    assert on_client.reply_shapes(shapes) == {"latent": (11,), "head": (3,)}
+    assert on_server.round_config["encode-at"] == "server"
+
+
+def test_a_client_sends_its_raw_increment_only_when_its_run_config_says_server():
+    from client.releases import release_dr_encoder
+
+    cfg = preset("minilm-rt", **{**TINY, **DR, "threat_model": "central", "encode_at": "server"}).check()
+    inc = {"m.A": torch.randn(12, 2)}
+    ins = TrainInstruction(1, {}, 0.0, {**_codec("identity", "server").round_config})
+    sent, meta = release_dr_encoder(inc, ins, cfg, torch.device("cpu"), None)
+    assert sent is inc and meta == {"ae-version": "identity"}
+    client_cfg = preset("minilm-rt", **{**TINY, **DR, "threat_model": "central"}).check()
+    with pytest.raises(FedloraError, match="encode at the server, the run config says client"):
+        release_dr_encoder(inc, ins, client_cfg, torch.device("cpu"), None)
 
 
 @pytest.mark.parametrize("threat", ["local", "distributed"])

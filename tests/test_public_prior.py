@@ -87,22 +87,33 @@ def test_the_basis_is_refitted_every_prior_refresh_rounds_and_reloaded_on_resume
     assert len(fits) == 3  # round 6 uses round 5's basis
 
 
-def test_the_pca_codec_release_sends_k_numbers_and_decodes_into_the_public_subspace(tmp_path):
+@pytest.mark.parametrize("encode_at", ["client", "server"])
+def test_the_pca_codec_release_sends_k_numbers_and_decodes_into_the_public_subspace(tmp_path, encode_at):
     """``dr-encoder --codec pca``: no statistics round, the basis is broadcast like an encoder, each
-    reply is a k-number latent (plus the dense head), the applied factor update lies in the basis."""
+    reply is a k-number latent (plus the dense head), the applied factor update lies in the basis.
+    ``--encode-at server``: no basis goes out, each reply is the raw increment, the same span."""
     import json
 
     from server.drencoder import PCA_FILE, STATS_FILE
 
-    run_dir, start, end = _central_run(tmp_path, mechanism="dr-encoder", codec="pca")
+    run_dir, start, end = _central_run(tmp_path, mechanism="dr-encoder", codec="pca", encode_at=encode_at)
     assert not (run_dir / STATS_FILE).exists() and not (run_dir / BASIS_FILE).exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     info = summary["dr_encoder"]
     assert info["codec"] == "pca" and info["latent_size"] == 3 and "public" in info["prior"]
+    assert info["encode_at"] == encode_at
     assert not [n for n in summary["not_covered"] if "statistics" in n]  # nothing sent in the clear
     dense = [k for k in start if "classifier" in k]
     assert info["coded_bytes"] == 4 * 3 + 4 * sum(start[k].numel() for k in dense)
     _assert_in_span(start, end, [k for k in start if k not in dense], run_dir / PCA_FILE)
+    raw = 4 * sum(t.numel() for t in start.values())
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (train,) = [r for r in map(json.loads, lines) if r.get("phase") == "train"]
+    up, down = train["bytes_up"] / train["replied"], train["bytes_down"] / train["sampled"]
+    if encode_at == "server":  # raw increments up, only the global adapter down
+        assert up > raw and down < 2 * raw
+    else:  # latents up, the basis down with the adapter
+        assert up < raw / 10 and down > 2 * raw
 
 
 def test_a_tampered_pca_broadcast_is_refused():

@@ -1,6 +1,7 @@
 """``dr-encoder``: the Gaussian release of an autoencoder latent (DR-Encoder, AAAI 2025). Before
 round 1 the statistics round and the autoencoder (server/drencoder.py); every round names the codec
-and broadcasts the encoder to nodes that lack it; replies are coded updates, decoded here."""
+and broadcasts the encoder to nodes that lack it; replies are coded updates, decoded here. With
+``--encode-at server`` (central noise) nothing is broadcast: replies are raw increments, encoded here."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ class DrEncoderRelease(GaussianRelease):
 
     def reply_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         return self.coder.reply_shapes(shapes)
+
+    def check(self, increment: AdapterState) -> None:
+        """A raw increment (``--encode-at server``) is clipped after encoding, so its norm is not checked."""
+        if self.coder.encode_at == "client":
+            super().check(increment)
 
     def answered(self, node: int, usable: bool) -> None:
         self.coder.replied(node, usable)
