@@ -12,7 +12,7 @@ from torch import nn
 from client.dp.engine import DpSteps, dp_train
 from client.dp.optimizers import make_dp_optimizer
 from client.dp.sample_plan import SamplePlan
-from common.config import SPARTA_OPTIMIZERS, RunConfig
+from common.config import FACTOR_OPTIMIZERS, SPARTA_OPTIMIZERS, RunConfig
 from common.models.lora import lora_layers
 from common.sparta import selection_steps
 from common.tasks import Task
@@ -53,7 +53,9 @@ def local_update(
     if plan is None:
         raise ValueError(f"local optimizer {kind} needs a sample-level noise plan")
     options = {}
-    if kind == "prism":
+    if kind in FACTOR_OPTIMIZERS:
+        options = {"rule": cfg.client_optimizer}
+    elif kind == "prism":
         options = {"floor": cfg.prism_floor}
     elif kind in SPARTA_OPTIMIZERS:
         options = {"keep": cfg.sparta_keep, "selection": selection_steps(cfg.sparta_selection, steps)}
@@ -70,4 +72,5 @@ def local_update(
         before_steps=before_steps,
         block=block,
         desc=desc,
+        dense_rule=cfg.client_optimizer,
     )

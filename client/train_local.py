@@ -56,6 +56,7 @@ LOCAL_DEFAULTS: dict[str, object] = {
     "microbatch": 0,
     "sample_clip": 1.0,
     "lr": 1e-3,
+    "client_optimizer": "adamw",
     "rank": 8,
     "lora_alpha": 16.0,
     "lora_init": None,  # by mechanism (RunConfig.init_kind)

@@ -29,6 +29,8 @@ MECHANISMS: dict[str, tuple[str, str]] = {
 LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa", "sparta", "sparta-base", "wishart")
 #: local optimizers whose update is not LoRA factors (train-local only, never in a federation)
 LOCAL_ONLY = ("sparta-base", "wishart")
+#: the factor-space DP optimizers, whose update rule --client-optimizer picks (the others have their own)
+FACTOR_OPTIMIZERS = ("dp-adamw", "ffa")
 #: the SPARTA optimizers (rows of the LoRA factors, or of the base weights)
 SPARTA_OPTIMIZERS = ("sparta", "sparta-base")
 RELEASES = ("none", "gaussian", "dr-encoder")
@@ -203,8 +205,9 @@ class RunConfig:
     lr: float = option(5e-4, "client learning rate", LOCAL, rule=POSITIVE)
     client_optimizer: str = option(
         "adamw",
-        "non-private local optimizer: adamw (fresh state each round) or sgd (the increment is a sum of "
-        "gradient steps: the FedAvg / FedOpt recipe for a few local steps)",
+        "local update rule, non-private or of dp-adamw / ffa's noisy gradients (and the head's): adamw "
+        "(fresh state each round) or sgd (the increment is a sum of gradient steps: the FedAvg / FedOpt "
+        "recipe, a server optimizer adapts it); prism and sparta have their own",
         LOCAL,
         choices=CLIENT_OPTIMIZERS,
     )
@@ -472,6 +475,11 @@ class RunConfig:
             raise FedloraError(
                 f"{self.optimizer_kind} taps the gradient through B = 0 on the undropped input: "
                 "use --lora-init peft, --lora-dropout 0"
+            )
+        if self.client_optimizer == "sgd" and self.optimizer_kind not in ("none", *FACTOR_OPTIMIZERS):
+            raise FedloraError(
+                f"--client-optimizer sgd is an update rule for non-private steps, dp-adamw and ffa; "
+                f"{self.optimizer_kind} has its own: use --client-optimizer adamw"
             )
         dp_budgets = (self.sample_epsilon > 0) + (self.sample_noise_multiplier > 0)
         if self.optimizer_kind != "none" and dp_budgets != 1:

@@ -241,6 +241,31 @@ def test_dp_train_step_matches_opacus_mean_mode(tiny_llama, smollm2_tokenizer, f
     _assert_release_matches(got, want, norms, clip, plan.sample_rate * len(examples))
 
 
+@pytest.mark.parametrize("freeze_a", [False, True], ids=["dp-adamw", "ffa"])
+def test_sgd_rule_steps_like_opacus_dp_sgd(tiny_llama, smollm2_tokenizer, freeze_a):
+    """``--client-optimizer sgd`` (update rule ``sgd``): one engine step moves the factors by
+    ``-lr`` times Opacus's ``mean``-mode release, i.e. what Opacus's DPOptimizer(SGD) would do."""
+    model, lr = tiny_llama, 0.5
+    randomize_lora(model)
+    model.to(torch.float64).train()
+    ref = copy.deepcopy(model)
+    task, examples = _lm_batch(smollm2_tokenizer)
+    full = task.collate(examples, torch.device("cpu"))
+    norms, clip = _norms_and_clip(model, lambda m: task.per_example_loss(m, full), freeze_a)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = FactorDp(lora_layers(model), lr=lr, freeze_a=freeze_a, rule="sgd")
+    if freeze_a:
+        _freeze_lora_a(ref)
+    plan = DpSteps(steps=1, sample_rate=1.0, clip=clip, noise_multiplier=0.0, microbatch=4)
+    rngs = (np.random.default_rng(0), torch.Generator().manual_seed(0))
+    dp_train(model, task, examples, opt, plan, lr=lr, device=torch.device("cpu"), rngs=rngs, dense_rule="sgd")
+    want, _ = _opacus_pre_step(ref, lambda m: task.per_example_loss(m, full), clip, len(examples), "mean")
+    after = dict(model.named_parameters())
+    got = {k: (before[k] - after[k].detach()) / lr for k in want}
+    _assert_release_matches(got, want, norms, clip, plan.sample_rate * len(examples))
+    assert all(torch.equal(before[k], after[k]) for k in before if k not in want)  # nothing else moved
+
+
 def test_classifier_head_global_clip_matches_opacus(minilm, monkeypatch):
     """LoRA factors and a dense classifier head clipped together, one norm per example."""
     model = copy.deepcopy(minilm.model).to(torch.float64)
@@ -262,8 +287,8 @@ def test_classifier_head_global_clip_matches_opacus(minilm, monkeypatch):
     dense_log: list[dict] = []
 
     class RecordingDense(_DenseDp):
-        def __init__(self, model, lr):
-            super().__init__(model, lr)
+        def __init__(self, model, lr, rule):
+            super().__init__(model, lr, rule)
             _recording(self.opt, names, dense_log)
 
     monkeypatch.setattr(dp_train_module, "_DenseDp", RecordingDense)

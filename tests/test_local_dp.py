@@ -285,6 +285,10 @@ def test_train_local_node_trains_its_shard_and_keeps_the_federations_test_set(tm
         (["--mechanism", "ffa", "--batch-size", "100"], "exceeds the 64 training examples"),
         (["--mechanism", "prism", "--delta", "1.5"], "delta must be in (0, 1)"),
         (["--mechanism", "ffa", "--num-clients", "2", "--node", "2"], "--node must be in [0, 2)"),
+        (
+            ["--mechanism", "prism", "--client-optimizer", "sgd"],
+            "prism has its own: use --client-optimizer adamw",
+        ),
     ],
 )
 def test_train_local_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from client.dp.grad_sample import GradSampler
-from client.dp.optimizers import LoraDpOptimizer
+from client.dp.optimizers import LoraDpOptimizer, update_rule
 from client.dp.prism import clip_coefficients
 from common.models.lora import dense_trainables
 from common.tasks import Task
@@ -57,11 +57,11 @@ def os_rngs(device: torch.device) -> tuple[np.random.Generator, torch.Generator]
 
 
 class _DenseDp:
-    """Factor-space DP + AdamW for dense trainables (shared by every LoRA optimizer)."""
+    """Factor-space DP + AdamW (or SGD) for dense trainables (shared by every LoRA optimizer)."""
 
-    def __init__(self, model: nn.Module, lr: float) -> None:
+    def __init__(self, model: nn.Module, lr: float, rule: str = "adamw") -> None:
         self.params = dense_trainables(model)
-        self.opt = torch.optim.AdamW(self.params.values(), lr=lr, weight_decay=0.0) if self.params else None
+        self.opt = update_rule(rule, self.params.values(), lr) if self.params else None
         self.sums: dict[str, Tensor] = {}
 
     def begin(self) -> None:
@@ -94,8 +94,10 @@ def dp_train(
     before_steps: Callable[[int, int], None] | None = None,
     block: int = 0,
     desc: str = "DP steps",
+    dense_rule: str = "adamw",
 ) -> dict[str, float]:
     """Run ``plan.steps`` DP steps; returns ``steps``, ``examples-used`` and ``empty-batches``.
+    ``dense_rule``: the update rule of the dense trainables (``adamw`` or ``sgd``).
 
     ``before_steps(first, count)`` is called before each block of ``block`` steps (0 = all at once):
     the caller charges its ledger there, before the steps run.
@@ -103,7 +105,7 @@ def dp_train(
     if len(examples) == 0:
         raise ValueError("no training examples")
     rng, generator = rngs or os_rngs(device)
-    dense = _DenseDp(model, lr)
+    dense = _DenseDp(model, lr, dense_rule)
     denom = plan.sample_rate * len(examples)  # expected batch size
     noise_std = plan.noise_multiplier * plan.clip
     used, empty = 0, 0

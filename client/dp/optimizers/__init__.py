@@ -15,7 +15,7 @@ from collections.abc import Callable
 from peft.tuners.lora import LoraLayer
 
 from client.dp.optimizers.base import FactorGrads, LoraDpOptimizer
-from client.dp.optimizers.factor import FactorDp
+from client.dp.optimizers.factor import FactorDp, update_rule
 from client.dp.optimizers.prism import PrismDp
 from client.dp.optimizers.sparta import SpartaDp
 from client.dp.optimizers.sparta_base import SpartaBaseDp
@@ -51,4 +51,5 @@ __all__ = [
     "SpartaDp",
     "WishartDp",
     "make_dp_optimizer",
+    "update_rule",
 ]

@@ -5,7 +5,9 @@ described in docs/design.md §7.8.
 
 Norms and noise live where Opacus + PEFT would put them, on the PEFT weights: with the scaling
 ``s = α/r``, ``∂L/∂lora_B = √s·g_A`` and ``∂L/∂lora_A = √s·g_Bᵀ`` (common/models/lora.py), so a clip C
-here is C/√s in paper factors. Noisy means are written to ``.grad`` and ``torch.optim.AdamW`` steps.
+here is C/√s in paper factors. Noisy means are written to ``.grad`` and ``torch.optim.AdamW`` steps
+(or plain SGD, ``rule="sgd"``: DP-SGD, Opacus's default and the FFA-LoRA paper's optimizer; the
+increment of a round is then a sum of noisy gradient steps, which a server optimizer can adapt).
 """
 
 from __future__ import annotations
@@ -17,6 +19,21 @@ from peft.tuners.lora import LoraLayer
 from torch import Tensor
 
 from client.dp.optimizers.base import FactorGrads
+
+
+def update_rule(
+    rule: str,
+    params,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
+    """The step a DP optimizer takes on its noisy mean gradient: ``adamw`` or ``sgd``."""
+    if rule == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    if rule == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown update rule '{rule}'")
 
 
 class FactorDp:
@@ -31,6 +48,7 @@ class FactorDp:
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
         adapter: str = "default",
+        rule: str = "adamw",
     ) -> None:
         self.name = "ffa" if freeze_a else "dp-adamw"
         self.freeze_a = freeze_a
@@ -41,7 +59,7 @@ class FactorDp:
         for _, lora_a in self.weights.values():
             lora_a.requires_grad_(not freeze_a)
         params = [w for pair in self.weights.values() for w in pair if w.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.opt = update_rule(rule, params, lr, betas, weight_decay)
         self.sums: dict[str, list[Tensor | None]] = {}
 
     def begin(self) -> None:
