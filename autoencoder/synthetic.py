@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from autoencoder.layout import Layout
 from common.errors import FedloraError
 
 BETA1, BETA2 = 0.99, 0.9
@@ -125,6 +126,15 @@ def export_all(
 ) -> dict[str, tuple[Tensor, Tensor]]:
     """``{name: (mean, std)}`` for every tracked factor; see :meth:`GradStats.export`."""
     return {name: st.export(granularity, debias) for name, st in stats.items()}
+
+
+def empirical_stats(layout: Layout, samples: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per-entry ``(mean, std)`` over the rows of ``samples: (n, D)`` (increments in ``layout``'s vector
+    order), as ``{name: ((d, r), (d, r))}`` float32: the moments of a ``public`` prior."""
+    x = samples.double()
+    mean, std = x.mean(0), x.std(0, correction=0)
+    means, stds = layout.from_vector(mean.float()), layout.from_vector(std.float())
+    return {name: (means[name], stds[name]) for name in layout.names}
 
 
 def pack_stats(stats: Stats, names: Sequence[str]) -> Tensor:

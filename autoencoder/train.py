@@ -1,14 +1,19 @@
-"""Training the gradient autoencoder on synthetic Gaussian gradients (DR-Encoder, server side).
+"""Training the gradient autoencoder (DR-Encoder, server side), on one of two priors.
 
-Each step draws ``samples`` synthetic adapters ``X ~ N(m, s²)`` from one statistics set (the sets, e.g. one
-per client and local epoch, are visited in turn), tiles them into images, divides by the prior's scale map
-(:mod:`autoencoder.normalise`) and fits ``Dec∘Enc`` with Adam. The loss (MSE, or Charbonnier
-``sqrt(d² + ε²)``) is averaged over real entries only: padding pixels do not count.
+- ``gaussian`` (the paper): each step draws ``samples`` synthetic adapters ``X ~ N(m, s²)`` from one
+  statistics set (the sets, e.g. one per client and local epoch, are visited in turn).
+- ``public``: each step draws ``samples`` of a fixed set of real increments (the server's, computed on
+  public data: server/public_prior.py), with replacement; the statistics are their empirical moments
+  (:func:`autoencoder.synthetic.empirical_stats`), used for the scale map and the prior mean only.
+
+The draws are tiled into images, divided by the prior's scale map (:mod:`autoencoder.normalise`), and
+``Dec∘Enc`` is fitted with Adam. The loss (MSE, or Charbonnier ``sqrt(d² + ε²)``) is averaged over real
+entries only: padding pixels do not count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -21,6 +26,8 @@ from autoencoder.uformer import AeConfig, Uformer
 from common.errors import FedloraError
 
 LOSSES = ("mse", "charbonnier")
+#: A batch of ``n`` adapters for step ``i``: ``draw(i, n) -> {name: (n, d, r)}`` float32.
+Draw = Callable[[int, int], dict[str, Tensor]]
 #: ``raw``: the latent is the encoder's output, decoded as is (the paper). ``homogeneous``: the latent is
 #: rescaled to the increment's norm and decoded positively homogeneously (:func:`calibrate_latent`).
 LATENT_MODES = ("raw", "homogeneous")
@@ -103,8 +110,12 @@ def train_autoencoder(
     stats_list: Sequence[Stats],
     train: TrainConfig = TrainConfig(),
     device: torch.device | str = "cpu",
+    samples: Tensor | None = None,
 ) -> TrainedAe:
-    """Build a :class:`Uformer` (initialised from ``train.seed``) and fit it; returns it in eval mode."""
+    """Build a :class:`Uformer` (initialised from ``train.seed``) and fit it; returns it in eval mode.
+
+    ``samples``: ``(n, D)`` real increments in ``layout``'s vector order (the ``public`` prior), drawn
+    instead of synthetic gradients; ``stats_list`` should then be ``[empirical_stats(layout, samples)]``."""
     if layout.multiple % config.downsample:
         raise FedloraError(
             f"layout multiple {layout.multiple} is not a multiple of 2**num_down = {config.downsample}"
@@ -121,12 +132,12 @@ def train_autoencoder(
     mask = layout.mask(device).repeat(train.samples, 1, 1, 1)
     scales = scale.repeat(train.samples, 1, 1, 1)
     generator = torch.Generator(device=device).manual_seed(train.seed)
+    draw = _drawer(layout, stats_list, samples, generator)
     opt = torch.optim.Adam(model.parameters(), lr=train.lr)
     losses = []
     model.train()
     for step in range(train.steps):
-        grads = sample_gradients(stats_list[step % len(stats_list)], layout.shapes, train.samples, generator)
-        x = layout.to_images(grads) / scales
+        x = layout.to_images(draw(step, train.samples)) / scales
         loss = reconstruction_loss(model(x), x, mask, train.loss, train.charbonnier_eps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -137,19 +148,37 @@ def train_autoencoder(
     mean = mean_images(layout, stats_list).to(device)
     trained = TrainedAe(config, layout, model, scale, mean, train.normalise, history)
     if train.latent == "homogeneous":
-        trained.latent_gain, trained.latent_norm = calibrate_latent(trained, stats_list, generator)
+        trained.latent_gain, trained.latent_norm = calibrate_latent(trained, stats_list, draw)
         history["latent"] = {"gain": trained.latent_gain, "norm": trained.latent_norm}
     return trained
+
+
+def _drawer(layout: Layout, stats_list: Sequence[Stats], samples: Tensor | None, generator) -> Draw:
+    """Synthetic draws from the statistics sets in turn, or draws of ``samples`` rows with replacement."""
+    if samples is None:
+        return lambda i, n: sample_gradients(stats_list[i % len(stats_list)], layout.shapes, n, generator)
+    if samples.ndim != 2 or samples.shape[1] != layout.num_coords or len(samples) == 0:
+        raise FedloraError(
+            f"autoencoder samples must be (n >= 1, {layout.num_coords}), got {tuple(samples.shape)}"
+        )
+    rows = samples.float()
+
+    def draw(_i: int, n: int) -> dict[str, Tensor]:
+        idx = torch.randint(len(rows), (n,), generator=generator, device=generator.device).cpu()
+        parts = [layout.from_vector(rows[j]) for j in idx.tolist()]
+        return {k: torch.stack([p[k] for p in parts]).to(generator.device) for k in layout.names}
+
+    return draw
 
 
 @torch.no_grad()
 def calibrate_latent(
     trained: TrainedAe,
     stats_list: Sequence[Stats],
-    generator: torch.Generator,
+    draw: Draw,
     draws: int = CALIBRATION_DRAWS,
 ) -> tuple[float, float]:
-    """``(g, ρ)`` for the ``homogeneous`` latent, from ``draws`` synthetic adapters (stats sets in turn).
+    """``(g, ρ)`` for the ``homogeneous`` latent, from ``draws`` adapters of ``draw`` (the prior's).
 
     ``ρ``: the mean norm of ``Enc(x / scale)`` over whole adapters; ``g = ν / ρ`` with ``ν = sqrt(Σ E[X²])``
     the prior's expected increment norm (raw units), so that a latent ``g · Enc(·)`` is about as long as
@@ -163,8 +192,7 @@ def calibrate_latent(
     nu = float(sum(v.double().sum() for v in second.values()).sqrt())
     norms = []
     for i in range(draws):
-        grads = sample_gradients(stats_list[i % len(stats_list)], layout.shapes, 1, generator)
-        x = layout.to_images({k: v[0] for k, v in grads.items()}) / trained.scale
+        x = layout.to_images({k: v[0] for k, v in draw(i, 1).items()}) / trained.scale
         norms.append(float(model.encode(x).norm()))
     rho = sum(norms) / len(norms)
     if not (rho > 0 and nu > 0):

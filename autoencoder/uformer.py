@@ -68,6 +68,11 @@ class AeConfig:
         return cls(num_down=4, max_channels=16, num_blocks=1, heads=2, window=4, mlp_ratio=2.0)
 
     @classmethod
+    def tiny64(cls) -> AeConfig:
+        """:meth:`tiny` with a fifth stage at 16 channels: latent 1/64 of the pixels."""
+        return cls(num_down=5, max_channels=16, num_blocks=1, heads=2, window=4, mlp_ratio=2.0)
+
+    @classmethod
     def paper(cls) -> AeConfig:
         """DR-Encoder Table 7 (docs/design.md §6): 6 stages 1→2→…→64 (latent 1/64 of the pixels),
         3 Uformer blocks each side.

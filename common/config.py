@@ -36,9 +36,10 @@ SPARTA_OPTIMIZERS = ("sparta", "sparta-base")
 RELEASES = ("none", "gaussian", "dr-encoder")
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
 CODECS = ("ae", "identity", "constant-mean", "random-projection", "pca")
-AE_SIZES = ("tiny", "paper", "paper-best")
+AE_SIZES = ("tiny", "tiny-64", "paper", "paper-best")
 AE_NORMALISATIONS = ("none", "image", "factor")
 AE_LATENTS = ("raw", "homogeneous")
+AE_PRIORS = ("gaussian", "public")
 STATS_GRANULARITIES = ("matrix", "column")  # per-row or per-entry statistics exceed the 1 % payload bound
 DECODE_ORDERS = ("aggregate-first", "decode-first")
 ENCODE_SITES = ("client", "server")
@@ -340,12 +341,13 @@ class RunConfig:
     )
     ae_size: str = option(
         "tiny",
-        "autoencoder configuration: tiny (CPU), paper or paper-best (GPU)",
+        "autoencoder configuration: tiny (CPU, latent 1/16 of the padded entries), tiny-64 (CPU, 1/64), "
+        "paper (1/64) or paper-best (GPU)",
         DR_ENCODER,
         choices=AE_SIZES,
     )
     ae_steps: int = option(
-        300, "autoencoder training steps on synthetic gradients", DR_ENCODER, rule=NON_NEGATIVE
+        300, "autoencoder training steps (on its prior: --ae-prior)", DR_ENCODER, rule=NON_NEGATIVE
     )
     ae_normalise: str = option(
         "image",
@@ -359,6 +361,14 @@ class RunConfig:
         "increment's norm and decoded so that a clip or an average scales the decoded increment)",
         DR_ENCODER,
         choices=AE_LATENTS,
+    )
+    ae_prior: str = option(
+        "gaussian",
+        "what the autoencoder trains on: gaussian (the paper: synthetic gradients from the clients' "
+        "statistics) or public (--public-increments real increments the server computes on its public "
+        "data, refitted every --prior-refresh rounds; no statistics round, no privacy cost)",
+        DR_ENCODER,
+        choices=AE_PRIORS,
     )
     stats_granularity: str = option(
         "matrix",
@@ -404,6 +414,12 @@ class RunConfig:
     @property
     def release_kind(self) -> str:
         return self.release or MECHANISMS[self.mechanism][1]
+
+    @property
+    def public_prior(self) -> bool:
+        """Whether the dr-encoder codec is fitted on the server's public increments (pca, or ae on the
+        public prior) rather than on the clients' statistics."""
+        return self.codec == "pca" or (self.codec == "ae" and self.ae_prior == "public")
 
     @property
     def optimizer_kind(self) -> str:
@@ -544,6 +560,12 @@ class RunConfig:
                 f"the dr-encoder release runs its statistics round with non-private local steps; "
                 f"it cannot be combined with the sample-level optimizer {self.optimizer_kind}"
             )
+        if self.ae_prior == "public" and self.codec != "ae":
+            raise FedloraError(
+                f"--ae-prior public trains the ae codec; --codec {self.codec} has no autoencoder"
+            )
+        if self.ae_prior == "public" and self.public_fraction <= 0:
+            raise FedloraError("--ae-prior public needs public data: set --public-fraction in (0, 0.5]")
         if self.codec == "pca" and not self.public_subspace:
             raise FedloraError(
                 "--codec pca needs --public-subspace K (its latent size) and --public-fraction (its public data)"

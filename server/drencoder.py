@@ -10,6 +10,10 @@ Phases, before round 1 of a ``dr-encoder`` run:
 2. Synthetic Gaussian gradients from the statistics train the autoencoder (codec ``ae`` only); the
    checkpoint ``autoencoder.safetensors`` in the run directory names its version, and the statistics are
    kept in ``gradstats.safetensors`` so a resumed run rebuilds the same codec without a new query.
+   With a public prior (``--codec pca``, or ``--codec ae --ae-prior public``) there is no statistics
+   round: the codec is fitted on increments the server computes on its public data
+   (server/public_prior.py) before round 1 and refitted every ``--prior-refresh`` rounds; each fit is
+   kept (``pca-codec.safetensors``, ``autoencoder-public-r<round>.safetensors``) for a resume.
 3. Every train round names the codec (``ae-version``) and carries the encoder; replies are coded updates
    (autoencoder/coded.py), aggregated then decoded (``aggregate-first``: the mean latent is decoded
    once, which secure aggregation allows) or decoded then aggregated (``decode-first``, local noise only).
@@ -35,8 +39,8 @@ from autoencoder.checkpoint import load_checkpoint, save_checkpoint
 from autoencoder.codecs import Codec, make_codec
 from autoencoder.coded import coded_shapes, decode_update, encode_update
 from autoencoder.layout import Layout, is_factor
-from autoencoder.synthetic import Stats, prior_moments, unpack_stats
-from autoencoder.train import TrainConfig, train_autoencoder
+from autoencoder.synthetic import Stats, empirical_stats, prior_moments, unpack_stats
+from autoencoder.train import TrainConfig, TrainedAe, train_autoencoder
 from autoencoder.uformer import AeConfig
 from common.config import RunConfig
 from common.errors import FedloraError
@@ -45,15 +49,17 @@ from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import STATS_ROUND, NoisePlan, uncovered
 from common.wire import InvalidReply, StatsQuery, parse_stats_reply
 from server.aggregate import private_mean
-from server.public_prior import fit_public_basis, load_basis
+from server.public_prior import fit_public_basis, load_basis, public_increments
 
 log = logging.getLogger("fedlora.server")
 
 AE_FILE = "autoencoder.safetensors"
 PCA_FILE = "pca-codec.safetensors"
+PUBLIC_AE_FILE = "autoencoder-public-r{round}.safetensors"
 STATS_FILE = "gradstats.safetensors"
 AE_CONFIGS: dict[str, Callable[[], AeConfig]] = {
     "tiny": AeConfig.tiny,
+    "tiny-64": AeConfig.tiny64,
     "paper": AeConfig.paper,
     "paper-best": AeConfig.paper_best,
 }
@@ -140,6 +146,17 @@ def prepare_codec(
         return _announce(cfg, codec, codec.version, shapes, info, pca_payload(codec), echo)
     ae_config = AE_CONFIGS[cfg.ae_size]()
     layout = Layout.from_shapes(factors, ae_config.downsample)
+    if cfg.public_prior:  # the autoencoder on the public prior
+        fitted = latest_public_ae(run_dir)
+        if fitted is not None:
+            trained, version = load_checkpoint(fitted[1], _device(cfg))
+            echo(f"autoencoder {version} (public prior): reused from {fitted[1]}")
+            info = {"prior": f"public (reused from {fitted[1]})"}
+        else:
+            trained, version, info = fit_public_ae(cfg, ae_config, layout, state, run_dir, evaluator, 1, echo)
+            log_record({"round": STATS_ROUND, "phase": "autoencoder", **info})
+        codec = make_codec("ae", trained=trained)
+        return _announce(cfg, codec, version, shapes, info, encoder_payload(trained, version), echo)
     stats_path = run_dir / STATS_FILE
     if stats_path.exists():
         stats_list, info = load_stats(stats_path, factors), {"stats": "reused from " + str(stats_path)}
@@ -228,18 +245,80 @@ def refresh_public_codec(
     evaluator,
     echo: Callable[[str], None],
 ) -> tuple[ServerCodec, int]:
-    """``(coder, fitted)`` unchanged, or a ``pca`` codec refitted from ``state`` when round ``rnd`` is due
-    one (every ``prior-refresh`` rounds from round 1, as the public subspace). ``fitted``: the round the
-    current basis was fitted for (None: read it from the run directory's basis file)."""
+    """``(coder, fitted)`` unchanged, or the public-prior codec (``pca``, or ``ae`` on the public prior)
+    refitted from ``state`` when round ``rnd`` is due one (every ``prior-refresh`` rounds from round 1,
+    as the public subspace). ``fitted``: the round the current codec was fitted for (None: read it from
+    the run directory)."""
+    layout = coder.codec.layout
     path = run_dir / PCA_FILE
     if fitted is None:
-        _, fitted = load_basis(path, coder.codec.layout)
+        fitted = load_basis(path, layout)[1] if cfg.codec == "pca" else latest_public_ae(run_dir)[0]
     due = 1 + (rnd - 1) // cfg.prior_refresh * cfg.prior_refresh
     if fitted >= due:
         return coder, fitted
-    codec = fit_public_basis(evaluator, cfg, state, coder.codec.layout, path, rnd)
-    echo(f"round {rnd}: codec pca refitted on {cfg.public_increments} public increments ({codec.version})")
-    return ServerCodec(codec, codec.version, cfg.seed, pca_payload(codec), cfg.encode_at), rnd
+    if cfg.codec == "pca":
+        codec = fit_public_basis(evaluator, cfg, state, layout, path, rnd)
+        version, payload = codec.version, pca_payload(codec)
+    else:
+        ae_config = AE_CONFIGS[cfg.ae_size]()
+        trained, version, _ = fit_public_ae(cfg, ae_config, layout, state, run_dir, evaluator, rnd, echo)
+        codec, payload = make_codec("ae", trained=trained), encoder_payload(trained, version)
+    echo(f"round {rnd}: codec {cfg.codec} refitted on {cfg.public_increments} public increments ({version})")
+    return ServerCodec(codec, version, cfg.seed, payload, cfg.encode_at), rnd
+
+
+def fit_public_ae(
+    cfg: RunConfig,
+    ae_config: AeConfig,
+    layout: Layout,
+    state: AdapterState,
+    run_dir: Path,
+    evaluator,
+    rnd: int,
+    echo: Callable[[str], None],
+) -> tuple[TrainedAe, str, dict]:
+    """The autoencoder trained on ``cfg.public_increments`` public increments from ``state`` (the
+    ``public`` prior), saved as ``autoencoder-public-r<rnd>.safetensors``; ``(trained, version, record)``."""
+    if evaluator is None:
+        raise FedloraError("--ae-prior public needs the server's public data (an evaluator)")
+    t0 = time.monotonic()
+    samples = public_increments(evaluator, cfg, state, cfg.public_increments, layout)
+    t1 = time.monotonic()
+    trained = train_autoencoder(
+        ae_config, layout, [empirical_stats(layout, samples)], ae_train_config(cfg), _device(cfg), samples
+    )
+    version = save_checkpoint(run_dir / PUBLIC_AE_FILE.format(round=rnd), trained)
+    losses = trained.history["loss"]
+    final = float(np.mean(losses[-10:])) if losses else float("nan")
+    prior = (
+        f"public: {cfg.public_increments} increments on the server's public split (--public-fraction "
+        f"{cfg.public_fraction:g}, never given to a client); no privacy cost"
+    )
+    echo(
+        f"autoencoder {version}: {cfg.ae_size}, {cfg.public_increments} public increments in "
+        f"{t1 - t0:.0f} s, {cfg.ae_steps} steps in {time.monotonic() - t1:.0f} s, loss {final:.4g} ({prior})"
+    )
+    record = {
+        "prior": prior,
+        "stats": "none (the prior is public)",
+        "ae_version": version,
+        "ae_size": cfg.ae_size,
+        "steps": cfg.ae_steps,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": final,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    return trained, version, record
+
+
+def latest_public_ae(run_dir: Path) -> tuple[int, Path] | None:
+    """``(round, path)`` of the run's last public-prior autoencoder, or None if it has none."""
+    fits = []
+    for path in run_dir.glob(PUBLIC_AE_FILE.format(round="*")):
+        tail = path.name.removeprefix("autoencoder-public-r").removesuffix(".safetensors")
+        if tail.isdigit():
+            fits.append((int(tail), path))
+    return max(fits) if fits else None
 
 
 def _stats_round(
@@ -327,7 +406,7 @@ def _stats_round(
 def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
     """Load the run's autoencoder, or train and save it; ``(trained, version)``."""
     path = run_dir / AE_FILE
-    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    device = _device(cfg)
     if path.exists():
         trained, version = load_checkpoint(path, device)
         if trained.layout != layout or trained.config != ae_config:
@@ -337,8 +416,7 @@ def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
         echo(f"autoencoder {version}: reused from {path}")
         return trained, version
     t0 = time.monotonic()
-    train = TrainConfig(steps=cfg.ae_steps, normalise=cfg.ae_normalise, seed=cfg.seed, latent=cfg.ae_latent)
-    trained = train_autoencoder(ae_config, layout, stats_list, train, device)
+    trained = train_autoencoder(ae_config, layout, stats_list, ae_train_config(cfg), device)
     version = save_checkpoint(path, trained)
     losses = trained.history["loss"]
     seconds = time.monotonic() - t0
@@ -357,6 +435,15 @@ def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
     )
     echo(f"autoencoder {version}: {cfg.ae_size}, {cfg.ae_steps} steps in {seconds:.0f} s, loss {final:.4g}")
     return trained, version
+
+
+def ae_train_config(cfg: RunConfig) -> TrainConfig:
+    """The autoencoder's training options of ``cfg``."""
+    return TrainConfig(steps=cfg.ae_steps, normalise=cfg.ae_normalise, seed=cfg.seed, latent=cfg.ae_latent)
+
+
+def _device(cfg: RunConfig) -> str:
+    return "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
 def save_stats(path: Path, stats_list: Sequence[Stats]) -> None:

@@ -150,3 +150,22 @@ def test_start_state_from_a_run_checkpoint(tmp_path):
     save(other / CHECKPOINT_FILE, {k: v[..., :1] for k, v in later.items()}, LoopState(round=1))
     with pytest.raises(FedloraError, match="another model or LoRA configuration"):
         start_state(evaluator, str(other))
+
+
+def test_public_prior_codecs_are_fitted_on_public_increments():
+    """``--public-fraction``: ``pca`` (k = min(ae latent, public increments)) and ``ae-public`` join the
+    table, both fitted on the server's public increments; the pca decode is an orthogonal projection
+    (on the decoded mean: rel_l2² + cos² = 1)."""
+    out = io.StringIO()
+    argv = [*TINY, "--public-fraction", "0.2", "--public-increments", "6", "--json"]
+    with contextlib.redirect_stdout(out):
+        assert run_cli(["bench", "codec", *argv]) == 0
+    result = json.loads(out.getvalue())
+    by = {(r["codec"], r["order"], r["noise"]): r for r in result["records"]}
+    assert {c for c, _, _ in by} == {*CODECS, "pca", "ae-public"}
+    assert result["public_increments"] == 6 and result["pca_k"] == 6 and result["public_fraction"] == 0.2
+    assert by[("pca", "client", "none")]["bytes"] == 4 * 6
+    assert by[("ae-public", "client", "none")]["bytes"] == 4 * result["latent_size"]
+    mean = by[("pca", "aggregate-then-decode", "none")]
+    assert mean["rel_l2"] ** 2 + mean["cosine"] ** 2 == pytest.approx(1, abs=1e-4)
+    assert result["ae_public_first_loss"] > 0

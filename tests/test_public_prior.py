@@ -155,3 +155,79 @@ def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tm
     assert len(cached) == 2 and all(
         name.startswith("pca-") for name in cached
     )  # both versions reached the nodes
+
+
+def test_the_autoencoder_on_the_public_prior_trains_on_the_given_increments():
+    """``--ae-prior public``: every training batch is made of the given increments (drawn with
+    replacement), the prior's moments are theirs, and the homogeneous latent is calibrated on them."""
+    from autoencoder.synthetic import empirical_stats
+    from autoencoder.train import TrainConfig, _drawer, train_autoencoder
+    from autoencoder.uformer import AeConfig
+
+    layout = Layout.from_shapes({"l.q.A": (12, 2), "l.q.B": (20, 2)}, AeConfig.tiny().downsample)
+    samples = torch.randn(5, layout.num_coords, generator=torch.Generator().manual_seed(0))
+    stats = empirical_stats(layout, samples)
+    mean = layout.to_vector({k: v[0] for k, v in stats.items()})
+    std = layout.to_vector({k: v[1] for k, v in stats.items()})
+    assert torch.allclose(mean, samples.mean(0), atol=1e-6)
+    assert torch.allclose(std, samples.std(0, correction=0), atol=1e-6)
+    draw = _drawer(layout, [stats], samples, torch.Generator().manual_seed(1))
+    for step in range(4):
+        batch = layout.to_vector(draw(step, 3))
+        assert batch.shape == (3, layout.num_coords)
+        assert all(any(torch.equal(row, s) for s in samples) for row in batch)  # real rows, not synthetic
+    config = TrainConfig(steps=3, lr=1e-2, samples=2, latent="homogeneous")
+    trained = train_autoencoder(AeConfig.tiny(), layout, [stats], config, samples=samples)
+    assert len(trained.history["loss"]) == 3 and trained.latent_norm > 0
+    nu = float(samples.double().pow(2).mean(0).sum().sqrt())  # the prior's expected norm, as calibrated
+    assert trained.latent_gain == pytest.approx(nu / trained.latent_norm, rel=1e-5)
+    with pytest.raises(FedloraError, match="samples must be"):
+        train_autoencoder(AeConfig.tiny(), layout, [stats], config, samples=samples[:, :-1])
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(mechanism="dr-encoder", ae_prior="public"), "needs public data"),
+        (
+            dict(mechanism="dr-encoder", ae_prior="public", codec="identity", public_fraction=0.2),
+            "has no autoencoder",
+        ),
+    ],
+)
+def test_bad_ae_prior_options_are_one_line(changes, message):
+    with pytest.raises(FedloraError, match=message):
+        preset("minilm-rt", **TINY, threat_model="central", noise_multiplier=1.0, **changes).check()
+
+
+def test_the_ae_codec_on_the_public_prior_skips_the_statistics_round_and_is_refitted(tmp_path):
+    """``dr-encoder --codec ae --ae-prior public``: nothing is sent in the clear, the autoencoder is
+    fitted on public increments before round 1 and again every ``prior-refresh`` rounds, and every
+    version reaches the nodes."""
+    import json
+
+    from server.drencoder import AE_FILE, STATS_FILE, latest_public_ae
+
+    run_dir = tmp_path / "r"
+    cfg = preset(
+        "minilm-rt",
+        **{**TINY, "rounds": 2},
+        **PUBLIC,
+        prior_refresh=1,
+        mechanism="dr-encoder",
+        codec="ae",
+        ae_prior="public",
+        ae_steps=2,
+        threat_model="central",
+        noise_multiplier=1.0,
+        clip=1.0,
+        sample_rate=1.0,
+    ).check()
+    simulate(cfg, run_dir)
+    assert not (run_dir / STATS_FILE).exists() and not (run_dir / AE_FILE).exists()
+    assert latest_public_ae(run_dir)[0] == 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "public" in summary["dr_encoder"]["prior"]
+    assert not [n for n in summary["not_covered"] if "statistics" in n]
+    cached = list((run_dir / "nodes" / "shared" / "encoders").glob("*.safetensors"))
+    assert len(cached) == 2  # both encoders reached the nodes

@@ -121,9 +121,9 @@ class NoisePlan:
 
 
 def has_statistics_round(cfg: RunConfig) -> bool:
-    """A ``dr-encoder`` run asks every client for statistics before round 1, except with the ``pca``
-    codec, whose prior comes from the server's public data."""
-    return cfg.release_kind == "dr-encoder" and cfg.codec != "pca"
+    """A ``dr-encoder`` run asks every client for statistics before round 1, except when its codec's
+    prior comes from the server's public data (``pca``, or ``ae`` with ``--ae-prior public``)."""
+    return cfg.release_kind == "dr-encoder" and not cfg.public_prior
 
 
 def statistics_events(cfg: RunConfig) -> tuple[Event, ...]:

@@ -5,6 +5,11 @@ statistics round (``server/drencoder.py``: one ``query.gradstats`` to every node
 on those statistics, then ONE train round (release ``none``) from the initial global adapter, whose
 replies (validated by ``common.wire.parse_train_reply``) are every client's true increment.
 
+With ``--public-fraction`` the server also computes ``--public-increments`` increments on its public split
+(server/public_prior.py) and fits two public-prior codecs on them: ``pca`` (``--public-subspace`` directions,
+default as many as the ``ae`` latent, at most one per increment) and ``ae-public`` (the ``ae`` architecture
+trained on them instead of on the Gaussian prior). ``--ae-size tiny`` compresses 16x, ``tiny-64`` 64x.
+
 Each codec (``ae``, ``identity``, ``constant-mean``, ``random-projection`` at the ``ae`` latent size) encodes
 every increment into a coded update ``{"latent": (k,), **dense}`` (autoencoder/coded.py), which is decoded in
 three orders and compared with the true increments:
@@ -43,10 +48,11 @@ import torch
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from autoencoder.codecs import CODECS, RandomProjectionCodec
+from autoencoder.codecs import CODECS, AeCodec, RandomProjectionCodec, fit_pca
 from autoencoder.coded import decode_update, encode_update
 from autoencoder.layout import Layout
-from autoencoder.synthetic import prior_moments
+from autoencoder.synthetic import empirical_stats, prior_moments
+from autoencoder.train import train_autoencoder
 from common.config import RunConfig, to_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes
@@ -56,9 +62,10 @@ from common.wire import InvalidReply, TrainInstruction, parse_train_reply
 from server.aggregate import private_mean, weighted_mean
 from server.checkpoint import CHECKPOINT_FILE
 from server.checkpoint import load as load_checkpoint
-from server.drencoder import STATS_FILE, ServerCodec, load_stats, prepare_codec
+from server.drencoder import STATS_FILE, ServerCodec, ae_train_config, load_stats, prepare_codec
 from server.evaluation import Evaluator
 from server.inprocess import InProcessGrid, load_component
+from server.public_prior import public_increments
 from server.simulate import CLIENT_APP, add_config_arguments, config_from_args
 
 ORDERS = ("client", "decode-then-aggregate", "aggregate-then-decode")
@@ -157,10 +164,56 @@ def build_coders(
             evaluator,
         )[0]
         for name in sorted(CODECS, key=lambda n: n != "ae")
-        if name != "pca" or (cfg.public_subspace and evaluator is not None)
+        if name != "pca"
     }
     coders["random-projection"] = cached_projection(coders["random-projection"])
+    if cfg.public_fraction > 0 and evaluator is not None:
+        coders.update(public_coders(cfg, evaluator, state, coders["ae"].codec, records.append, echo))
     return coders, records
+
+
+def public_coders(
+    cfg: RunConfig,
+    evaluator: Evaluator,
+    state: AdapterState,
+    ae: AeCodec,
+    log_record: Callable[[dict], None],
+    echo: Callable[[str], None],
+) -> dict[str, ServerCodec]:
+    """``pca`` and ``ae-public``, fitted on the same ``cfg.public_increments`` increments the server
+    computes on its public split from ``state``: the pca basis keeps ``--public-subspace`` directions
+    (default: as many as the ``ae`` latent, at most one per increment); ``ae-public`` is the ``ae``
+    architecture trained on them (``--ae-prior public``) instead of on the Gaussian prior."""
+    layout = ae.layout
+    t0 = time.monotonic()
+    samples = public_increments(evaluator, cfg, state, cfg.public_increments, layout)
+    t1 = time.monotonic()
+    k = cfg.public_subspace or min(ae.latent_size, len(samples))
+    pca = fit_pca(Layout.from_shapes(layout.shapes, 1), samples, k)
+    stats = [empirical_stats(layout, samples)]
+    trained = train_autoencoder(
+        ae.trained.config, layout, stats, ae_train_config(cfg), ae.trained.device, samples
+    )
+    losses = trained.history["loss"]
+    log_record(
+        {
+            "phase": "public",
+            "public_increments": len(samples),
+            "increments_seconds": round(t1 - t0, 1),
+            "pca_k": k,
+            "ae_public_first_loss": losses[0] if losses else None,
+            "ae_public_final_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+            "seconds": round(time.monotonic() - t0, 1),
+        }
+    )
+    echo(
+        f"public prior: {len(samples)} public increments in {t1 - t0:.0f} s; pca k = {k}; autoencoder "
+        f"trained on them in {time.monotonic() - t1:.0f} s"
+    )
+    return {
+        "pca": ServerCodec(pca, "pca", cfg.seed, None),
+        "ae-public": ServerCodec(AeCodec(trained), "ae-public", cfg.seed, None),
+    }
 
 
 def cached_projection(coder: ServerCodec) -> ServerCodec:
@@ -270,7 +323,11 @@ def setup(cfg: RunConfig, plan: NoisePlan, coders: Mapping[str, ServerCodec], ph
     layout = coders["identity"].codec.layout
     ae = next(p for p in phases if p.get("phase") == "autoencoder")
     stats = next(p for p in phases if p.get("phase") == "stats")
+    public = next((p for p in phases if p.get("phase") == "public"), None)
+    prior = {"public_fraction": cfg.public_fraction, **public} if public else {}
+    prior.pop("phase", None)
     return {
+        **prior,
         "model": cfg.model,
         "dataset": cfg.dataset,
         "clients": cfg.num_clients,
@@ -376,6 +433,16 @@ def format_table(result: Mapping) -> str:
         f"increments: {result['increment_form']}; statistics: {result['stats_granularity']} (h1 {result['stats_floor']:g}), {result['stats_bytes_per_client']:,.0f} B per client; "
         f"autoencoder {result['ae_size']}, {result['ae_steps']} steps ({result['ae_normalise']} scaling, {result['ae_latent']} latent), "
         f"loss {_g(result['ae_first_loss'])} -> {_g(result['ae_final_loss'])}",
+        *(
+            [
+                f"public prior: {result['public_increments']} increments on the server's public split "
+                f"(fraction {result['public_fraction']:g}, no client's data) in {result['increments_seconds']:.0f} s; "
+                f"pca k = {result['pca_k']}; ae-public loss {_g(result['ae_public_first_loss'])} -> "
+                f"{_g(result['ae_public_final_loss'])}"
+            ]
+            if "pca_k" in result
+            else []
+        ),
         "per-coordinate RMS (all / A / B factors): "
         + "; ".join(f"{k} {v['all']:.3g} / {v['A']:.3g} / {v['B']:.3g}" for k, v in result["rms"].items()),
         f"mean norms: factor increment {norms_['factors']:.3g}, dense {norms_['dense']:.3g}; "

@@ -37,9 +37,10 @@ class DrEncoderRelease(GaussianRelease):
         return info
 
     def before_round(self, rnd: int, state: AdapterState, echo: Callable[[str], None]) -> None:
-        """The ``pca`` codec is refitted from the current global adapter every ``prior-refresh``
-        rounds (a new version: every node gets the new basis with its next instruction)."""
-        if self.cfg.codec == "pca":
+        """A public-prior codec (``pca``, or ``ae`` on the public prior) is refitted from the current
+        global adapter every ``prior-refresh`` rounds (a new version: every node gets the new basis or
+        encoder with its next instruction)."""
+        if self.cfg.public_prior:
             run = self.run
             self.coder, self.fitted = refresh_public_codec(
                 self.coder, self.fitted, self.cfg, rnd, state, run.run_dir, run.evaluator, echo
