@@ -117,6 +117,7 @@ def test_noise_changes_the_coded_codecs_only(by_key):
     [
         (["--epsilon", "0"], "--epsilon"),
         (["--epsilon", "nan"], "--epsilon"),
+        (["--epsilon", "8,x"], "--epsilon"),
         (["--codec", "ae"], "--codec"),
         (["--start-from", "/nonexistent/run", "--max-train-examples", "100"], "/nonexistent/run"),
     ],
@@ -152,12 +153,14 @@ def test_start_state_from_a_run_checkpoint(tmp_path):
         start_state(evaluator, str(other))
 
 
-def test_public_prior_codecs_are_fitted_on_public_increments():
+def test_public_prior_codecs_and_central_noise_at_several_epsilons():
     """``--public-fraction``: ``pca`` (k = min(ae latent, public increments)) and ``ae-public`` join the
     table, both fitted on the server's public increments; the pca decode is an orthogonal projection
-    (on the decoded mean: rel_l2² + cos² = 1)."""
+    (on the decoded mean: rel_l2² + cos² = 1). ``--threat-model central --epsilon 8,3``: one noisy
+    setting per ε, the noise on the sum only (a client's own decode carries none)."""
     out = io.StringIO()
     argv = [*TINY, "--public-fraction", "0.2", "--public-increments", "6", "--json"]
+    argv += ["--threat-model", "central", "--epsilon", "8,3"]
     with contextlib.redirect_stdout(out):
         assert run_cli(["bench", "codec", *argv]) == 0
     result = json.loads(out.getvalue())
@@ -169,3 +172,15 @@ def test_public_prior_codecs_are_fitted_on_public_increments():
     mean = by[("pca", "aggregate-then-decode", "none")]
     assert mean["rel_l2"] ** 2 + mean["cosine"] ** 2 == pytest.approx(1, abs=1e-4)
     assert result["ae_public_first_loss"] > 0
+    assert result["threat_model"] == "central"
+    sigmas = {n["label"]: n["sigma"] for n in result["noise"]}
+    assert set(sigmas) == {"eps=8", "eps=3"} and sigmas["eps=3"] > sigmas["eps=8"] > 0
+    for eps in ("eps=8", "eps=3"):
+        assert by[("identity", "client", eps)]["cosine"] == pytest.approx(
+            by[("identity", "client", "clip=1")]["cosine"], abs=1e-6
+        )
+        noisy, clean = (
+            by[("identity", "aggregate-then-decode", eps)],
+            by[("identity", "aggregate-then-decode", "clip=1")],
+        )
+        assert noisy["rel_l2"] > clean["rel_l2"] + 0.5

@@ -21,11 +21,15 @@ three orders and compared with the true increments:
 
 Means are unweighted over clients (as the server's ``local`` release averages). Noise settings: ``none``
 (the codec alone, no clipping), ``clip=<C>`` (each coded update clipped to C, no noise: what the clip alone
-does to a nonlinear decoder) and ``eps=<ε>``: client-level DP under the ``local`` threat model, each
-coded update (latent and dense entries together) clipped to L2 norm ``C = --clip`` and N(0, σ²C²) added
-to every number, σ calibrated so that ``--rounds`` such rounds (p = 1) meet (ε, δ) under both the gdp and
-pld accountants (the larger σ, :func:`common.privacy.plan.plan_noise`); the noise is OS-seeded as in a real
-release, so noisy records vary between runs. Errors are always against the TRUE (unclipped) increment.
+does to a nonlinear decoder) and ``eps=<ε>`` for each ``--epsilon``: client-level DP, each coded update
+(latent and dense entries together) clipped to L2 norm ``C = --clip``, σ calibrated so that ``--rounds``
+such rounds at ``--sample-rate`` meet (ε, δ) under both the gdp and pld accountants (the larger σ,
+:func:`common.privacy.plan.plan_noise`), the noise placed as ``--threat-model`` says: ``local`` (the
+default) N(0, σ²C²) on every client's numbers; ``distributed`` a share of it from each client;
+``central`` N(0, σ²C²) on the sum only, so a mean over ~100 clients shows what a cross-device round
+releases (the ``client`` order then carries no noise: the server adds it to the sum). The noise is
+OS-seeded as in a real release, so noisy records vary between runs. Errors are always against the TRUE
+(unclipped) increment.
 
 Metrics over the LoRA factor entries only (dense entries such as a classification head are sent as they
 are by every codec and are not compared): ``cosine`` and ``rel_l2 = ‖x̂ − x‖ / ‖x‖``. ``bytes``: float32
@@ -42,6 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -73,7 +78,6 @@ ORDERS = ("client", "decode-then-aggregate", "aggregate-then-decode")
 FIXED = (
     "mechanism",
     "release",
-    "threat_model",
     "target_epsilon",
     "noise_multiplier",
     "codec",
@@ -84,23 +88,50 @@ FIXED = (
 TRAIN_ROUND = 1
 
 
+def epsilons(text: str) -> tuple[float, ...]:
+    """``--epsilon``: one or more comma-separated client-level ε, each finite and > 0."""
+    try:
+        values = tuple(float(part) for part in str(text).split(","))
+    except ValueError:
+        raise FedloraError(f"--epsilon must be numbers separated by commas, got {text!r}") from None
+    for value in values:
+        if not (value > 0 and math.isfinite(value)):
+            raise FedloraError(f"--epsilon must be finite and > 0, got {value:g}")
+    return values
+
+
 def bench_config(args: argparse.Namespace) -> RunConfig:
-    """The options as a checked ``dr-encoder`` config under local noise at ``--epsilon`` (σ calibrated)."""
+    """The options as a checked ``dr-encoder`` config at the first ``--epsilon`` (σ calibrated) under
+    ``--threat-model`` (default local)."""
     given = [f"--{name.replace('_', '-')}" for name in FIXED if getattr(args, name, None) is not None]
     if given:
         raise FedloraError(
-            f"{', '.join(given)}: set by the bench (every codec and order, local noise at --epsilon)"
+            f"{', '.join(given)}: set by the bench (every codec and order, noise at --epsilon)"
         )
-    if not (args.epsilon > 0 and math.isfinite(args.epsilon)):
-        raise FedloraError(f"--epsilon must be finite and > 0, got {args.epsilon}")
     cfg = config_from_args(args)
     return cfg.replace(
         mechanism="dr-encoder",
         release="",
-        threat_model="local",
-        target_epsilon=args.epsilon,
+        threat_model=args.threat_model or "local",
+        target_epsilon=epsilons(args.epsilon)[0],
         noise_multiplier=0.0,
     ).check()
+
+
+def noise_settings(cfg: RunConfig, eps: Sequence[float]) -> dict[str, tuple[NoisePlan, float | None]]:
+    """``label -> (plan, std)``: the codec alone (``none``: no clip), ``clip=C`` (each coded update
+    clipped, no noise) and ``eps=ε`` for each ε (the run's threat model; ``std``: what each client
+    adds, 0 under central noise, where the plan's server noise goes on the sum). The noiseless settings
+    aggregate with a local-threat plan: an unweighted mean with no server noise."""
+    plans = [plan_noise(cfg.replace(target_epsilon=e)) for e in eps]
+    quiet = replace(plans[0], threat_model="local")
+    settings: dict[str, tuple[NoisePlan, float | None]] = {
+        "none": (quiet, None),
+        f"clip={quiet.clip:g}": (quiet, 0.0),
+    }
+    for e, plan in zip(eps, plans, strict=True):
+        settings[f"eps={e:g}"] = (plan, plan.client_std(cfg.num_clients))
+    return settings
 
 
 def collection_config(cfg: RunConfig) -> RunConfig:
@@ -353,6 +384,7 @@ def setup(cfg: RunConfig, plan: NoisePlan, coders: Mapping[str, ServerCodec], ph
         "epsilon": plan.target_epsilon,
         "delta": plan.delta,
         "rounds": cfg.rounds,
+        "sample_rate": cfg.sample_rate,
         "accountant": "max sigma of " + ", ".join(BUDGET_ACCOUNTANTS),
         "sigma": plan.sigma,
         "clip": plan.clip,
@@ -373,15 +405,17 @@ def start_state(evaluator: Evaluator, start_from: str | None) -> tuple[AdapterSt
     return state, f"{path} (after round {loop.round})"
 
 
-def bench_codecs(cfg: RunConfig, echo: Callable[[str], None], start_from: str | None = None) -> dict:
-    """The setup and one record per (codec, order, noise); see the module docstring."""
+def bench_codecs(
+    cfg: RunConfig,
+    echo: Callable[[str], None],
+    start_from: str | None = None,
+    eps: Sequence[float] = (),
+) -> dict:
+    """The setup and one record per (codec, order, noise); see the module docstring. ``eps``: the
+    client-level ε of the noisy settings (default: ``cfg.target_epsilon``)."""
     start = time.monotonic()
-    plan = plan_noise(cfg)
-    settings = {  # label -> std after the clip (None: no clip)
-        "none": None,
-        f"clip={plan.clip:g}": 0.0,
-        f"eps={plan.target_epsilon:g}": plan.client_std(cfg.num_clients),
-    }
+    settings = noise_settings(cfg, eps or (cfg.target_epsilon,))
+    plan = settings[f"eps={(eps or (cfg.target_epsilon,))[0]:g}"][0]
     evaluator = Evaluator(cfg)
     state, origin = start_state(evaluator, start_from)
     with tempfile.TemporaryDirectory(prefix="fedlora-bench-codec-") as tmp:
@@ -410,8 +444,13 @@ def bench_codecs(cfg: RunConfig, echo: Callable[[str], None], start_from: str | 
     records = [
         rec
         for name, coder in coders.items()
-        for noise, std in settings.items()
-        for rec in codec_records(name, coder, coded[name], increments, plan, noise, std)
+        for noise, (setting_plan, std) in settings.items()
+        for rec in codec_records(name, coder, coded[name], increments, setting_plan, noise, std)
+    ]
+    info["noise"] = [
+        {"label": label, "epsilon": p.target_epsilon, "sigma": p.sigma, "client_std": std}
+        for label, (p, std) in settings.items()
+        if label.startswith("eps=")
     ]
     info["train_seconds"] = round(train_seconds, 1)
     info["codec_seconds"] = round(time.monotonic() - t0, 1)
@@ -447,9 +486,10 @@ def format_table(result: Mapping) -> str:
         + "; ".join(f"{k} {v['all']:.3g} / {v['A']:.3g} / {v['B']:.3g}" for k, v in result["rms"].items()),
         f"mean norms: factor increment {norms_['factors']:.3g}, dense {norms_['dense']:.3g}; "
         f"coded update {coded}",
-        f"noise eps={result['epsilon']:g}: {result['unit']}, {result['threat_model']} threat model, delta "
-        f"{result['delta']:g}, {result['rounds']} rounds, sigma {result['sigma']:.4g} ({result['accountant']}); "
-        f"each coded update (latent + dense) clipped to C = {result['clip']:g}, N(0, (sigma C)^2) per number",
+        f"noise: {result['unit']}, {result['threat_model']} threat model, delta {result['delta']:g}, "
+        f"{result['rounds']} rounds at p = {result['sample_rate']:g}, "
+        + ", ".join(f"eps {n['epsilon']:g}: sigma {n['sigma']:.4g}" for n in result["noise"])
+        + f" ({result['accountant']}); each coded update (latent + dense) clipped to C = {result['clip']:g}",
         f"means {result['mean']}; rel_l2 = |x_hat - x| / |x| against the true (unclipped) increment",
         "",
         f"{'codec':18s} {'order':22s} {'noise':8s} {'cosine':>8s} {'rel_l2':>10s} {'bytes':>9s} {'compression':>11s}",
@@ -472,9 +512,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(preset="minilm-rt")
     parser.add_argument(
         "--epsilon",
-        type=float,
-        default=8.0,
-        help="client-level epsilon of the noisy setting (delta: --delta)",
+        default="8",
+        help="client-level epsilon of the noisy setting, or several separated by commas (delta: "
+        "--delta; sigma calibrated for --sample-rate and --rounds, noise as --threat-model puts it)",
     )
     parser.add_argument(
         "--start-from",
@@ -487,6 +527,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     echo = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    result = bench_codecs(bench_config(args), echo, args.start_from)
+    result = bench_codecs(bench_config(args), echo, args.start_from, epsilons(args.epsilon))
     print(json.dumps(result) if args.json else format_table(result))
     return 0
