@@ -133,9 +133,9 @@ def test_a_tampered_pca_broadcast_is_refused():
 
 
 @pytest.mark.slow
-def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tmp_path):
-    from server.drencoder import PCA_FILE
-
+def _refitted_every_round(tmp_path, **codec):
+    """A 2-round central-noise dr-encoder run with a public-prior ``codec`` refitted every round; its
+    directory."""
     run_dir = tmp_path / "r"
     cfg = preset(
         "minilm-rt",
@@ -143,13 +143,20 @@ def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tm
         **PUBLIC,
         prior_refresh=1,
         mechanism="dr-encoder",
-        codec="pca",
         threat_model="central",
         noise_multiplier=1.0,
         clip=1.0,
         sample_rate=1.0,
+        **codec,
     ).check()
     simulate(cfg, run_dir)
+    return run_dir
+
+
+def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tmp_path):
+    from server.drencoder import PCA_FILE
+
+    run_dir = _refitted_every_round(tmp_path, codec="pca")
     assert int(load_file(str(run_dir / PCA_FILE))["round"].item()) == 2
     cached = {p.name for p in (run_dir / "nodes" / "shared" / "encoders").glob("*.safetensors")}
     assert len(cached) == 2 and all(
@@ -208,22 +215,7 @@ def test_the_ae_codec_on_the_public_prior_skips_the_statistics_round_and_is_refi
 
     from server.drencoder import AE_FILE, STATS_FILE, latest_public_ae
 
-    run_dir = tmp_path / "r"
-    cfg = preset(
-        "minilm-rt",
-        **{**TINY, "rounds": 2},
-        **PUBLIC,
-        prior_refresh=1,
-        mechanism="dr-encoder",
-        codec="ae",
-        ae_prior="public",
-        ae_steps=2,
-        threat_model="central",
-        noise_multiplier=1.0,
-        clip=1.0,
-        sample_rate=1.0,
-    ).check()
-    simulate(cfg, run_dir)
+    run_dir = _refitted_every_round(tmp_path, codec="ae", ae_prior="public", ae_steps=2)
     assert not (run_dir / STATS_FILE).exists() and not (run_dir / AE_FILE).exists()
     assert latest_public_ae(run_dir)[0] == 2
     summary = json.loads((run_dir / "summary.json").read_text())
