@@ -225,10 +225,7 @@ def _public_codec(cfg, layout, state, run_dir, evaluator, echo) -> tuple[Codec, 
         raise FedloraError("codec pca needs the server's public data (an evaluator)")
     t0 = time.monotonic()
     codec = fit_public_basis(evaluator, cfg, state, layout, path, 1)
-    prior = (
-        f"public: {cfg.public_increments} increments on the server's public split (--public-fraction "
-        f"{cfg.public_fraction:g}, never given to a client); no privacy cost"
-    )
+    prior = public_prior_text(cfg)
     echo(
         f"codec pca {codec.version}: k = {codec.latent_size} fitted in {time.monotonic() - t0:.0f} s ({prior})"
     )
@@ -290,10 +287,7 @@ def fit_public_ae(
     version = save_checkpoint(run_dir / PUBLIC_AE_FILE.format(round=rnd), trained)
     losses = trained.history["loss"]
     final = float(np.mean(losses[-10:])) if losses else float("nan")
-    prior = (
-        f"public: {cfg.public_increments} increments on the server's public split (--public-fraction "
-        f"{cfg.public_fraction:g}, never given to a client); no privacy cost"
-    )
+    prior = public_prior_text(cfg)
     echo(
         f"autoencoder {version}: {cfg.ae_size}, {cfg.public_increments} public increments in "
         f"{t1 - t0:.0f} s, {cfg.ae_steps} steps in {time.monotonic() - t1:.0f} s, loss {final:.4g} ({prior})"
@@ -309,6 +303,14 @@ def fit_public_ae(
         "seconds": round(time.monotonic() - t0, 3),
     }
     return trained, version, record
+
+
+def public_prior_text(cfg: RunConfig) -> str:
+    """What a public-prior codec was fitted on, as the summary and the log say it."""
+    return (
+        f"public: {cfg.public_increments} increments on the server's public split (--public-fraction "
+        f"{cfg.public_fraction:g}, never given to a client); no privacy cost"
+    )
 
 
 def latest_public_ae(run_dir: Path) -> tuple[int, Path] | None:
