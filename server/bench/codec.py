@@ -414,8 +414,9 @@ def bench_codecs(
     """The setup and one record per (codec, order, noise); see the module docstring. ``eps``: the
     client-level ε of the noisy settings (default: ``cfg.target_epsilon``)."""
     start = time.monotonic()
-    settings = noise_settings(cfg, eps or (cfg.target_epsilon,))
-    plan = settings[f"eps={(eps or (cfg.target_epsilon,))[0]:g}"][0]
+    eps = tuple(eps) or (cfg.target_epsilon,)
+    settings = noise_settings(cfg, eps)
+    plan = settings[f"eps={eps[0]:g}"][0]  # the first epsilon's plan describes the setup
     evaluator = Evaluator(cfg)
     state, origin = start_state(evaluator, start_from)
     with tempfile.TemporaryDirectory(prefix="fedlora-bench-codec-") as tmp:
