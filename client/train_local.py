@@ -188,6 +188,7 @@ def train_local(
         "lora_norm": lora_norm(model),
         **({"dense_norm": global_norm(deltas)} if deltas else {}),  # wishart, sparta-base
         **({"sparta": _sparta(cfg, stats)} if kind in SPARTA_OPTIMIZERS else {}),
+        **({"prism_floor": cfg.prism_floor} if kind == "prism" else {}),
         "privacy": _privacy(plan, privacy, cfg.delta, validation, stats.get("assumptions")),
         "seconds": round(time.time() - start, 1),
     }

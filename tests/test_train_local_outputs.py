@@ -56,6 +56,8 @@ PUBLISHED = {
     "partition",
     # the dense update's norm (wishart, sparta-base): what "lora_norm" is for a LoRA update
     "dense_norm",
+    # an option of the run (prism only)
+    "prism_floor",
 }
 
 
