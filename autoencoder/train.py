@@ -153,6 +153,15 @@ def train_autoencoder(
     return trained
 
 
+def loss_ends(trained: TrainedAe, last: int = 10) -> tuple[float | None, float | None]:
+    """The first training loss and the mean of the ``last`` ones (``None`` when it took no step)."""
+    losses = trained.history.get("loss", [])
+    if not losses:
+        return None, None
+    tail = losses[-last:]
+    return float(losses[0]), float(sum(tail) / len(tail))
+
+
 def _drawer(layout: Layout, stats_list: Sequence[Stats], samples: Tensor | None, generator) -> Draw:
     """Synthetic draws from the statistics sets in turn, or draws of ``samples`` rows with replacement."""
     if samples is None:

@@ -40,7 +40,7 @@ from autoencoder.codecs import Codec, make_codec
 from autoencoder.coded import coded_shapes, decode_update, encode_update
 from autoencoder.layout import Layout, is_factor
 from autoencoder.synthetic import Stats, empirical_stats, prior_moments, unpack_stats
-from autoencoder.train import TrainConfig, TrainedAe, train_autoencoder
+from autoencoder.train import TrainConfig, TrainedAe, loss_ends, train_autoencoder
 from autoencoder.uformer import AeConfig
 from common.config import RunConfig
 from common.errors import FedloraError
@@ -49,7 +49,7 @@ from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import STATS_ROUND, NoisePlan, uncovered
 from common.wire import InvalidReply, StatsQuery, parse_stats_reply
 from server.aggregate import private_mean
-from server.public_prior import fit_public_basis, load_basis, public_increments
+from server.public_prior import fit_public_basis, load_basis, public_increments, refit_round
 
 log = logging.getLogger("fedlora.server")
 
@@ -149,7 +149,7 @@ def prepare_codec(
     if cfg.public_prior:  # the autoencoder on the public prior
         fitted = latest_public_ae(run_dir)
         if fitted is not None:
-            trained, version = load_checkpoint(fitted[1], _device(cfg))
+            trained, version = _load_ae(fitted[1], cfg, ae_config, layout)
             echo(f"autoencoder {version} (public prior): reused from {fitted[1]}")
             info = {"prior": f"public (reused from {fitted[1]})"}
         else:
@@ -250,7 +250,7 @@ def refresh_public_codec(
     path = run_dir / PCA_FILE
     if fitted is None:
         fitted = load_basis(path, layout)[1] if cfg.codec == "pca" else latest_public_ae(run_dir)[0]
-    due = 1 + (rnd - 1) // cfg.prior_refresh * cfg.prior_refresh
+    due = refit_round(cfg, rnd)
     if fitted >= due:
         return coder, fitted
     if cfg.codec == "pca":
@@ -285,24 +285,14 @@ def fit_public_ae(
         ae_config, layout, [empirical_stats(layout, samples)], ae_train_config(cfg), _device(cfg), samples
     )
     version = save_checkpoint(run_dir / PUBLIC_AE_FILE.format(round=rnd), trained)
-    losses = trained.history["loss"]
-    final = float(np.mean(losses[-10:])) if losses else float("nan")
     prior = public_prior_text(cfg)
+    record = _training_record(cfg, trained, version, time.monotonic() - t0)
     echo(
         f"autoencoder {version}: {cfg.ae_size}, {cfg.public_increments} public increments in "
-        f"{t1 - t0:.0f} s, {cfg.ae_steps} steps in {time.monotonic() - t1:.0f} s, loss {final:.4g} ({prior})"
+        f"{t1 - t0:.0f} s, {cfg.ae_steps} steps in {time.monotonic() - t1:.0f} s, loss "
+        f"{record['final_loss']:.4g} ({prior})"
     )
-    record = {
-        "prior": prior,
-        "stats": "none (the prior is public)",
-        "ae_version": version,
-        "ae_size": cfg.ae_size,
-        "steps": cfg.ae_steps,
-        "first_loss": losses[0] if losses else None,
-        "final_loss": final,
-        "seconds": round(time.monotonic() - t0, 3),
-    }
-    return trained, version, record
+    return trained, version, {"prior": prior, "stats": "none (the prior is public)", **record}
 
 
 def public_prior_text(cfg: RunConfig) -> str:
@@ -408,35 +398,43 @@ def _stats_round(
 def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
     """Load the run's autoencoder, or train and save it; ``(trained, version)``."""
     path = run_dir / AE_FILE
-    device = _device(cfg)
     if path.exists():
-        trained, version = load_checkpoint(path, device)
-        if trained.layout != layout or trained.config != ae_config:
-            raise FedloraError(f"{path} was trained for another model or autoencoder size")
-        if (trained.latent_norm > 0) != (cfg.ae_latent == "homogeneous"):
-            raise FedloraError(f"{path} has another latent mode than --ae-latent {cfg.ae_latent}")
+        trained, version = _load_ae(path, cfg, ae_config, layout)
         echo(f"autoencoder {version}: reused from {path}")
         return trained, version
     t0 = time.monotonic()
-    trained = train_autoencoder(ae_config, layout, stats_list, ae_train_config(cfg), device)
+    trained = train_autoencoder(ae_config, layout, stats_list, ae_train_config(cfg), _device(cfg))
     version = save_checkpoint(path, trained)
-    losses = trained.history["loss"]
-    seconds = time.monotonic() - t0
-    final = float(np.mean(losses[-10:])) if losses else float("nan")
-    log_record(
-        {
-            "round": STATS_ROUND,
-            "phase": "autoencoder",
-            "ae_version": version,
-            "ae_size": cfg.ae_size,
-            "steps": cfg.ae_steps,
-            "first_loss": losses[0] if losses else None,
-            "final_loss": final,
-            "seconds": round(seconds, 3),
-        }
+    record = _training_record(cfg, trained, version, time.monotonic() - t0)
+    log_record({"round": STATS_ROUND, "phase": "autoencoder", **record})
+    echo(
+        f"autoencoder {version}: {cfg.ae_size}, {cfg.ae_steps} steps in {record['seconds']:.0f} s, "
+        f"loss {record['final_loss']:.4g}"
     )
-    echo(f"autoencoder {version}: {cfg.ae_size}, {cfg.ae_steps} steps in {seconds:.0f} s, loss {final:.4g}")
     return trained, version
+
+
+def _load_ae(path: Path, cfg: RunConfig, ae_config: AeConfig, layout: Layout) -> tuple[TrainedAe, str]:
+    """The run's saved autoencoder, checked against this run's model, size and latent mode."""
+    trained, version = load_checkpoint(path, _device(cfg))
+    if trained.layout != layout or trained.config != ae_config:
+        raise FedloraError(f"{path} was trained for another model or autoencoder size")
+    if (trained.latent_norm > 0) != (cfg.ae_latent == "homogeneous"):
+        raise FedloraError(f"{path} has another latent mode than --ae-latent {cfg.ae_latent}")
+    return trained, version
+
+
+def _training_record(cfg: RunConfig, trained: TrainedAe, version: str, seconds: float) -> dict:
+    """What the run's log says of a trained autoencoder: its version, size, steps and loss ends."""
+    first, final = loss_ends(trained)
+    return {
+        "ae_version": version,
+        "ae_size": cfg.ae_size,
+        "steps": cfg.ae_steps,
+        "first_loss": first,
+        "final_loss": float("nan") if final is None else final,
+        "seconds": round(seconds, 3),
+    }
 
 
 def ae_train_config(cfg: RunConfig) -> TrainConfig:

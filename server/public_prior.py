@@ -88,6 +88,12 @@ def load_basis(path: Path, layout: Layout) -> tuple[PcaCodec, int]:
     return PcaCodec(layout, basis, version=basis_version(basis)), int(saved["round"].item())
 
 
+def refit_round(cfg: RunConfig, rnd: int) -> int:
+    """The round whose start the public prior in use at round ``rnd`` should have been fitted for:
+    one fit every ``prior-refresh`` rounds, counted from round 1."""
+    return 1 + (rnd - 1) // cfg.prior_refresh * cfg.prior_refresh
+
+
 class PublicSubspace:
     """The run's public basis and when it was fitted; :meth:`project` is the post-processing step."""
 
@@ -102,7 +108,7 @@ class PublicSubspace:
     def refresh(self, rnd: int, state: AdapterState, echo: Callable[[str], None]) -> None:
         """Fit the basis from ``state`` before round ``rnd`` if none is current (every ``prior-refresh``
         rounds, counted from round 1)."""
-        due = 1 + (rnd - 1) // self.cfg.prior_refresh * self.cfg.prior_refresh
+        due = refit_round(self.cfg, rnd)
         if self.codec is not None and self.fitted_round >= due:
             return
         self.codec = fit_public_basis(self.evaluator, self.cfg, state, self.layout, self.path, rnd)
@@ -121,4 +127,11 @@ class PublicSubspace:
         return {k: projected[k].to(v.device, v.dtype) if k in projected else v for k, v in mean.items()}
 
 
-__all__ = ["BASIS_FILE", "PublicSubspace", "fit_public_basis", "load_basis", "public_increments"]
+__all__ = [
+    "BASIS_FILE",
+    "PublicSubspace",
+    "fit_public_basis",
+    "load_basis",
+    "public_increments",
+    "refit_round",
+]

@@ -57,7 +57,7 @@ from autoencoder.codecs import CODECS, AeCodec, RandomProjectionCodec, fit_pca
 from autoencoder.coded import decode_update, encode_update
 from autoencoder.layout import Layout
 from autoencoder.synthetic import empirical_stats, prior_moments
-from autoencoder.train import train_autoencoder
+from autoencoder.train import loss_ends, train_autoencoder
 from common.config import RunConfig, to_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes
@@ -225,15 +225,15 @@ def public_coders(
     trained = train_autoencoder(
         ae.trained.config, layout, stats, ae_train_config(cfg), ae.trained.device, samples
     )
-    losses = trained.history["loss"]
+    first, final = loss_ends(trained)
     log_record(
         {
             "phase": "public",
             "public_increments": len(samples),
             "increments_seconds": round(t1 - t0, 1),
             "pca_k": k,
-            "ae_public_first_loss": losses[0] if losses else None,
-            "ae_public_final_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+            "ae_public_first_loss": first,
+            "ae_public_final_loss": final,
             "seconds": round(time.monotonic() - t0, 1),
         }
     )
