@@ -72,6 +72,11 @@ def fit_public_basis(
 ) -> PcaCodec:
     """Fit the ``pca`` codec of ``cfg.public_subspace`` directions on ``cfg.public_increments`` public
     increments from ``state`` and save it to ``path`` (atomically) as fitted before round ``rnd``."""
+    if cfg.public_subspace > layout.num_coords:  # before the (slow) public increments
+        raise FedloraError(
+            f"--public-subspace {cfg.public_subspace} exceeds the {layout.num_coords:,} LoRA-factor "
+            "entries it compresses"
+        )
     samples = public_increments(evaluator, cfg, state, cfg.public_increments, layout)
     fitted = fit_pca(layout, samples, cfg.public_subspace)
     codec = PcaCodec(layout, fitted.basis, version=basis_version(fitted.basis))

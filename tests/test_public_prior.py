@@ -33,6 +33,17 @@ def test_bad_public_subspace_options_are_one_line(changes, message):
         preset("minilm-rt", **TINY, **changes).check()
 
 
+def test_a_subspace_larger_than_the_factor_entries_is_one_line_before_any_public_increment(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(public_prior, "public_increments", lambda *a: pytest.fail("computed increments"))
+    big = dict(public_fraction=0.25, public_subspace=10**7, public_increments=10**7)
+    cfg = preset("minilm-rt", **TINY, **big, threat_model="central", noise_multiplier=1.0, clip=1.0)
+    with pytest.raises(FedloraError, match=r"--public-subspace 10000000 exceeds the [\d,]+ LoRA-factor"):
+        simulate(cfg.check(), tmp_path / "r")
+    assert not (tmp_path / "r" / BASIS_FILE).exists()
+
+
 def _central_run(tmp_path, **changes) -> tuple:
     """A TINY central-noise federation with the public options; ``(run_dir, start, end)`` states."""
     run_dir = tmp_path / "r"
