@@ -18,6 +18,7 @@ from autoencoder.synthetic import empirical_stats
 from autoencoder.train import TrainConfig, train_autoencoder
 from autoencoder.uformer import AeConfig
 from common.config import preset
+from server.bench.codec import errors
 from server.evaluation import Evaluator
 from server.public_prior import public_increments
 
@@ -25,12 +26,9 @@ SETTINGS = [(2e-4, 300, "image"), (1e-3, 1000, "image"), (1e-3, 1000, "factor")]
 
 
 def mean_cosine(codec, layout: Layout, rows: torch.Tensor) -> float:
-    """Mean over ``rows`` of cos(decode(encode(x)), x)."""
-    total = 0.0
-    for x in rows:
-        xh = codec.layout.to_vector(codec.decode(codec.encode(layout.from_vector(x))))
-        total += float(xh @ x / (xh.norm() * x.norm()))
-    return total / len(rows)
+    """Mean over ``rows`` of cos(decode(encode(x)), x), as ``fedlora bench codec`` scores it."""
+    truths = [layout.from_vector(x) for x in rows]
+    return sum(errors(layout, codec.decode(codec.encode(t)), t)["cosine"] for t in truths) / len(rows)
 
 
 def main() -> None:
