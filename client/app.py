@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
@@ -15,14 +17,16 @@ from client.drencoder.gradstats import local_stats, privatise
 from client.increment import increment as local_increment
 from client.local_update import local_update
 from client.node.policy import NodePolicy
+from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import MODEL_PATH, Shard, load_global, node_shard
 from client.node.state import encoder_cache_dir, node_state_dir, sample_ledger
 from client.releases import CLIENT_RELEASES, round_clip
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_state
+from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
-from common.privacy.plan import plan_noise
+from common.privacy.plan import STATS_ROUND, plan_noise
 from common.timing import phase
 from common.wire import StatsQuery, TrainInstruction, stats_reply, train_reply
 
@@ -47,7 +51,7 @@ def gradstats(msg: Message, context: Context) -> Message:
     """DR-Encoder Algorithm 1 statistics of one round's local steps (client/drencoder/gradstats.py), with the
     run config's settings (noised when ``stats-noise-multiplier`` > 0)."""
     query = StatsQuery.from_record(msg.content)
-    cfg, pid, _, shard = _start(context, query.global_state)
+    cfg, pid, parts, shard = _start(context, query.global_state)
     stats = local_stats(
         shard.bundle.model,
         shard.task,
@@ -64,8 +68,12 @@ def gradstats(msg: Message, context: Context) -> Message:
         optimizer=cfg.client_optimizer,
     )
     noise_std = cfg.stats_noise_std
-    if noise_std > 0:
-        stats = privatise(stats, cfg.stats_clip, noise_std)
+    if noise_std > 0:  # a client-level release (local noise, p = 1): recorded once, like a round
+        event = Event(cfg.stats_noise_multiplier, 1.0)
+        with _releases(context, cfg, pid, parts) as releases:
+            releases.check(STATS_ROUND, event, 0)
+            stats = privatise(stats, cfg.stats_clip, noise_std)
+            releases.charge(STATS_ROUND, event, cfg.stats_clip, "local")
     reply = stats_reply(stats, {"granularity": cfg.stats_granularity, "noise-std": noise_std})
     return Message(reply, reply_to=msg)
 
@@ -75,13 +83,21 @@ def train(msg: Message, context: Context) -> Message:
     ins = TrainInstruction.from_record(msg.content)
     cfg, pid, parts, shard = _start(context, ins.global_state)
     model, kind, release = shard.bundle.model, cfg.optimizer_kind, cfg.release_kind
+    noise = plan_noise(cfg)
+    released = None  # a noised client-level release: (event, clip), checked before any training
     if release != "none":
-        _check_noise(cfg, ins.noise_std, round_clip(ins, cfg))
+        clip = round_clip(ins, cfg)
+        _check_noise(cfg, ins.noise_std, clip)
+        if noise is not None and noise.private:
+            released = release_event(noise, ins.noise_std, clip), clip
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     node = dict(context.node_config)
+    if released:
+        with _releases(context, cfg, pid, parts) as releases:
+            releases.check(ins.round, released[0], cfg.rounds - ins.round)
     ledger = None
     if plan is not None:  # sample-level DP: the node's own ledger, checked and charged before the steps
-        ledger = sample_ledger(node_state_dir(node), f"{cfg.dataset}/{pid}-of-{parts}", cfg.delta)
+        ledger = sample_ledger(node_state_dir(node), _owner(cfg, pid, parts), cfg.delta)
     try:
         if ledger is not None:
             future = (cfg.rounds - ins.round) * cfg.local_steps  # as if sampled every later round
@@ -110,8 +126,36 @@ def train(msg: Message, context: Context) -> Message:
     if cfg.private:
         metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
     increment = local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
-    reply = release_reply(increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics)
+    if not released:
+        reply = release_reply(increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics)
+        return Message(reply, reply_to=msg)
+    with _releases(context, cfg, pid, parts) as releases:  # committed before the release leaves
+        releases.check(ins.round, released[0], cfg.rounds - ins.round)
+        releases.charge(ins.round, *released, noise.threat_model)
+        reply = release_reply(increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics)
     return Message(reply, reply_to=msg)
+
+
+@contextmanager
+def _releases(context: Context, cfg: RunConfig, pid: int, parts: int) -> Iterator[ReleaseLedger]:
+    """The node's client-level release ledger for this run (client/node/release_ledger.py)."""
+    node = dict(context.node_config)
+    releases = ReleaseLedger.open(
+        node_state_dir(node),
+        _owner(cfg, pid, parts),
+        NodePolicy.from_node_config(node),
+        cfg,
+        str(context.run_id),
+    )
+    try:
+        yield releases
+    finally:
+        releases.close()
+
+
+def _owner(cfg: RunConfig, pid: int, parts: int) -> str:
+    """What a node's ledgers are for: its data, by dataset and partition."""
+    return f"{cfg.dataset}/{pid}-of-{parts}"
 
 
 def release_reply(

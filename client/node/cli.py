@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from client.node.policy import TRUST
 from common.config import MECHANISMS
 
 
@@ -39,6 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="take part in dr-encoder runs that send the statistics round in the clear (not private)",
     )
     parser.add_argument(
+        "--trust",
+        choices=list(TRUST),
+        default="none",
+        help="whom this node trusts with less than its own noise: none (default: local noise only; your "
+        "epsilon holds against the server), aggregate (secure aggregation: none exists yet) or server "
+        "(central / distributed noise, --encode-at server: your epsilon holds against everyone else)",
+    )
+    parser.add_argument(
         "--print-command", action="store_true", help="print the flower-supernode command, run nothing"
     )
 
@@ -56,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         "insecure": args.insecure,
         "port": args.port,
         "clear_statistics": args.allow_clear_statistics,
+        "trust": args.trust,
     }
     if args.print_command:
         import shlex

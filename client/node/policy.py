@@ -9,12 +9,16 @@ The policy lives in the node config (``flower-supernode --node-config``, written
 ``sample-epsilon``   sample-level budget: the node's whole history in its sample-level ledger
                      (state directory) plus what the run still plans must stay within it (PLD ε)
 ``client-epsilon``   client-level budget: the run's planned client-level ε (the statistics round
-                     included) must stay within it
+                     included) must stay within it, and so must the node's whole history in its
+                     client-level release ledger plus what the run still plans
+``trust``            which observers the node trusts with less than its own noise (:data:`TRUST`):
+                     ``none`` (a data owner's default), ``aggregate`` or ``server``
 ``clear-statistics`` true: take part in DR-Encoder runs whose statistics go out in the clear
                      (outside every guarantee); a node with a policy refuses them otherwise
 
-A key that is absent imposes nothing (simulation nodes have none). A refused run gets an error
-reply starting ``node policy:``, which the server records as a rejected reply.
+A key that is absent imposes nothing (simulation nodes have none: they trust the server they run
+in). A refused run gets an error reply starting ``node policy:``, which the server records as a
+rejected reply.
 """
 
 from __future__ import annotations
@@ -29,6 +33,17 @@ from common.privacy.plan import plan_noise, uncovered
 
 TOLERANCE = 1e-6  # relative: a calibrated plan lands on its target up to round-off
 
+#: trust setting -> what it protects (docs/sdk.md, ``fedlora node --trust``)
+TRUST = {
+    "none": "only releases whose noise this node adds itself (local noise): its epsilon holds against "
+    "everyone, the server included",
+    "aggregate": "also distributed noise, once replies are securely aggregated (the server then sees "
+    "only the sum); no federation offers secure aggregation yet, so today this is none",
+    "server": "also central noise, distributed noise without secure aggregation and --encode-at server: "
+    "the server sees this node's clipped (or raw) update, and the epsilon holds only against "
+    "everyone else",
+}
+
 
 @dataclass(frozen=True)
 class NodePolicy:
@@ -40,13 +55,25 @@ class NodePolicy:
     sample_epsilon: float = 0.0
     client_epsilon: float = 0.0
     clear_statistics: bool = False
+    trust: str = ""  # "": "none" for a data owner's policy, "server" for a simulation node
 
     @property
     def restricted(self) -> bool:
         """Whether this is a data owner's policy (a simulation node has none)."""
         return bool(
-            self.mechanism or self.dataset or self.delta or self.sample_epsilon or self.client_epsilon
+            self.mechanism
+            or self.dataset
+            or self.delta
+            or self.sample_epsilon
+            or self.client_epsilon
+            or self.trust
         )
+
+    @property
+    def trusts(self) -> str:
+        """The effective trust setting: the configured one, else ``none`` for a data owner's policy
+        and ``server`` for a node without one."""
+        return self.trust or ("none" if self.restricted else "server")
 
     @classmethod
     def from_node_config(cls, node_config: dict) -> NodePolicy:
@@ -58,6 +85,7 @@ class NodePolicy:
                 sample_epsilon=float(node_config.get("sample-epsilon", 0.0)),
                 client_epsilon=float(node_config.get("client-epsilon", 0.0)),
                 clear_statistics=_flag(node_config.get("clear-statistics", False)),
+                trust=str(node_config.get("trust", "")),
             )
         except (TypeError, ValueError):
             raise FedloraError(
@@ -66,6 +94,8 @@ class NodePolicy:
             ) from None
         if policy.mechanism and policy.mechanism not in MECHANISMS:
             raise FedloraError(f"node config: unknown mechanism '{policy.mechanism}'")
+        if policy.trust and policy.trust not in TRUST:
+            raise FedloraError(f"node config: trust must be one of {', '.join(TRUST)}, got '{policy.trust}'")
         if min(policy.delta, policy.sample_epsilon, policy.client_epsilon) < 0:
             raise FedloraError("node config delta / sample-epsilon / client-epsilon must be >= 0")
         return policy
@@ -74,6 +104,8 @@ class NodePolicy:
         """Refuse a run this node does not take part in (everything but the sample-level history)."""
         if self.mechanism:
             self._check_mechanism(cfg)
+        if why := self.untrusted(cfg):
+            raise FedloraError(f"node policy: {why}")
         if self.dataset and cfg.dataset != self.dataset:
             raise FedloraError(
                 f"node policy: this node's data is for {self.dataset}; the run is on {cfg.dataset}"
@@ -93,6 +125,30 @@ class NodePolicy:
                 f"node policy: the run releases {clear[0][1]}; this node has not "
                 "opted in to that (clear-statistics = true, fedlora node --allow-clear-statistics)"
             )
+
+    def untrusted(self, cfg: RunConfig) -> str:
+        """Why this node's trust setting refuses ``cfg``'s client-level release (empty: it accepts):
+        who would see this node's update with less noise than the node adds itself."""
+        trust = self.trusts
+        if trust == "server" or cfg.release_kind == "none":
+            return ""
+        setting = f"this node trusts {'no one' if trust == 'none' else 'a secure aggregate only'}"
+        if cfg.encode_at == "server":
+            seen = "the raw, unclipped update (--encode-at server)"
+        elif cfg.clip_only:
+            seen = "the clipped update with no noise (clip-only diagnostic)"
+        elif cfg.threat_model == "central":
+            seen = "the clipped update with no noise (central noise: the server adds it)"
+        elif cfg.threat_model == "distributed":
+            if trust == "aggregate":
+                return (
+                    f"{setting}; distributed noise needs secure aggregation, which this federation does "
+                    "not offer (the server would see each reply with noise std sigma*C/sqrt(m))"
+                )
+            seen = "each reply with noise std sigma*C/sqrt(m), a share of the noise (distributed noise)"
+        else:
+            return ""
+        return f"{setting}; the server would see {seen} (trust = server, fedlora node --trust server)"
 
     def _check_mechanism(self, cfg: RunConfig) -> None:
         if cfg.mechanism != self.mechanism:
@@ -130,15 +186,27 @@ class NodePolicy:
         """Refuse when the node's sample-level history (every charged round, retries included) plus
         ``steps`` more steps at noise ``sigma`` and rate ``rate`` (this round's and those the run
         still plans) would exceed ``sample_epsilon`` (PLD ε at the ledger's δ)."""
-        if not self.sample_epsilon:
-            return
-        before = ledger.spent()["eps_tight"]
-        after = ledger.spent(Event(sigma, rate, steps))["eps_tight"]
-        if after > self.sample_epsilon * (1 + TOLERANCE):
-            raise FedloraError(
-                f"node policy: sample-level budget {self.sample_epsilon:g} exceeded: this run would bring "
-                f"epsilon to {after:.4g} ({before:.4g} spent before it; delta {ledger.delta:g})"
-            )
+        _check_history(ledger, Event(sigma, rate, steps), self.sample_epsilon)
+
+    def check_client_budget(self, ledger: Ledger, event: Event) -> None:
+        """Refuse when the node's client-level release history plus ``event`` (this release and the
+        ones the run still plans) would exceed ``client_epsilon`` (the larger of the GDP and PLD ε at
+        the ledger's δ, as the server's budget stop uses)."""
+        _check_history(ledger, event, self.client_epsilon)
+
+
+def _check_history(ledger: Ledger, event: Event, budget: float) -> None:
+    """Refuse when ``ledger``'s history plus ``event`` spends more than ``budget`` (0: no budget)."""
+    if not budget:
+        return
+    keys = ("eps_tight",) if ledger.unit == "sample-level" else ("eps_gdp", "eps_tight")
+    before = max(ledger.spent()[k] for k in keys)
+    after = max(ledger.spent(event)[k] for k in keys)
+    if after > budget * (1 + TOLERANCE):
+        raise FedloraError(
+            f"node policy: {ledger.unit} budget {budget:g} exceeded: this run would bring "
+            f"epsilon to {after:.4g} ({before:.4g} spent before it; delta {ledger.delta:g})"
+        )
 
 
 def planned_client_epsilon(cfg: RunConfig) -> float:
@@ -156,4 +224,4 @@ def _flag(value: object) -> bool:
     raise ValueError(value)
 
 
-__all__ = ["NodePolicy", "planned_client_epsilon"]
+__all__ = ["TRUST", "NodePolicy", "planned_client_epsilon"]

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from client.node.policy import TRUST
 from common.config import MECHANISMS
 from common.data.owner import LABEL, TEXT, OwnerData, owner_data, read_jsonl, write_jsonl
 from common.errors import FedloraError
@@ -182,11 +183,14 @@ class NodeConfig:
     insecure: bool = False
     port: int | None = None
     clear_statistics: bool = False
+    trust: str = "none"
 
     def checked(self) -> NodeConfig:
         """Validated, with absolute paths and a runtime port; raises :class:`FedloraError`."""
         _check_address(self.superlink)
         _check_policy(self.mechanism, self.epsilon, self.delta)
+        if self.trust not in TRUST:
+            raise FedloraError(f"trust must be one of {', '.join(TRUST)}, got '{self.trust}'")
         _check_transport(self.insecure, self.root_certificates, self.auth_key)
         if self.model is not None:
             from common.models import resolve_model
@@ -211,6 +215,7 @@ class NodeConfig:
             "state-dir": str(self.state_dir),
             "mechanism": self.mechanism,
             "delta": float(self.delta),
+            "trust": self.trust,
         }
         if self.epsilon is not None:
             key = "sample-epsilon" if self.mechanism in SAMPLE_LEVEL else "client-epsilon"
@@ -288,6 +293,11 @@ def join(
         port: the local port for the node's own ClientApp process (default: a free one).
         clear_statistics: take part in ``dr-encoder`` runs whose statistics round goes out in the
             clear, outside every guarantee (default False: your node refuses them).
+        trust: whom your node trusts with less than its own noise (client/node/policy.py ``TRUST``):
+            ``none`` (default: only local noise, your ε holds against the server too), ``aggregate``
+            (also distributed noise under secure aggregation; none exists yet, so the same as
+            ``none`` today) or ``server`` (also central noise, distributed noise and
+            ``--encode-at server``: your ε then holds against everyone but the server).
     """
     cfg = _configure(superlink, data, mechanism, epsilon, **options)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)

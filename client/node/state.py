@@ -1,7 +1,8 @@
-"""A node's persistent state directory and its sample-level privacy ledger.
+"""A node's persistent state directory and its two privacy ledgers.
 
-The directory outlives runs and restarts: the sample-level ledger in it keeps the whole privacy
-history of this node's data (rows are keyed by run and round), so a restarted node, or a second
+The directory outlives runs and restarts: the sample-level ledger keeps every DP-optimizer round
+this node's data went through, the client-level ledger every client-level release the node made
+(client/node/release_ledger.py). Rows are keyed by run and round, so a restarted node, or a second
 federation over the same data, adds to the history instead of starting from zero.
 """
 
@@ -14,6 +15,7 @@ from common.errors import FedloraError
 from common.privacy.ledger import Ledger
 
 LEDGER_FILE = "sample-ledger.sqlite"
+CLIENT_LEDGER_FILE = "client-ledger.sqlite"
 
 
 def node_state_dir(node_config: dict) -> Path:
@@ -37,14 +39,23 @@ def sample_ledger(state_dir: Path, owner: str, delta: float) -> Ledger:
     """The node's sample-level ledger for the data named ``owner`` (created on first use). A ledger
     there for other data or another δ (its ε is stated at one δ for the whole history), or a
     corrupt one, is an error and is left as it is."""
-    path = state_dir / LEDGER_FILE
+    return _node_ledger(state_dir / LEDGER_FILE, "sample-level", owner, delta)
+
+
+def client_ledger(state_dir: Path, owner: str, delta: float) -> Ledger:
+    """The node's client-level release ledger for the data named ``owner``, checked like
+    :func:`sample_ledger`."""
+    return _node_ledger(state_dir / CLIENT_LEDGER_FILE, "client-level", owner, delta)
+
+
+def _node_ledger(path: Path, unit: str, owner: str, delta: float) -> Ledger:
     if not path.exists():
-        return Ledger.create(path, "sample-level", owner, delta)
-    ledger = Ledger.open(path, "sample-level", owner)
+        return Ledger.create(path, unit, owner, delta)
+    ledger = Ledger.open(path, unit, owner)
     if ledger.delta != delta:
         ledger.close()
         raise FedloraError(
-            f"node policy: this node's sample-level ledger {path} accounts at delta {ledger.delta:g}; "
+            f"node policy: this node's {unit} ledger {path} accounts at delta {ledger.delta:g}; "
             f"the run asks delta {delta:g} (use that delta, or another state directory for this data)"
         )
     return ledger

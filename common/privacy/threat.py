@@ -14,11 +14,14 @@ from dataclasses import dataclass
 class Guarantee:
     """``adjacency``: the neighbouring datasets; ``observer``: who cannot tell them apart;
     ``amplified``: whether the accountant may use the sampling rate (the sample is hidden from
-    the observer)."""
+    the observer); ``relation``: the neighbouring relation in one word, ``add/remove`` (a client or
+    example absent) or ``zero-out`` (a client present, its update replaced by zero), which an
+    audit's excluded canary must reproduce."""
 
     adjacency: str
     observer: str
     amplified: bool
+    relation: str = "add/remove"
 
     def label(self) -> str:
         return f"{self.adjacency}; against {self.observer}"
@@ -33,12 +36,18 @@ CLIENT_LEVEL: dict[str, Guarantee] = {
         "zero-out adjacency (one client's update replaced by zero; participation is visible)",
         "everyone, the server included",
         amplified=False,
+        relation="zero-out",
     ),
+    # The sum of r replies carries noise variance r*sigma^2*C^2/m, so its energy tells an observer of
+    # the aggregate how many replied, hence (at small N) whether a given client took part: sampling
+    # cannot be used (p = 1) and only replacing one client's update by zero is hidden.
     "distributed": Guarantee(
-        "add/remove one client",
+        "zero-out adjacency (one client's update replaced by zero; the number of replies is visible "
+        "in the aggregate's noise, so participation is not hidden)",
         "an observer of the aggregate only (the global adapter): the server itself sees each reply "
         "with noise std sigma*C/sqrt(m) (no secure aggregation)",
-        amplified=True,
+        amplified=False,
+        relation="zero-out",
     ),
     "central": Guarantee(
         "add/remove one client",
