@@ -23,7 +23,7 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import adapter_shapes
 from common.privacy.ledger import Charge, Ledger
-from common.privacy.plan import NoisePlan, budget_stop, plan_noise, what_if
+from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, what_if
 from common.privacy.report import write_report
 from common.privacy.statement import statement
 from server import checkpoint
@@ -163,8 +163,10 @@ def _open_ledger(out: RunDir, cfg: RunConfig, plan: NoisePlan | None, run_id: st
     owner = f"run {run_id}"
     if cfg.resume and out.ledger_path.exists():
         return Ledger.open(out.ledger_path, "client-level", owner)
-    validity = what_if(plan)
-    return Ledger.create(out.ledger_path, "client-level", owner, cfg.delta, plan.target_epsilon, validity)
+    validity, whom = what_if(plan), population(plan) if plan.noise_cohort else ""
+    return Ledger.create(
+        out.ledger_path, "client-level", owner, cfg.delta, plan.target_epsilon, validity, whom
+    )
 
 
 def _reconcile(out: RunDir, ledger: Ledger | None, run_id: str, loop: LoopState, echo) -> int:
@@ -199,7 +201,8 @@ def _round_line(record: dict, metric: str, ledger: Ledger | None) -> str:
             f"{(record['bytes_down'] + record['bytes_up']) / 1e6:.2f} MB, {record['seconds']:.1f} s"
         )
     if ledger:
-        line += f", client-level eps gdp {record['eps_gdp']:.3g} / pld {record['eps_tight']:.3g}"
+        what_if = f" (WHAT-IF: for {ledger.population})" if ledger.validity else ""
+        line += f", client-level eps{what_if} gdp {record['eps_gdp']:.3g} / pld {record['eps_tight']:.3g}"
     return line
 
 
@@ -232,7 +235,10 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
         interrupted = [r["round"] for r in totals["rounds"] if r["status"] == "interrupted"]
         summary.update(
             rounds_interrupted=interrupted,
-            client_privacy={k: totals[k] for k in ("mu", "eps_gdp", "eps_tight", "epsilon", "delta")},
+            client_privacy={
+                **{k: totals[k] for k in ("mu", "eps_gdp", "eps_tight", "epsilon", "delta", "what_if")},
+                "relation": plan.guarantee.relation,
+            },
             ledger=str(ledger.path),
             privacy_report=[str(report_json), str(report_png)],
         )

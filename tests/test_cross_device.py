@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,11 +20,15 @@ from common.privacy.adaptive_clip import combined_noise_multiplier
 from common.privacy.calibration import events_epsilon
 from common.privacy.ledger import Ledger
 from common.privacy.plan import plan_noise
+from common.privacy.report import title
 from common.wire import CLIP_BIT
 from server import optimizers
 from server.aggregate import private_mean
+from server.bench.suite.sections import privacy
 from server.checkpoint import CHECKPOINT_FILE
 from server.evaluation import Evaluator
+from server.federation import _round_line
+from tests.conftest import run_cli
 from tests.harness import TINY, federate, records
 
 DP = dict(mechanism="dp-fedavg", threat_model="central", sample_rate=0.5, num_clients=4)
@@ -92,7 +97,7 @@ def test_clip_only_diagnostic_is_labelled_not_private_and_keeps_no_ledger(tmp_pa
     assert 0 < moved <= 1e-3 * 1.0001  # the mean of two increments clipped to 1e-3
 
 
-def test_what_if_run_is_labelled_everywhere(tmp_path):
+def test_what_if_run_is_labelled_everywhere(tmp_path, capsys):
     out = tmp_path / "r"
     cfg = preset(
         "minilm-rt",
@@ -104,11 +109,27 @@ def test_what_if_run_is_labelled_everywhere(tmp_path):
         out_dir=str(out),
     ).check()
     federate(cfg)
+    whom = f"a population of {200 / cfg.sample_rate:,.0f} clients sampled at rate {cfg.sample_rate:g} (200 per round)"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["privacy"].startswith("WHAT-IF, valid for a cohort of 200 clients per round")
+    assert summary["privacy"].startswith(f"WHAT-IF, valid for {whom}, not for this simulation")
+    assert summary["client_privacy"]["what_if"].startswith(f"WHAT-IF, valid for {whom}")
     report = Ledger.open(out / "ledger.sqlite", "client-level").report()
-    assert report["validity"].startswith("valid for a cohort of 200") and "sigma 0.01" in report["validity"]
+    assert report["validity"].startswith(f"valid for {whom}") and "sigma 0.01" in report["validity"]
     assert json.loads((out / "privacy.json").read_text())["validity"] == report["validity"]
+    assert title(report).startswith("WHAT-IF, ") and title(report).endswith(f"for {whom}")  # privacy.png
+    capsys.readouterr()
+    assert run_cli(["privacy", "ledger", str(out / "ledger.sqlite")]) == 0
+    assert capsys.readouterr().out.startswith(f"WHAT-IF, valid for {whom}")
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    ledger = Ledger.open(out / "ledger.sqlite")
+    assert f"client-level eps (WHAT-IF: for {whom}) gdp" in _round_line(row, "accuracy", ledger)
+    ledger.close()
+    # the bench suite's privacy table: the unit starts with WHAT-IF
+    run = SimpleNamespace(
+        section="client-level", seed=0, arm=SimpleNamespace(label="what-if", target_epsilon=0)
+    )
+    table = privacy([{"run": run, "output": summary, "dir": str(out)}])
+    assert table["rows"][0]["unit"].startswith(f"WHAT-IF, valid for {whom}")
     # the ledger charges the deployment's sigma; this run's own epsilon is far larger
     assert report["rounds"][0]["sigma"] == 1.0
     own = events_epsilon("pld", [Event(plan_noise(cfg).simulated_sigma, 1.0, 1)], cfg.delta)
@@ -218,11 +239,15 @@ def test_cross_device_presets_have_about_a_hundred_clients_per_round():
 
 def test_a_budgeted_node_refuses_clip_only_and_what_if_runs():
     base = dict(**DP, noise_multiplier=5.0)
-    NodePolicy(client_epsilon=8.0).check_run(preset("minilm-rt", **base).check())
+    NodePolicy(client_epsilon=8.0, trust="server").check_run(preset("minilm-rt", **base).check())
     with pytest.raises(FedloraError, match="clip-only diagnostic"):
-        NodePolicy(client_epsilon=8.0).check_run(preset("minilm-rt", **DP, clip_only=True).check())
+        NodePolicy(client_epsilon=8.0, trust="server").check_run(
+            preset("minilm-rt", **DP, clip_only=True).check()
+        )
     with pytest.raises(FedloraError, match="what-if run whose epsilon holds for a cohort of 100"):
-        NodePolicy(client_epsilon=8.0).check_run(preset("minilm-rt", **base, noise_cohort=100).check())
+        NodePolicy(client_epsilon=8.0, trust="server").check_run(
+            preset("minilm-rt", **base, noise_cohort=100).check()
+        )
 
 
 def test_option_lists_agree_with_their_implementations():

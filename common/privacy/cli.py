@@ -194,7 +194,8 @@ def _ledger(args: argparse.Namespace) -> int:
         print(json.dumps(report))
         return 0
     print(
-        f"{report['unit']} ledger {args.path} (owner {report['owner']}), delta {float(report['delta']):g}: "
+        f"{report['what_if']}{report['unit']} ledger {args.path} (owner {report['owner']}), "
+        f"delta {float(report['delta']):g}: "
         f"epsilon {report['eps_gdp']:.4g} (gdp, mu {report['mu']:.4g}) / {report['eps_tight']:.4g} (pld)"
     )
     for guarantee in report["guarantees"]:

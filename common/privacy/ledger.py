@@ -24,7 +24,7 @@ from pathlib import Path
 from common.config import THREAT_MODELS
 from common.errors import FedloraError
 from common.privacy.accountants import Accountant, Event, GdpAccountant, PldAccountant
-from common.privacy.threat import CLIENT_LEVEL, SAMPLE_LEVEL, Guarantee
+from common.privacy.threat import CLIENT_LEVEL, SAMPLE_LEVEL, Guarantee, what_if_label
 
 SCHEMA = "fedlora-ledger/1"
 UNITS = ("client-level", "sample-level")
@@ -103,6 +103,8 @@ class Ledger:
         self.path, self._conn = path, conn
         self.unit, self.owner = meta["unit"], meta["owner"]
         self.delta = float(meta["delta"])
+        self.validity = meta.get("validity", "")  # a what-if ledger: where its ε holds
+        self.population = meta.get("population", "")  # ... and for whom, in a few words
 
     @classmethod
     def create(
@@ -113,9 +115,11 @@ class Ledger:
         delta: float,
         target_epsilon: float = 0.0,
         validity: str = "",
+        population: str = "",
     ) -> Ledger:
         """A new ledger at ``path``; refuses a path that exists (nothing is ever overwritten).
-        ``validity``: where the charges hold when not for the run itself (a what-if noise cohort)."""
+        ``validity``: where the charges hold when not for the run itself (a what-if noise cohort);
+        ``population``: that population in a few words, for one-line outputs."""
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}")
         if not 0 < delta < 1:
@@ -133,7 +137,7 @@ class Ledger:
             "delta": repr(delta),
             "target_epsilon": repr(target_epsilon),  # 0 = no budget
             "created": repr(time.time()),
-            **({"validity": validity} if validity else {}),
+            **({"validity": validity, "population": population} if validity else {}),
         }
         with conn:
             conn.executescript(_TABLES + _UNCOVERED)
@@ -245,6 +249,7 @@ class Ledger:
         return {
             "ledger": str(self.path),
             **meta,
+            "what_if": what_if_label(self.validity),  # "" for a run's own ε
             "accountants": {"gdp": "CLT mu-GDP (DR-Encoder paper)", "tight": "PLD (pessimistic)"},
             "epsilon": max(last["eps_gdp"], last["eps_tight"]),
             "mu": last["mu"],

@@ -51,6 +51,13 @@ class NoisePlan:
     count_std: float = 0.0  # adaptive clipping: std σ_b of the noised unclipped count (0: fixed clip)
     noise_cohort: int = 0  # what-if: the cohort the noise is sized for (0: this run's)
     cohort_scale: float = 1.0  # K / K' (≤ 1): the sum's noise std relative to a K'-cohort plan
+    sample_rate: float = 0.0  # the run's client sampling rate (names a what-if run's population K'/rate)
+
+    @property
+    def what_if_population(self) -> float:
+        """A what-if run's population N' = K'/rate: the deployment whose rounds of K' clients at this
+        run's rate the charged σ (and so the ledger's ε) is for; 0 when the run is not what-if."""
+        return self.noise_cohort / self.sample_rate if self.noise_cohort and self.sample_rate else 0.0
 
     @property
     def private(self) -> bool:
@@ -182,6 +189,7 @@ def plan_noise(cfg: RunConfig) -> NoisePlan | None:
         count_std=_count_std(cfg),
         noise_cohort=cfg.noise_cohort,
         cohort_scale=cfg.expected_cohort / cfg.noise_cohort if cfg.noise_cohort else 1.0,
+        sample_rate=cfg.sample_rate,
     )
     plan.update_sigma  # noqa: B018 -- adaptive clipping: refuses 2σ_b <= σ now, in one line
     return plan
@@ -194,16 +202,25 @@ def _count_std(cfg: RunConfig) -> float:
     return cfg.clip_count_std or default_count_std(cfg.noise_cohort or cfg.expected_cohort)
 
 
+def population(plan: NoisePlan) -> str:
+    """Who a what-if run's ε is for: ``a population of N' clients sampled at rate p (K' per round)``."""
+    return (
+        f"a population of {plan.what_if_population:,.0f} clients sampled at rate {plan.sample_rate:g} "
+        f"({plan.noise_cohort} per round)"
+    )
+
+
 def what_if(plan: NoisePlan) -> str:
-    """For a what-if noise-cohort run: where its ε holds and what this simulation itself carries
-    (its own ε at the same p, δ and planned rounds); empty otherwise."""
+    """For a what-if noise-cohort run: the population its ε holds for and what this simulation
+    itself carries (its own ε per round at the same p and δ); empty otherwise. Every output that
+    prints a what-if ε starts with ``WHAT-IF`` and this text."""
     if not plan.noise_cohort:
         return ""
     own = Event(plan.simulated_sigma, plan.p, 1)
     return (
-        f"valid for a cohort of {plan.noise_cohort} clients per round, not for this simulation: the "
-        f"ledger charges sigma {plan.sigma:.4g} (the deployment's); this simulation's releases carry "
-        f"sigma {plan.simulated_sigma:.4g} (epsilon {events_epsilon('pld', [own], plan.delta):.4g} per round, pld)"
+        f"valid for {population(plan)}, not for this simulation: the ledger "
+        f"charges sigma {plan.sigma:.4g} (that deployment's); this simulation's releases carry sigma "
+        f"{plan.simulated_sigma:.4g} (epsilon {events_epsilon('pld', [own], plan.delta):.4g} per round, pld)"
     )
 
 
@@ -228,6 +245,7 @@ __all__ = [
     "NoisePlan",
     "budget_stop",
     "plan_noise",
+    "population",
     "statistics_events",
     "uncovered",
     "what_if",

@@ -21,6 +21,14 @@ def write_report(ledger: Ledger, directory: Path, stem: str = "privacy") -> tupl
     return json_path, png_path
 
 
+def title(report: dict) -> str:
+    """The plot's title: unit and threat models; a what-if ledger's starts with WHAT-IF and names
+    the population its ε is for on a second line."""
+    threats = sorted({r["threat_model"] for r in report["rounds"]}) or ["-"]
+    text = f"{report['unit']} privacy spent ({', '.join(threats)} noise)"
+    return f"WHAT-IF, {text}\nfor {report.get('population', '')}" if report.get("what_if") else text
+
+
 def plot(report: dict, path: Path) -> None:
     """ε_gdp and ε_tight after each charged round (∞ values are left out of the plot)."""
     import matplotlib
@@ -37,10 +45,9 @@ def plot(report: dict, path: Path) -> None:
     target = float(report.get("target_epsilon") or 0)
     if target > 0:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"budget ε = {target:g}")
-    threats = sorted({r["threat_model"] for r in rows}) or ["-"]
     ax.set_xlabel("round")
     ax.set_ylabel(f"ε at δ = {float(report['delta']):g}")
-    ax.set_title(f"{report['unit']} privacy spent ({', '.join(threats)} noise)", fontsize=10)
+    ax.set_title(title(report), fontsize=8 if report.get("what_if") else 10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

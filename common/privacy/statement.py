@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.privacy.plan import NoisePlan, uncovered, what_if
-from common.privacy.threat import ALWAYS_VISIBLE, SAMPLE_LEVEL
+from common.privacy.threat import ALWAYS_VISIBLE, SAMPLE_LEVEL, what_if_label
 
 
 def client_level(plan: NoisePlan | None, totals: dict | None) -> str:
@@ -23,7 +23,7 @@ def client_level(plan: NoisePlan | None, totals: dict | None) -> str:
         f"epsilon {totals['eps_gdp']:.4g} (gdp, mu {totals['mu']:.4g}) / "
         f"{totals['eps_tight']:.4g} (pld) at delta {plan.delta:g}; {g.adjacency}; against {g.observer}"
     )
-    return f"WHAT-IF, {what_if(plan)}: {line}" if plan.noise_cohort else line
+    return what_if_label(what_if(plan)) + line
 
 
 def sample_level(cfg: RunConfig) -> str:

@@ -51,7 +51,8 @@ CLIENT_LEVEL: dict[str, Guarantee] = {
     ),
     "central": Guarantee(
         "add/remove one client",
-        "everyone but the server (trusted: it sees every clipped reply and who was sampled)",
+        "everyone but the server (trusted: it sees who was sampled and every reply: clipped, or the "
+        "raw unclipped increment under --encode-at server)",
         amplified=True,
     ),
 }
@@ -67,4 +68,10 @@ SAMPLE_LEVEL = Guarantee(
 ALWAYS_VISIBLE = "who was sampled, who replied and when (node ids, counts, dropouts: server-side records)"
 
 
-__all__ = ["ALWAYS_VISIBLE", "CLIENT_LEVEL", "SAMPLE_LEVEL", "Guarantee"]
+def what_if_label(validity: str) -> str:
+    """The prefix of every output that prints a what-if ε: ``WHAT-IF, <where it is valid>: `` (the
+    ledger's ``validity``, common/privacy/plan.py ``what_if``), or empty for a run's own ε."""
+    return f"WHAT-IF, {validity}: " if validity else ""
+
+
+__all__ = ["ALWAYS_VISIBLE", "CLIENT_LEVEL", "SAMPLE_LEVEL", "Guarantee", "what_if_label"]

@@ -174,7 +174,8 @@ def privacy(done: Sequence[dict]) -> dict:
             p = out.get("client_privacy")
             if not p:
                 continue
-            unit, threat = "client-level (add/remove one client)", out["privacy"].split("; ")[-1]
+            unit = f"{p.get('what_if', '')}client-level ({p.get('relation', 'add/remove')} one client)"
+            threat = out["privacy"].split("; ")[-1]
         else:
             p = out["privacy"]
             if p.get("epsilon") is None:
