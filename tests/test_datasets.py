@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from common.data import load_corpus
+from common.data.dedup import text_key
 from common.tasks.language_model import LanguageModelTask
 
 
@@ -18,6 +19,15 @@ def test_classification_corpora(name, size, labels):
     assert len(corpus) == size and len(corpus.label_names) == labels
     assert set(corpus.labels) == set(range(labels))
     assert all(isinstance(t, str) and t for t in corpus.texts[:50])
+
+
+@pytest.mark.parametrize(
+    ("name", "copies"), [("rotten-tomatoes", 57), ("bbc-news", 101), ("news-articles", 2), ("boolq", 0)]
+)
+def test_copies_of_a_text_in_the_packaged_corpora(name, copies):
+    """Texts equal up to case and whitespace (text_key); the splits keep such copies together."""
+    texts = load_corpus(name).texts
+    assert len(texts) - len(set(map(text_key, texts))) == copies
 
 
 def test_news_articles_is_an_lm_corpus():

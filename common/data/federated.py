@@ -7,13 +7,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from common.data.corpora import Corpus, load_corpus
+from common.data.dedup import keep_together, text_groups
 from common.data.split import partition, train_test_split
+from common.errors import FedloraError
 
 
 @dataclass(frozen=True)
 class FederatedSplit:
     """Index arrays into ``corpus``: ``test`` (server evaluation), ``clients[k]`` (client k) and
-    ``public`` (the server's public data, split off before partitioning; empty unless asked for)."""
+    ``public`` (the server's public data, split off before partitioning; empty unless asked for).
+    No text occurs in two of test, public and the clients' union (copies compared by
+    :func:`~common.data.dedup.text_key`); copies within one of them, or on two clients, may remain."""
 
     corpus: Corpus
     test: np.ndarray
@@ -41,12 +45,17 @@ def federated_split(
 ) -> FederatedSplit:
     """Seeded split: ``public_fraction`` of the training pool becomes the server's public data, then
     the test set is capped at ``max_test`` and the rest of the pool at ``max_train`` (0 = no cap)
-    before partitioning it over ``num_clients``."""
+    before partitioning it over ``num_clients``. All copies of a text (equal ``text_key``) go
+    where its first occurrence in the corpus goes, so test, public and client data share no text;
+    the fractions hold up to those copies, and a corpus without copies splits as it always has."""
     corpus = load_corpus(dataset)
-    train, test = train_test_split(len(corpus), test_fraction, seed)
+    groups = text_groups(corpus.texts)
+    train, test = train_test_split(len(corpus), test_fraction, seed, groups)
     public = np.zeros(0, dtype=np.int64)
     if public_fraction > 0:
-        train, public = split_off(train, public_fraction, seed)
+        train, public = split_off(train, public_fraction, seed, groups)
+    if not len(test):
+        raise FedloraError(f"{dataset}: no test example left once copies of a text are kept together")
     rng = np.random.default_rng([seed, 0xCA9])
     if max_train and len(train) > max_train:
         train = np.sort(rng.choice(train, max_train, replace=False))
@@ -57,7 +66,14 @@ def federated_split(
     return FederatedSplit(corpus, test, tuple(train[p] for p in parts), public)
 
 
-def split_off(pool: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``pool`` as disjoint ``(rest, part)`` with ``part`` a seeded ``fraction`` of it."""
+def split_off(
+    pool: np.ndarray, fraction: float, seed: int, groups: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``pool`` as disjoint ``(rest, part)`` with ``part`` a seeded ``fraction`` of it; with
+    ``groups`` (:func:`text_groups` of the corpus that ``pool`` indexes) every copy of a text then
+    follows the copy with the lowest index, as in :func:`train_test_split`."""
     rest, part = train_test_split(len(pool), fraction, seed + 0x9B1)
-    return pool[rest], pool[part]
+    rest, part = pool[rest], pool[part]
+    if groups is not None:
+        rest, part = keep_together((rest, part), groups)
+    return rest, part

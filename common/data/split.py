@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.data.dedup import keep_together
 from common.errors import FedloraError
 
 
-def train_test_split(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint index arrays ``(train, test)`` covering ``range(n)``."""
+def train_test_split(
+    n: int, test_fraction: float, seed: int, groups: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint index arrays ``(train, test)`` covering ``range(n)``, ``test`` a seeded
+    ``test_fraction`` of it. With ``groups`` (``text_groups`` of the texts) every copy of a text then
+    follows its first occurrence (:func:`~common.data.dedup.keep_together`), so the sizes move by at
+    most the number of copies; without copies the split is the same as without ``groups``."""
     perm = np.random.default_rng([seed, 0x5E1]).permutation(n)
     n_test = max(1, round(n * test_fraction))
-    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+    train, test = np.sort(perm[n_test:]), np.sort(perm[:n_test])
+    if groups is not None:
+        train, test = keep_together((train, test), groups)
+    return train, test
 
 
 def iid_partition(n: int, num_clients: int, seed: int) -> list[np.ndarray]:
