@@ -60,7 +60,9 @@ def local_update(
     elif kind in SPARTA_OPTIMIZERS:
         options = {"keep": cfg.sparta_keep, "selection": selection_steps(cfg.sparta_selection, steps)}
     optimizer = make_dp_optimizer(kind, lora_layers(model), lr, **options)
-    dp_plan = DpSteps(steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch_size)
+    dp_plan = DpSteps(
+        steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch_size, plan.expected_batch
+    )
     return dp_train(
         model,
         task,

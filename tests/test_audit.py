@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from common.privacy.audit import (
 )
 from common.privacy.gdp import eps_for_delta
 from tests.conftest import run_cli
+from tests.harness import records
 
 
 def test_p_value_without_delta_is_the_binomial_tail():
@@ -113,6 +115,7 @@ def test_audit_client_without_noise_separates_the_canaries(tmp_path, capsys):
     (free,) = _audit(argv, capsys)
     assert free["epsilon"] is None and free["threat_model"] is None and free["auc"] == 1.0
     assert free["canaries"] == 12 and free["eps_lower_bound"] > 0
+    assert free["relation"] == "zero-out"  # the run's threat model (local) though nothing is claimed
     assert json.loads((out / "audit.json").read_text())[0]["arm"] == "no noise (clip only)"
     # an audit never writes into an earlier one; too few canaries is a one-line error
     assert run_cli(["audit", "client", "--out", str(out)]) == 2
@@ -130,7 +133,90 @@ def test_audit_client_bound_stays_below_the_claim(tmp_path, capsys):
     )
     assert free["auc"] == 1.0
     assert 0 < private["epsilon"] <= 8.0 + 1e-6 and private["eps_lower_bound"] < private["epsilon"]
-    assert private["unit"].startswith("client-level") and private["threat_model"] == "central"
+    assert private["unit"] == "client-level (add/remove one client)" and private["threat_model"] == "central"
+
+
+def _audit_federation(tmp_path, monkeypatch, **run) -> tuple[dict, dict, dict, list]:
+    """``audit_run`` on 2 real clients + 10 canaries (seed 0: 3 included, 7 excluded), 1 round, every
+    node sampled, with ``run`` overrides. Returns the result, canary j -> included, node id ->
+    [accepted reply or InvalidReply], and the partitions the real ClientApp was asked to train."""
+    import client.app
+    import server.round
+    from common.config import preset
+    from common.wire import InvalidReply
+    from server.audit.client import audit_run
+    from tests.harness import TINY
+
+    trained, replies = [], {}
+    real_app, real_accept = client.app.app, server.round.accept_reply
+
+    def app(msg, ctx):
+        if msg.metadata.message_type == "train":
+            trained.append(int(ctx.node_config["partition-id"]))
+        return real_app(msg, ctx)
+
+    def accept(reply, *args, **kwargs):
+        try:
+            out = real_accept(reply, *args, **kwargs)
+        except InvalidReply as exc:
+            replies.setdefault(reply.metadata.src_node_id, []).append(exc)
+            raise
+        replies.setdefault(reply.metadata.src_node_id, []).append(out[0])
+        return out
+
+    monkeypatch.setattr(client.app, "app", app)
+    monkeypatch.setattr(server.round, "accept_reply", accept)
+    cfg = preset("minilm-rt", **TINY, mechanism="dp-fedavg", clip=0.5, noise_multiplier=1.0, **run).check()
+    result = audit_run(cfg, 10, tmp_path / "audit", seed=0, confidence=0.95)
+    included = json.loads((tmp_path / "audit" / "canaries.json").read_text())["included"]
+    assert 0 < sum(included) < 10
+    return result, dict(enumerate(included)), replies, trained
+
+
+def test_audit_client_excluded_canary_releases_a_zero_increment_under_zero_out(tmp_path, monkeypatch):
+    """Local noise is accounted for zero-out: an excluded canary's node, sampled, sends the release
+    of an all-zero increment (noise switched off here, so the reply is exactly zero) through the
+    client's release, accepted like any reply, and never its trained update."""
+    import client.releases
+    from server.inprocess import FIRST_NODE_ID
+
+    monkeypatch.setattr(client.releases, "add_noise", lambda state, std: state)  # the pre-noise release
+    result, included, replies, trained = _audit_federation(tmp_path, monkeypatch, threat_model="local")
+    assert result["relation"] == "zero-out" and result["unit"] == "client-level (zero-out one client)"
+    assert sorted(trained) == [0, 1]  # only the real clients trained
+    for j, member in included.items():
+        (inc,) = replies[FIRST_NODE_ID + 2 + j]
+        assert isinstance(inc, dict)  # accepted: the same release, meta and noise std as any reply
+        norm = math.sqrt(sum(float(v.square().sum()) for v in inc.values()))
+        assert norm == (pytest.approx(0.5, rel=1e-4) if member else 0.0)
+
+
+def test_audit_client_excluded_canary_is_absent_under_central_noise(tmp_path, monkeypatch):
+    """Central noise is accounted for add/remove: an excluded canary's node, sampled, answers at once
+    with an error reply, which the round rejects: the aggregate sums the real clients' and the
+    included canaries' replies only, over the constant p·N."""
+    import server.releases.gaussian
+    from server.inprocess import FIRST_NODE_ID
+
+    summed = []
+    real_mean = server.releases.gaussian.private_mean
+
+    def mean(increments, threat_model, sigma, bound, expected):
+        summed.append((len(increments), expected))
+        return real_mean(increments, threat_model, sigma, bound, expected)
+
+    monkeypatch.setattr(server.releases.gaussian, "private_mean", mean)
+    result, included, replies, trained = _audit_federation(tmp_path, monkeypatch, threat_model="central")
+    assert result["relation"] == "add/remove" and result["unit"] == "client-level (add/remove one client)"
+    assert sorted(trained) == [0, 1]
+    members = sum(included.values())
+    assert summed == [(2 + members, 12.0)]  # p·N = 1 x 12 whatever replied
+    for j, member in included.items():
+        (reply,) = replies[FIRST_NODE_ID + 2 + j]
+        assert isinstance(reply, dict) if member else "audit canary excluded" in str(reply)
+    (line,) = [r for r in records(Path(result["run_dir"])) if r["phase"] == "train"]
+    assert line["replied"] == 2 + members and len(line["rejected"]) == 10 - members
+    assert line["dropouts"] == []  # answered, not waited for
 
 
 def test_mia_canaries_are_seeded_random_vocabulary_texts():
@@ -173,6 +259,38 @@ def test_audit_mia_without_noise_finds_the_memorised_canaries(tmp_path, capsys):
     assert len(kept["scores"]) == 20 and sum(kept["included"]) == free["included"]
     assert run_cli(["audit", "mia", "--out", str(out)]) == 2  # never into an earlier audit
     assert "never writes into an earlier one" in capsys.readouterr().err
+
+
+def test_audit_mia_plan_is_independent_of_the_inclusion_vector(tmp_path, monkeypatch):
+    """The noise plan (N, hence q and σ) is made for the real examples + every canary: the same for
+    two seeds whose inclusion vectors differ in size (9 and 3 of 10 canaries included)."""
+    import server.audit.mia as mia
+    from client.train_local import LOCAL_DEFAULTS
+    from common.config import RunConfig
+
+    planned, real_plan = [], mia.local_plan
+
+    def plan(cfg, model, examples):
+        planned.append(examples)
+        return real_plan(cfg, model, examples)
+
+    monkeypatch.setattr(mia, "local_plan", plan)
+    monkeypatch.setattr(mia, "train_one", lambda *args, **kwargs: {})  # the plan is all this test needs
+    base = {k: v for k, v in LOCAL_DEFAULTS.items() if v is not None}
+    cfg = RunConfig(
+        **{
+            **base,
+            "dataset": "bbc-news",
+            "max_train_examples": 20,
+            "batch_size": 8,
+            "mechanism": "dp-adamw",
+            "sample_epsilon": 3.0,
+        }
+    ).check()
+    a, b = (mia.audit_run(cfg.replace(seed=s), 10, tmp_path / str(s), s, 0.95) for s in (0, 2))
+    assert (a["included"], b["included"]) == (9, 3) and a["examples"] != b["examples"]
+    assert planned == [a["plan_examples"]] * 2 == [b["plan_examples"]] * 2 == [a["examples"] + 1] * 2
+    assert a["sample_rate"] == b["sample_rate"] and a["noise_multiplier"] == b["noise_multiplier"]
 
 
 @pytest.mark.slow  # ≈ 2 minutes: a non-private and a dp-adamw run

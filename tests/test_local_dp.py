@@ -306,3 +306,18 @@ def test_train_local_never_writes_into_an_existing_run(tmp_path, capsys):
     code = run_cli(["train-local", "--mechanism", "fedavg", *FAST_LOCAL, "--out", str(out)])
     assert code == 2 and "not empty" in capsys.readouterr().err
     assert (out / "sample-ledger.sqlite").read_bytes() == b"precious"
+
+
+def test_the_noised_sum_is_divided_by_the_planned_expected_batch(tiny_llama):
+    """q·N for the N the noise was planned for (an audit plans for every canary), not q times the
+    examples trained on, so the step does not reveal how many canaries were included."""
+    apply_lora_init(tiny_llama, "balanced", seed=0, scale=0.3)
+    task, data = _LmTask(), _examples(6)
+    opt = make_dp_optimizer("dp-adamw", lora_layers(tiny_llama), 0.0)
+    seen = []
+    step = opt.step
+    opt.step = lambda noise_std, denom, generator: seen.append(denom) or step(noise_std, denom, generator)
+    for expected in (0.0, 10.0):
+        plan = DpSteps(steps=1, sample_rate=0.5, clip=1.0, noise_multiplier=1.0, expected_batch=expected)
+        dp_train(tiny_llama, task, data, opt, plan, lr=0.0, device=torch.device("cpu"), rngs=_rngs())
+    assert seen == [3.0, 10.0]

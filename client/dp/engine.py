@@ -36,13 +36,17 @@ log = logging.getLogger("fedlora.client")
 @dataclass(frozen=True)
 class DpSteps:
     """``steps`` DP steps at Poisson rate ``sample_rate`` with per-example clip ``clip`` and noise
-    multiplier ``noise_multiplier`` (noise std ``σC`` on the sum)."""
+    multiplier ``noise_multiplier`` (noise std ``σC`` on the sum). ``expected_batch``: the divisor of
+    the noised sum, q·N for the N the noise was planned for (0: q times the examples trained on).
+    An audit that adds canaries plans for every canary, so the divisor, like q and σ, must not
+    depend on which ones were included."""
 
     steps: int
     sample_rate: float
     clip: float
     noise_multiplier: float
     microbatch: int = 16
+    expected_batch: float = 0.0
 
 
 def poisson_batch(n: int, q: float, rng: np.random.Generator) -> np.ndarray:
@@ -106,7 +110,7 @@ def dp_train(
         raise ValueError("no training examples")
     rng, generator = rngs or os_rngs(device)
     dense = _DenseDp(model, lr, dense_rule)
-    denom = plan.sample_rate * len(examples)  # expected batch size
+    denom = plan.expected_batch or plan.sample_rate * len(examples)  # expected batch size
     noise_std = plan.noise_multiplier * plan.clip
     used, empty = 0, 0
     block = block or plan.steps

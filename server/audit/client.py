@@ -4,11 +4,38 @@ empirical privacy estimation for federated learning").
 ``m`` canary slots are added after the real clients (their partitions hold data like any other).
 Canary ``j`` is included with probability ½: an included canary's node, whenever it is sampled,
 replies with a fixed random direction ``c_j`` of norm ``C`` in place of a trained increment, through
-the client's real release (clip, its noise share, encoding); an excluded canary's node is an ordinary
-client. After the last round the attack scores each canary by the cosine of ``c_j`` with the final
-model delta (final global adapter minus the initial one): included canaries' directions are in it,
-excluded ones' are independent of it. The scores give the AUC, the one-run ε lower bound and the
-one-shot estimate (common/privacy/audit.py); the claimed ε is the run's own ledger's.
+the client's real release (clip, its noise share, encoding). After the last round the attack scores
+each canary by the cosine of ``c_j`` with the final model delta (final global adapter minus the
+initial one): included canaries' directions are in it, excluded ones' are independent of it. The
+scores give the AUC, the one-run ε lower bound and the one-shot estimate (common/privacy/audit.py);
+the claimed ε is the run's own ledger's.
+
+An excluded canary reproduces the neighbouring relation that claim is accounted for,
+``CLIENT_LEVEL[threat_model].relation`` (common/privacy/threat.py), never a real trained update
+(which would measure replace-one, a relation no claim here is stated for):
+
+* ``zero-out`` (local and distributed noise; also the clip-only diagnostic and release ``none``
+  under those threat models): the client takes part but its update is replaced by zero. When
+  sampled, the node replies with an all-zero increment through the same release an included
+  canary uses (clip, its noise share, encoding, meta): the included and excluded worlds differ
+  only in ``c_j`` against ``0``, exactly the neighbouring pair the accountant covers.
+* ``add/remove`` (central noise): the client is absent. When sampled, the node answers the train
+  message with an error reply, as Flower does for a ClientApp that raised, at once (no round
+  timeout). The server rejects it like any reply that fails validation (server/round.py: recorded
+  in the round's ``rejected`` and never summed). For the observer the claim is against (everyone
+  but the trusted server: the global adapter) this is absence: sampling is Poisson, each node
+  independently (server/sampling.py), so the slot changes no other client's sample; the server
+  clips and sums only the usable replies, adds its N(0, σ²C²) once, and divides by the constant
+  p·N (server/aggregate.py ``private_mean``), never by the count of replies; adaptive clipping
+  counts only usable replies' bits against the same constant p·N; a round is applied iff the
+  usable replies reach ``min-replies``. Each of these is what it would be had the node not been
+  sampled, i.e. had the client not existed, with the mechanism's constants p and N fixed as the
+  accountant takes them. What differs is seen by the server only: who was sampled and that a
+  reply was rejected (metrics.jsonl), which under central noise is trusted and in any case outside
+  every guarantee (``ALWAYS_VISIBLE``).
+
+Messages other than ``train`` (the DR-Encoder statistics query) reach every canary node's real
+ClientApp, included or not: they are the same in both worlds and carry nothing about inclusion.
 """
 
 from __future__ import annotations
@@ -21,7 +48,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message
+from flwr.common.constant import ErrorCode
 from safetensors.torch import load_file
 
 from client.app import release_reply
@@ -30,21 +58,40 @@ from client.node.shard import node_shard
 from common.config import RunConfig, from_flat
 from common.models import AdapterState
 from common.privacy.audit import MIN_CANARIES, summarize
+from common.privacy.threat import CLIENT_LEVEL
 from common.wire import TrainInstruction
 from server.checkpoint import CHECKPOINT_FILE, OPTIMIZER_PREFIX
 from server.simulate import simulate
 
+#: the neighbouring relations an excluded canary can reproduce
+RELATIONS = ("add/remove", "zero-out")
+#: the reason an excluded add/remove canary's error reply gives (the server logs and records it)
+ABSENT = "audit canary excluded: absent from this federation (add/remove)"
+
+
+def relation_of(cfg: RunConfig) -> str:
+    """The neighbouring relation ``cfg``'s client-level guarantee is accounted for: its threat
+    model's (the clip-only diagnostic and release ``none``, which claim nothing, take it too)."""
+    return CLIENT_LEVEL[cfg.threat_model].relation
+
 
 @dataclass
 class Canaries:
-    """``count`` canary slots from partition ``first`` on; ``included``: (count,) bools."""
+    """``count`` canary slots from partition ``first`` on; ``included``: (count,) bools;
+    ``relation``: what an excluded canary's node does when sampled (``zero-out``: replies a zero
+    increment through the real release; ``add/remove``: contributes nothing, an error reply)."""
 
     count: int
     first: int
     included: np.ndarray
     seed: int
     norm: float
+    relation: str
     initial: AdapterState | None = None  # the round-1 global adapter, seen on the way to a node
+
+    def __post_init__(self) -> None:
+        if self.relation not in RELATIONS:
+            raise ValueError(f"unknown neighbouring relation {self.relation!r}; one of {RELATIONS}")
 
     def direction(self, j: int, template: AdapterState) -> AdapterState:
         """Canary ``j``: i.i.d. Gaussian entries over ``template``'s tensors, scaled to norm ``norm``."""
@@ -63,20 +110,18 @@ class Canaries:
             if ins.round == 1 and self.initial is None:
                 self.initial = {k: v.clone() for k, v in ins.global_state.items()}
             j = int(ctx.node_config["partition-id"]) - self.first
-            if j < 0 or not self.included[j]:
-                return app(msg, ctx)
+            if j < 0:
+                return app(msg, ctx)  # a real client
+            if not self.included[j] and self.relation == "add/remove":
+                return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ABSENT), reply_to=msg)
             cfg = from_flat(dict(ctx.run_config)).check()
             template = local_increment(ins.global_state, ins.global_state, cfg.increment_form)
+            if self.included[j]:
+                sent = self.direction(j, template)
+            else:  # zero-out: the client's update replaced by zero, its participation unchanged
+                sent = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in sorted(template.items())}
             examples = len(node_shard(dict(ctx.node_config), cfg)[2].examples) if not cfg.private else 0
-            reply = release_reply(
-                self.direction(j, template),
-                ins,
-                cfg,
-                torch.device("cpu"),
-                dict(ctx.node_config),
-                examples,
-                {},
-            )
+            reply = release_reply(sent, ins, cfg, torch.device("cpu"), dict(ctx.node_config), examples, {})
             return Message(reply, reply_to=msg)
 
         return handle
@@ -102,16 +147,19 @@ def final_state(run_dir: Path) -> AdapterState:
 
 
 def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: float) -> dict:
-    """One audited federation: ``cfg`` (its ``num_clients`` real clients) plus ``canaries`` slots."""
+    """One audited federation: ``cfg`` (its ``num_clients`` real clients) plus ``canaries`` slots,
+    the excluded ones reproducing the relation of ``cfg``'s threat model (see the module docstring)."""
     if canaries < MIN_CANARIES:
         raise ValueError(f"need at least {MIN_CANARIES} canaries")
     rng = np.random.default_rng([seed, 1])
+    relation = relation_of(cfg)
     slots = Canaries(
         count=canaries,
         first=cfg.num_clients,
         included=rng.random(canaries) < 0.5,
         seed=seed,
         norm=cfg.clip,
+        relation=relation,
     )
     run_cfg = cfg.replace(num_clients=cfg.num_clients + canaries, out_dir=str(out)).check()
     start = time.time()
@@ -132,7 +180,8 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
         "epsilon": claimed.get("eps_tight"),
         "eps_gdp": claimed.get("eps_gdp"),
         "accountant": "pld (claimed ε); CLT mu-GDP beside it",
-        "unit": "client-level (add/remove one client)",
+        "unit": f"client-level ({relation} one client)",
+        "relation": relation,
         **stats,
         "real_clients": cfg.num_clients,
         "rounds": cfg.rounds,

@@ -4,7 +4,12 @@ NeurIPS 2023, "Privacy auditing with one (1) training run"), against the sample-
 ``m`` canaries are random token sequences (decoded from the model's own vocabulary, so no real text
 is involved), each with a random label. Each is included in the client's training set with
 probability ½; the client then trains exactly as ``fedlora train-local`` does (the same data, noise
-plan, engine and steps; the plan's N counts the included canaries). The attack scores canary ``j``
+plan, engine and steps). The plan is made for N = real examples + all ``m`` canaries whatever the
+inclusion (as :func:`models_audit` does with N = real + 1), so q = b/N and σ are the same for every
+inclusion vector, the thing the attack guesses: an excluded canary is an example removed under a
+fixed mechanism, the add/remove relation the claim is for. The Poisson sampling draws each example
+present at the plan's q, and each noised sum is divided by the plan's q·N (client/dp/engine.py
+``DpSteps.expected_batch``), so no step depends on the inclusion count. The attack scores canary ``j``
 by its loss after training, negated (Yeom et al. 2018's loss attack): an included canary is
 memorised; an excluded one is labelled by chance. The scores give the AUC, the one-run ε lower bound
 and the one-shot estimate (common/privacy/audit.py); the claimed ε is the plan's (PLD at δ).
@@ -68,7 +73,8 @@ def losses(model: nn.Module, task: Task, examples: Sequence[dict], device: torch
 
 def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: float) -> dict:
     """One audited local training run per ``cfg`` (train-local's data and steps) with ``canaries``
-    canary examples, each included with probability ½; writes ``canaries.json`` into ``out``."""
+    canary examples, each included with probability ½, under the plan for N = real + ``canaries``
+    (``plan_examples``; ``examples``: those trained on); writes ``canaries.json`` into ``out``."""
     if canaries < MIN_CANARIES:
         raise ValueError(f"need at least {MIN_CANARIES} canaries")
     start = time.time()
@@ -80,8 +86,10 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
     canary_set = task.encode(texts, labels)
     included = np.random.default_rng([seed, 2]).random(canaries) < 0.5
     members = [canary_set[j] for j in np.flatnonzero(included)]
-    train = task.encode(split.texts(pool), split.labels(pool)) + members
-    plan = local_plan(cfg, model, len(train))
+    real = task.encode(split.texts(pool), split.labels(pool))
+    train = real + members
+    planned = len(real) + canaries  # N: independent of the inclusion vector
+    plan = local_plan(cfg, model, planned)
     stats = train_one(cfg, bundle, task, train, plan)
     scores = -losses(model, task, canary_set, device)
     out.mkdir(parents=True)
@@ -98,6 +106,7 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
         "model": cfg.model,
         "dataset": cfg.dataset,
         "examples": len(train),
+        "plan_examples": planned,
         **step_settings(cfg, plan),
         "run_dir": str(out),
         "seconds": round(time.time() - start, 1),
