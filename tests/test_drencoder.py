@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from autoencoder.checkpoint import load_checkpoint
 from autoencoder.codecs import CODECS, make_codec
@@ -189,8 +189,9 @@ def test_ae_latent_size_matches_the_model():
 
 @pytest.fixture(scope="module")
 def dr_run(tmp_path_factory):
-    """One dr-encoder round, privatised statistics; node 0's train message is also answered a second
-    time (same local training, fresh noise) so the test can see the noise alone."""
+    """One dr-encoder round, privatised statistics; node 0's train message is also answered by a
+    twin of node 0 (same data and local training, its own state directory, fresh noise) so the test
+    can see the noise alone: node 0 itself answers each round once."""
     run_dir = tmp_path_factory.mktemp("dr") / "r"
     cfg = preset(
         "minilm-rt", **{**TINY, "rounds": 2}, **DR, stats_noise_multiplier=2.0, out_dir=str(run_dir)
@@ -202,7 +203,8 @@ def dr_run(tmp_path_factory):
         if msg.metadata.message_type == "train":
             seen["encoder"].append((msg.content["config"]["round"], "encoder" in msg.content))
         if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 0:
-            again = client(msg, ctx)
+            twin = {**ctx.node_config, "state-dir": str(run_dir.parent / "twin")}
+            again = client(msg, Context(ctx.run_id, ctx.node_id, twin, RecordDict(), ctx.run_config))
             seen["pair"] = [r.content["increment"].to_torch_state_dict()["latent"] for r in (reply, again)]
             seen["std"] = msg.content["config"]["noise-std"]
         return reply

@@ -156,3 +156,20 @@ def test_release_registries_match_the_config():
 
     assert set(NAMES) == set(RELEASES) == set(CLIENT_RELEASES)
     assert all(cls.name == name for name, cls in RELEASES.items())
+
+
+def test_the_central_guarantee_says_what_the_server_receives_under_encode_at_server():
+    """--encode-at server sends the raw, unclipped increment to the trusted server: the statement
+    must not say it sees only clipped replies."""
+    from common.privacy.statement import client_level
+
+    cfg = (
+        preset(
+            "minilm-rt", mechanism="dr-encoder", threat_model="central", encode_at="server", codec="identity"
+        )
+        .replace(target_epsilon=8.0, stats_noise_multiplier=2.0)
+        .check()
+    )
+    line = client_level(plan_noise(cfg), {"eps_gdp": 1.0, "eps_tight": 1.0, "mu": 0.5})
+    assert "raw unclipped increment under --encode-at server" in line
+    assert "sees every clipped reply" not in line

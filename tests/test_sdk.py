@@ -182,6 +182,7 @@ def test_command_builds_the_supernode_argv(tmp_path, data_file):
         "state-dir": str(tmp_path / "state dir"),
         "mechanism": "dp-adamw",
         "delta": 1e-5,
+        "trust": "none",
         "sample-epsilon": 8.0,
         "dataset": "rotten-tomatoes",
     }
