@@ -214,6 +214,20 @@ class RunConfig:
     )
     seed: int = option(0, "seed for splits, init and local batches (never for DP noise or sampling)", LOCAL)
     device: str = option("auto", "auto, cpu or cuda", LOCAL)
+    workers: int = option(
+        0,
+        "client worker processes of fedlora simulate, each with its own model: 0 = one per available "
+        "core, 1 = in the server's process (a simulation setting: results do not depend on it)",
+        LOCAL,
+        rule=NON_NEGATIVE,
+    )
+    precision: str = option(
+        "auto",
+        "the frozen base model's precision: auto (bf16 where the device multiplies bf16 natively, else "
+        "fp32), fp32 or bf16; LoRA factors, head, increments, clipping, noise and accounting stay fp32",
+        LOCAL,
+        choices=("auto", "fp32", "bf16"),
+    )
     # -- sample-level DP
     local_optimizer: str = option(
         "",
@@ -487,6 +501,11 @@ class RunConfig:
     def _check_relations(self) -> None:
         if self.optimizer_kind == "prism" and self.init_kind == "peft":
             raise FedloraError("PRISM needs full-rank LoRA factors: use --lora-init balanced")
+        if self.optimizer_kind in LOCAL_ONLY and self.precision == "bf16":
+            raise FedloraError(
+                f"{self.optimizer_kind} merges a dense update into the base weights: it needs --precision "
+                "fp32 (auto picks it)"
+            )
         if self.optimizer_kind in LOCAL_ONLY and (self.init_kind != "peft" or self.lora_dropout > 0):
             raise FedloraError(
                 f"{self.optimizer_kind} taps the gradient through B = 0 on the undropped input: "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.config import RunConfig
+from common.config import LOCAL_ONLY, RunConfig
 from common.data import FederatedSplit, federated_split
 from common.device import resolve_device
 from common.errors import FedloraError
@@ -10,6 +10,7 @@ from common.models import AdapterState, LoraSpec, ModelBundle, adapter_state, lo
 from common.models.dense_delta import restore_base
 from common.models.head_init import apply_zero_shot_head, descriptions
 from common.models.lora_init import apply_lora_init
+from common.models.precision import resolve_precision
 
 
 def lora_spec(cfg: RunConfig) -> LoraSpec:
@@ -35,9 +36,16 @@ def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit
 def open_model(cfg: RunConfig, split: FederatedSplit) -> ModelBundle:
     """The model with LoRA; a classification head gets one output per label."""
     num_labels = max(2, len(split.corpus.label_names))
+    device = resolve_device(cfg.device)
     return load_model(
-        cfg.model, lora_spec(cfg), resolve_device(cfg.device), num_labels, cfg.seed, cfg.pooling
+        cfg.model, lora_spec(cfg), device, num_labels, cfg.seed, cfg.pooling, base_precision(cfg, device)
     )
+
+
+def base_precision(cfg: RunConfig, device) -> str:
+    """The frozen base's precision for ``cfg`` on ``device``: fp32 for the local optimizers that merge a
+    dense update into the base weights (sparta-base, wishart), else ``--precision`` resolved."""
+    return "fp32" if cfg.optimizer_kind in LOCAL_ONLY else resolve_precision(cfg.precision, device)
 
 
 def initial_adapter(cfg: RunConfig, bundle: ModelBundle, split: FederatedSplit) -> AdapterState:

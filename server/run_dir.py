@@ -21,6 +21,11 @@ from server.checkpoint import CHECKPOINT_FILE
 NODE_LEDGER = "sample-ledger.sqlite"  # client/node/state.py (the server does not import the client)
 
 
+#: options that do not change what a run computes: where it is stored, whether it resumes, and how
+#: many processes train its clients (server/workers.py)
+NOT_IDENTITY = ("out_dir", "resume", "workers")
+
+
 def _node_index(ledger_path: Path) -> int:
     return int(ledger_path.parent.name.removeprefix("node-"))
 
@@ -34,7 +39,7 @@ def fingerprint(cfg: RunConfig | dict) -> str:
     """Identity of a run's configuration (where it is stored and whether it resumes do not count);
     a dict is a stored ``config.json`` (a run started by an earlier version keeps its identity)."""
     values = cfg if isinstance(cfg, dict) else asdict(cfg)
-    values = {k: v for k, v in values.items() if k not in ("out_dir", "resume")}
+    values = {k: v for k, v in values.items() if k not in NOT_IDENTITY}
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -64,9 +69,7 @@ class RunDir:
         # an option missing from the stored configuration did not exist when the run started: the
         # run had its default (every option added later defaults to the earlier behaviour)
         defaults = asdict(RunConfig())
-        changed = sorted(
-            k for k in new if k not in ("out_dir", "resume") and old.get(k, defaults[k]) != new[k]
-        )
+        changed = sorted(k for k in new if k not in NOT_IDENTITY and old.get(k, defaults[k]) != new[k])
         if changed:
             raise FedloraError(f"cannot resume {path}: configuration differs in {', '.join(changed)}")
         self.run_id = fingerprint(old)

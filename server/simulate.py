@@ -16,6 +16,7 @@ from common.options import config_values
 from common.timing import reset, totals
 from server.inprocess import InProcessGrid, load_component
 from server.run_dir import default_run_dir, write_json
+from server.workers import WorkerPoolGrid, resolve_workers
 
 CLIENT_APP = "client.app:app"  # as in pyproject.toml [tool.flwr.app.components]
 SERVER_APP = "server.app:app"
@@ -65,20 +66,30 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     """Run a federation of ``cfg.num_clients`` in-process nodes; returns the run directory. Node k
     keeps its state (its sample-level ledger) in ``<run dir>/nodes/node-k``.
 
-    The clients run in this process, so the summary also gets ``time_split_s``: seconds of local
-    training, the clients' release (clip, noise, encode), the server's decode and aggregate, and
-    evaluation (common/timing.py). ``wrap`` receives every message to a node with the real ClientApp.
+    Clients run in ``cfg.workers`` processes (server/workers.py; 1: in this process, and always with
+    ``wrap``, which receives every message to a node with the real ClientApp). The summary gets
+    ``time_split_s``: seconds of the phases that ran in this process (common/timing.py: local
+    training and the clients' release only when the clients run here, the server's decode and
+    aggregate, evaluation).
 
     Bad names, missing assets and too many clients fail in the ServerApp's Evaluator, before the
     run directory is created."""
     run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
     flat = to_flat(cfg.replace(out_dir=str(run_dir)))
-    app = load_component(CLIENT_APP)
-    handler = app if wrap is None else (lambda msg, ctx: wrap(app, msg, ctx))
-    grid = InProcessGrid(handler, cfg.num_clients, flat, state_root=run_dir / "nodes")
+    workers = 1 if wrap is not None else min(resolve_workers(cfg.workers), cfg.num_clients)
+    if workers > 1:  # every core trains clients (server/workers.py)
+        grid = WorkerPoolGrid(CLIENT_APP, cfg.num_clients, flat, workers, state_root=run_dir / "nodes")
+    else:
+        app = load_component(CLIENT_APP)
+        handler = app if wrap is None else (lambda msg, ctx: wrap(app, msg, ctx))
+        grid = InProcessGrid(handler, cfg.num_clients, flat, state_root=run_dir / "nodes")
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=flat)
     reset()
-    load_component(SERVER_APP)(grid, context)
+    try:
+        load_component(SERVER_APP)(grid, context)
+    finally:
+        if isinstance(grid, WorkerPoolGrid):
+            grid.close()
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text(encoding="utf-8"))

@@ -32,12 +32,13 @@ class _LinearCapture:
         self._handles = [module.register_forward_hook(self._forward)]
 
     def _forward(self, module: nn.Module, args: tuple, output: Tensor) -> None:
-        self.inputs = args[0].detach()
+        # in the trainable weight's dtype (fp32 also under a bf16 base: common/models/precision.py)
+        self.inputs = args[0].detach().to(module.weight.dtype)
         if output.requires_grad:  # the output's gradient, whether or not the input needs one
             output.register_hook(self._backward)
 
     def _backward(self, grad: Tensor) -> None:
-        self.grad_out = grad.detach()
+        self.grad_out = grad.detach().to(self.module.weight.dtype)
 
     def weight_grad(self) -> Tensor:
         """Per-example ``∂L_i/∂W``: (b, out, in); inputs may be (b, in) or (b, T, in)."""

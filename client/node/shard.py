@@ -21,7 +21,7 @@ from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState, LoraSpec, ModelBundle, load_adapter_state, load_model
 from common.models.registry import MODELS
-from common.runtime import lora_spec, open_model, open_split
+from common.runtime import base_precision, lora_spec, open_model, open_split
 from common.tasks import Task, make_task
 
 DATA_PATH, MODEL_PATH = "data-path", "model-path"
@@ -94,7 +94,9 @@ def node_model(cfg: RunConfig, label_count: int, model_path: str = "") -> ModelB
     spec = lora_spec(cfg)
     if model_path and spec.targets is None and cfg.model in MODELS:
         spec = LoraSpec(spec.rank, spec.alpha, spec.dropout, MODELS[cfg.model].default_targets or None)
-    return load_model(name, spec, resolve_device(cfg.device), max(2, label_count), cfg.seed, cfg.pooling)
+    device = resolve_device(cfg.device)
+    precision = base_precision(cfg, device)
+    return load_model(name, spec, device, max(2, label_count), cfg.seed, cfg.pooling, precision)
 
 
 def load_global(shard: Shard, state: AdapterState, cfg: RunConfig, model_path: str = "") -> None:

@@ -20,6 +20,7 @@ from transformers.utils import logging as hf_logging
 from common.errors import FedloraError
 from common.models.lora import AdapterState, LoraSpec, adapter_state, attach_lora
 from common.models.pooling import use_mean_pooling
+from common.models.precision import hold_frozen_in
 from common.models.registry import ModelSpec, resolve_model
 
 
@@ -43,11 +44,13 @@ def load_model(
     num_labels: int = 2,
     seed: int = 0,
     pooling: str = "cls",
+    precision: str = "fp32",
 ) -> ModelBundle:
     """Base model + LoRA (``seed`` fixes the LoRA and head init; ``pooling`` what an encoder's head
-    reads, common/models/pooling.py). Cached per process: callers that share a bundle must load the
-    adapter state they need before using it."""
-    return _load(name, lora, str(device), num_labels, seed, pooling)
+    reads, common/models/pooling.py; ``precision`` the frozen base's, common/models/precision.py).
+    Cached per process: callers that share a bundle must load the adapter state they need before
+    using it."""
+    return _load(name, lora, str(device), num_labels, seed, pooling, precision)
 
 
 def _quiet_transformers() -> None:
@@ -58,13 +61,16 @@ def _quiet_transformers() -> None:
 
 
 @lru_cache(maxsize=4)
-def _load(name: str, lora: LoraSpec, device: str, num_labels: int, seed: int, pooling: str) -> ModelBundle:
+def _load(
+    name: str, lora: LoraSpec, device: str, num_labels: int, seed: int, pooling: str, precision: str
+) -> ModelBundle:
     spec = resolve_model(name)
     torch.manual_seed(seed)
     base, tokenizer, task_type = load_base(spec, num_labels, pooling)
     targets = lora.targets or _defaults(spec)
     model = attach_lora(base, LoraSpec(lora.rank, lora.alpha, lora.dropout, targets), task_type)
     model.to(device)
+    hold_frozen_in(model, precision)
     return ModelBundle(spec.name, spec.kind, model, tokenizer, torch.device(device), adapter_state(model))
 
 

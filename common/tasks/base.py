@@ -75,8 +75,8 @@ def by_length(idx: Sequence[int], examples: Sequence[dict]) -> list[int]:
 
 
 def logits_of(model: nn.Module, batch: Batch) -> Tensor:
-    """Model output logits for a :func:`token_batch`."""
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    """Model output logits for a :func:`token_batch`, in fp32 (also under a bf16 base)."""
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
 
 
 def sample_batches(n: int, batch_size: int, steps: int, rng: np.random.Generator) -> Iterator[np.ndarray]:

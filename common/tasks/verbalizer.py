@@ -92,7 +92,7 @@ def _logits_at(model: nn.Module, batch: Batch, positions: Tensor) -> Tensor:
             attention_mask=batch["attention_mask"],
             logits_to_keep=positions[:, None],
         )
-        return out.logits[:, 0]
+        return out.logits[:, 0].float()
     except TypeError:  # a model without logits_to_keep
         return logits_of(model, batch)[torch.arange(len(positions), device=positions.device), positions]
 

@@ -1,0 +1,163 @@
+"""A pool of client worker processes for ``fedlora simulate``: every core trains clients.
+
+Each worker is a spawned process holding its own resident model (the ClientApp's per-process model
+cache), one torch thread, and a ``Context`` for every node (the same ``node_config`` the in-process
+grid gives). A round's messages go to a shared queue; an idle worker takes the next one, runs the real
+ClientApp on it and sends the reply back; the server receives the replies in the order it sent the
+messages. Results do not depend on the number of workers: a client's local training is seeded by
+(seed, round, partition) alone, and its DP noise comes from OS entropy in any case.
+
+Messages cross the process boundary as Flower's own protobuf (``message_to_proto``), never pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import queue
+import struct
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.serde import ProtoMessage, message_from_proto, message_to_proto
+
+from common import timing
+from common.errors import FedloraError
+from server.inprocess import InProcessGrid, load_component
+
+log = logging.getLogger("fedlora.workers")
+
+_HEADER = struct.Struct("<qqq")  # (sequence number, destination node, bytes of the phase times)
+_STOP = b""
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def resolve_workers(workers: int) -> int:
+    """``workers`` 0 → the cores available; otherwise as given (1: clients run in this process)."""
+    return workers or available_cores()
+
+
+class WorkerPoolGrid(InProcessGrid):
+    """An :class:`InProcessGrid` whose ClientApp calls run in ``workers`` spawned processes."""
+
+    def __init__(
+        self,
+        client_ref: str,
+        num_nodes: int,
+        run_config: dict,
+        workers: int,
+        run_id: int = 1,
+        state_root: Path | None = None,
+    ) -> None:
+        super().__init__(_unused, num_nodes, run_config, run_id, True, state_root)
+        ctx = mp.get_context("spawn")
+        self._tasks, self._done = ctx.Queue(), ctx.Queue()
+        nodes = {node: dict(c.node_config) for node, c in self.contexts.items()}
+        self._procs = [
+            ctx.Process(
+                target=_serve,
+                args=(self._tasks, self._done, client_ref, nodes, dict(run_config), run_id),
+                daemon=True,
+                name=f"fedlora-worker-{k}",
+            )
+            for k in range(workers)
+        ]
+        for proc in self._procs:
+            proc.start()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids, sent = [], {}
+        for seq, msg in enumerate(messages):
+            ids.append(msg_id := _message_id(msg))
+            node = msg.metadata.dst_node_id
+            if node in self.offline:
+                continue
+            delivered = Message(msg.content, node, msg.metadata.message_type, group_id=msg.metadata.group_id)
+            delivered.metadata.__dict__["_message_id"] = msg_id
+            sent[seq] = delivered
+            self._tasks.put(_HEADER.pack(seq, node, 0) + message_to_proto(delivered).SerializeToString())
+        replies = {}
+        while len(replies) < len(sent):
+            replies.update([self._receive()])
+        for seq in sorted(sent):  # the order the messages were sent in
+            reply = replies[seq]
+            if reply.has_error() and self.raise_errors:
+                raise FedloraError(f"node {sent[seq].metadata.dst_node_id}: {reply.error.reason}")
+            reply = Message(reply.content, reply_to=sent[seq]) if reply.has_content() else reply
+            reply.metadata.__dict__["_message_id"] = f"{ids[seq]}-reply"
+            self._replies[ids[seq]] = reply
+        return ids
+
+    def _receive(self) -> tuple[int, Message]:
+        while True:
+            try:
+                data = self._done.get(timeout=5.0)
+                break
+            except queue.Empty:
+                if dead := [p.name for p in self._procs if not p.is_alive()]:
+                    raise FedloraError(f"client worker(s) {', '.join(dead)} died") from None
+        seq, _, size = _HEADER.unpack_from(data)
+        timing.add(json.loads(data[_HEADER.size : _HEADER.size + size]))
+        return seq, message_from_proto(ProtoMessage.FromString(data[_HEADER.size + size :]))
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        for _ in self._procs:
+            self._tasks.put(_STOP)
+        for proc in self._procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+        self._procs = []
+
+    def __enter__(self) -> WorkerPoolGrid:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _unused(msg: Message, ctx: Context) -> Message:
+    raise RuntimeError("a worker pool grid runs its ClientApp in its workers")
+
+
+def _message_id(msg: Message) -> str:
+    msg_id = str(uuid.uuid4())
+    msg.metadata.__dict__["_message_id"] = msg_id
+    return msg_id
+
+
+def _serve(tasks, done, client_ref: str, nodes: dict[int, dict], run_config: dict, run_id: int) -> None:
+    """A worker: one torch thread, the ClientApp, a Context per node; answers until told to stop."""
+    import torch
+    from flwr.supercore.task_identity import TaskIdentity
+
+    torch.set_num_threads(1)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
+    app = load_component(client_ref)
+    contexts = {
+        node: Context(run_id=run_id, node_id=node, node_config=cfg, state=RecordDict(), run_config=run_config)
+        for node, cfg in nodes.items()
+    }
+    while (data := tasks.get()) != _STOP:
+        seq, node, _ = _HEADER.unpack_from(data)
+        msg = message_from_proto(ProtoMessage.FromString(data[_HEADER.size :]))
+        timing.reset()
+        try:
+            reply = app(msg, contexts[node])
+        except Exception as exc:  # answered as Flower answers a ClientApp that raised
+            log.warning("node %d failed: %s", node, exc)
+            reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+        phases = json.dumps({k: v for k, v in timing.totals().items() if v}).encode()
+        done.put(_HEADER.pack(seq, node, len(phases)) + phases + message_to_proto(reply).SerializeToString())
+
+
+__all__ = ["WorkerPoolGrid", "available_cores", "resolve_workers"]

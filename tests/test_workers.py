@@ -1,0 +1,53 @@
+"""Client worker processes (server/workers.py): the same federation with 1 and 2 workers gives the
+same metrics, adapter and ledger."""
+
+from __future__ import annotations
+
+import json
+
+from safetensors.torch import load_file
+
+from common.config import preset
+from common.privacy.ledger import Ledger
+from server.checkpoint import CHECKPOINT_FILE
+from server.simulate import simulate
+from server.workers import resolve_workers
+from tests.harness import TINY
+
+SETTINGS = {**TINY, "num_clients": 4, "rounds": 2, "sample_rate": 1.0, "precision": "fp32"}
+LEDGER = ("round", "sigma", "p", "sampled", "replied", "clip", "status", "mu", "eps_gdp", "eps_tight")
+
+
+def _run(tmp_path, name: str, workers: int, **kw):
+    out = tmp_path / name
+    simulate(preset("minilm-rt", **{**SETTINGS, **kw}, workers=workers, out_dir=str(out)).check())
+    return out
+
+
+def _metrics(out) -> list[dict]:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in lines]
+
+
+def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
+    """One worker (the server's process, on one thread as every worker runs) and two workers."""
+    one, two = _run(tmp_path, "one", 1), _run(tmp_path, "two", 2)
+    assert _metrics(one) == _metrics(two)
+    a, b = load_file(one / CHECKPOINT_FILE), load_file(two / CHECKPOINT_FILE)
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    split = json.loads((two / "summary.json").read_text())["time_split_s"]
+    assert split["local-training"] > 0  # the workers' phases come back with their replies
+
+
+def test_one_and_two_workers_charge_the_same_ledger(tmp_path, one_thread):
+    dp = dict(mechanism="dp-fedavg", threat_model="central", noise_multiplier=1.0, clip=0.5)
+    rows = []
+    for name, workers in (("one", 1), ("two", 2)):
+        ledger = Ledger.open(_run(tmp_path, name, workers, **dp) / "ledger.sqlite", "client-level")
+        rows.append([{k: r[k] for k in LEDGER} for r in ledger.rows()])
+        ledger.close()
+    assert rows[0] == rows[1] and len(rows[0]) == 2
+
+
+def test_workers_default_to_the_cores():
+    assert resolve_workers(3) == 3 and resolve_workers(0) >= 1
