@@ -29,6 +29,8 @@ MECHANISMS: dict[str, tuple[str, str]] = {
 LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa", "sparta", "sparta-base", "wishart")
 #: local optimizers whose update is not LoRA factors (train-local only, never in a federation)
 LOCAL_ONLY = ("sparta-base", "wishart")
+#: the frozen base model's precision (common/models/precision.py)
+PRECISIONS = ("auto", "fp32", "bf16")
 #: the factor-space DP optimizers, whose update rule --client-optimizer picks (the others have their own)
 FACTOR_OPTIMIZERS = ("dp-adamw", "ffa")
 #: the SPARTA optimizers (rows of the LoRA factors, or of the base weights)
@@ -226,7 +228,7 @@ class RunConfig:
         "the frozen base model's precision: auto (bf16 where the device multiplies bf16 natively, else "
         "fp32), fp32 or bf16; LoRA factors, head, increments, clipping, noise and accounting stay fp32",
         LOCAL,
-        choices=("auto", "fp32", "bf16"),
+        choices=PRECISIONS,
     )
     # -- sample-level DP
     local_optimizer: str = option(
@@ -787,6 +789,7 @@ def _parse_bool(value: object) -> bool:
 
 __all__ = [
     "LOCAL_ONLY",
+    "PRECISIONS",
     "PRESETS",
     "SPARTA_OPTIMIZERS",
     "RunConfig",

@@ -64,7 +64,7 @@ class WorkerPoolGrid(InProcessGrid):
         self._procs = [
             ctx.Process(
                 target=_serve,
-                args=(self._tasks, self._done, client_ref, nodes, dict(run_config), run_id),
+                args=(self._tasks, self._done, client_ref, nodes, dict(run_config), run_id, os.getpid()),
                 daemon=True,
                 name=f"fedlora-worker-{k}",
             )
@@ -135,8 +135,11 @@ def _message_id(msg: Message) -> str:
     return msg_id
 
 
-def _serve(tasks, done, client_ref: str, nodes: dict[int, dict], run_config: dict, run_id: int) -> None:
-    """A worker: one torch thread, the ClientApp, a Context per node; answers until told to stop."""
+def _serve(
+    tasks, done, client_ref: str, nodes: dict[int, dict], run_config: dict, run_id: int, parent: int
+) -> None:
+    """A worker: one torch thread, the ClientApp, a Context per node; answers until told to stop or
+    until ``parent`` (the server's process) is gone."""
     import torch
     from flwr.supercore.task_identity import TaskIdentity
 
@@ -147,7 +150,7 @@ def _serve(tasks, done, client_ref: str, nodes: dict[int, dict], run_config: dic
         node: Context(run_id=run_id, node_id=node, node_config=cfg, state=RecordDict(), run_config=run_config)
         for node, cfg in nodes.items()
     }
-    while (data := tasks.get()) != _STOP:
+    while (data := _next(tasks, parent)) != _STOP:
         seq, node, _ = _HEADER.unpack_from(data)
         msg = message_from_proto(ProtoMessage.FromString(data[_HEADER.size :]))
         timing.reset()
@@ -158,6 +161,16 @@ def _serve(tasks, done, client_ref: str, nodes: dict[int, dict], run_config: dic
             reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
         phases = json.dumps({k: v for k, v in timing.totals().items() if v}).encode()
         done.put(_HEADER.pack(seq, node, len(phases)) + phases + message_to_proto(reply).SerializeToString())
+
+
+def _next(tasks, parent: int) -> bytes:
+    """The next task, or a stop once the server's process is gone (killed: no stop will come)."""
+    while True:
+        try:
+            return tasks.get(timeout=2.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return _STOP
 
 
 __all__ = ["WorkerPoolGrid", "available_cores", "resolve_workers"]

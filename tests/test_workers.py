@@ -4,6 +4,12 @@ same metrics, adapter and ledger."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from safetensors.torch import load_file
 
@@ -15,6 +21,7 @@ from server.workers import resolve_workers
 from tests.harness import TINY
 
 SETTINGS = {**TINY, "num_clients": 4, "rounds": 2, "sample_rate": 1.0, "precision": "fp32"}
+ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ("round", "sigma", "p", "sampled", "replied", "clip", "status", "mu", "eps_gdp", "eps_tight")
 
 
@@ -51,3 +58,32 @@ def test_one_and_two_workers_charge_the_same_ledger(tmp_path, one_thread):
 
 def test_workers_default_to_the_cores():
     assert resolve_workers(3) == 3 and resolve_workers(0) >= 1
+
+
+def test_workers_exit_when_the_server_process_is_killed():
+    """A SIGKILLed server sends no stop: its workers notice they are orphans and exit."""
+    code = (
+        "import sys, time\n"
+        "from server.workers import WorkerPoolGrid\n"
+        "if __name__ == '__main__':\n"
+        "    grid = WorkerPoolGrid('client.app:app', 2, {}, 2)\n"
+        "    print(' '.join(str(p.pid) for p in grid._procs), flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    pids = [int(x) for x in server.stdout.readline().split()]
+    assert len(pids) == 2
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"

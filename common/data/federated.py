@@ -49,7 +49,7 @@ def federated_split(
     where its first occurrence in the corpus goes, so test, public and client data share no text;
     the fractions hold up to those copies, and a corpus without copies splits as it always has."""
     corpus = load_corpus(dataset)
-    groups = text_groups(corpus.texts)
+    groups = corpus_groups(corpus)
     train, test = train_test_split(len(corpus), test_fraction, seed, groups)
     public = np.zeros(0, dtype=np.int64)
     if public_fraction > 0:
@@ -64,6 +64,20 @@ def federated_split(
     labels = np.asarray(corpus.labels)[train]
     parts = partition(labels, num_clients, method, alpha, seed)
     return FederatedSplit(corpus, test, tuple(train[p] for p in parts), public)
+
+
+_GROUPS: dict[int, tuple[Corpus, np.ndarray]] = {}  # id(corpus) -> (corpus, its text groups)
+
+
+def corpus_groups(corpus: Corpus) -> np.ndarray:
+    """:func:`text_groups` of ``corpus``, once per corpus object and process (every client's split
+    needs it; load_corpus returns the same object each time). Read-only."""
+    held = _GROUPS.get(id(corpus))
+    if held is None or held[0] is not corpus:
+        groups = text_groups(corpus.texts)
+        groups.setflags(write=False)
+        held = _GROUPS[id(corpus)] = (corpus, groups)
+    return held[1]
 
 
 def split_off(

@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common.config import PRECISIONS
+
 log = logging.getLogger("fedlora.precision")
 
-PRECISIONS = ("auto", "fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 flags of native bf16 matrix products
 

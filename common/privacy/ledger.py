@@ -19,6 +19,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from common.config import THREAT_MODELS
@@ -276,9 +277,21 @@ def _replay(acc: Accountant, events: list[Event]) -> Accountant:
 
 
 def _totals(events: list[Event], delta: float) -> dict[str, float]:
+    """Running μ, ε_gdp and ε_tight of ``events`` at ``delta``. Both accountants compose
+    commutatively, so the history is keyed as a multiset: a node's ledger repeats its (σ, p) rows,
+    and every node of a simulation has the same history at the same round."""
+    merged: dict[tuple[float, float], int] = {}
+    for e in events:
+        merged[(e.sigma, e.p)] = merged.get((e.sigma, e.p), 0) + e.count
+    return dict(_totals_of(tuple(merged.items()), delta))
+
+
+@lru_cache(maxsize=256)
+def _totals_of(history: tuple[tuple[tuple[float, float], int], ...], delta: float) -> tuple:
+    events = [Event(sigma, p, count) for (sigma, p), count in history if count]
     gdp_acc = _replay(GdpAccountant(), events)
     tight = _replay(PldAccountant(), events)
-    return {"mu": gdp_acc.mu, "eps_gdp": gdp_acc.epsilon(delta), "eps_tight": tight.epsilon(delta)}
+    return (("mu", gdp_acc.mu), ("eps_gdp", gdp_acc.epsilon(delta)), ("eps_tight", tight.epsilon(delta)))
 
 
 def _connect(path: Path) -> sqlite3.Connection:

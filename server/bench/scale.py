@@ -8,6 +8,13 @@ Reported per N, from the run's metrics lines (the first round, which loads the m
 client's round), and ``peak_rss_mb`` (the whole process's peak resident memory, from the kernel).
 Per-client time and memory should stay flat as N grows: a node costs nothing until it is sampled.
 
+Each population runs once per ``--precisions`` × ``--workers`` (the frozen base's precision and the
+client worker processes, server/workers.py), side by side. Beside them the bench measures this
+machine's single-thread matrix-product peak at each precision (``torch.nn.functional.linear`` of
+(400×384)·(384×1536), the shape of a MiniLM feed-forward product) and counts one client's FLOPs
+(torch's FlopCounterMode over one client's local update at the run's settings), so that each row
+reports its achieved GFLOP/s and the fraction of the peak of the cores it used.
+
 ``--backend ray`` runs the same federation through Flower's own Ray simulation (``flwr run .`` with
 ``num-supernodes = N`` and one CPU per client actor, so as many workers as cores, each keeping one
 model per process); its round and per-client times come from the same metrics lines, its memory is
@@ -26,8 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from common.config import PRECISIONS
 from common.errors import FedloraError
 from common.flower_processes import flower_env, flower_executable, toml_pairs
+from server.workers import available_cores, resolve_workers
 
 ROOT = Path(__file__).resolve().parents[2]  # the Flower app (pyproject.toml)
 
@@ -56,12 +65,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="inprocess",
         help="inprocess (fedlora simulate) or ray (flwr run . on Flower's Ray simulation)",
     )
+    parser.add_argument(
+        "--precisions", default="fp32,bf16", help="frozen base precisions to compare (default fp32,bf16)"
+    )
+    parser.add_argument(
+        "--workers", default="1,2", help="client worker process counts to compare (default 1,2; not ray)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
 
-def _options(preset: str, population: int, cohort: int, rounds: int) -> dict[str, object]:
+def _options(
+    preset: str, population: int, cohort: int, rounds: int, precision: str = "auto", workers: int = 0
+) -> dict[str, object]:
     return {
         "preset": preset,
+        "precision": precision,
+        **({"workers": workers} if workers else {}),
         "mechanism": "fedavg",
         "num-clients": population,
         "sample-rate": min(1.0, cohort / population),
@@ -103,13 +122,20 @@ def _ray(options: dict[str, object], out: Path) -> tuple[subprocess.CompletedPro
 
 
 def measure(
-    preset: str, population: int, cohort: int, rounds: int, work: Path, backend: str = "inprocess"
+    preset: str,
+    population: int,
+    cohort: int,
+    rounds: int,
+    work: Path,
+    backend: str = "inprocess",
+    precision: str = "auto",
+    workers: int = 0,
 ) -> dict:
     """One population in a fresh process; ``client_s`` and ``round_s`` over rounds 2..``rounds``."""
-    out = work / f"{backend}-n{population}"
+    out = work / f"{backend}-n{population}-{precision}-w{workers}"
     start = time.monotonic()
     runner = _ray if backend == "ray" else _inprocess
-    done, peak = runner(_options(preset, population, cohort, rounds), out)
+    done, peak = runner(_options(preset, population, cohort, rounds, precision, workers), out)
     if done.returncode != 0 or not (out / "metrics.jsonl").exists():
         lines = [x for x in (done.stderr + done.stdout).strip().splitlines() if "peak-rss-kib" not in x]
         raise FedloraError(f"population {population} ({backend}): {(lines or ['failed'])[-1][:300]}")
@@ -125,23 +151,88 @@ def measure(
         "round_s": round(seconds / len(timed), 3),
         "client_s": round(seconds / replies, 4),
         "backend": backend,
+        "precision": precision,
+        "workers": workers if backend == "inprocess" else available_cores(),
         "peak_rss_mb": None if peak is None else round(peak, 1),
         "wall_s": round(time.monotonic() - start, 1),
     }
+
+
+def matmul_peak(precision: str, seconds: float = 0.5) -> float:
+    """Single-thread GFLOP/s of ``linear`` (400×384)·(384×1536) at ``precision`` on this CPU."""
+    import torch
+
+    from common.models.precision import DTYPES
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        dtype = DTYPES[precision]
+        x, w = torch.randn(400, 384, dtype=dtype), torch.randn(1536, 384, dtype=dtype)
+        torch.nn.functional.linear(x, w)  # warm-up
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            torch.nn.functional.linear(x, w)
+            count += 1
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * 400 * 384 * 1536 * count / elapsed / 1e9
+
+
+def client_flops(preset: str, cohort: int) -> float:
+    """FLOPs of one client's local update (one step, as the bench runs it), counted by torch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from client.local_update import local_update
+    from client.node.shard import node_shard
+    from common.config import preset as make_preset
+
+    cfg = make_preset(preset, local_steps=1, precision="fp32").check()
+    _, _, shard = node_shard({"partition-id": 0, "num-partitions": cfg.num_clients}, cfg)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        local_update(
+            shard.bundle.model,
+            shard.task,
+            shard.examples,
+            cfg,
+            steps=1,
+            lr=cfg.lr,
+            seed=0,
+            device=shard.bundle.device,
+            plan=None,
+            desc="flops",
+        )
+    return float(counter.get_total_flops())
 
 
 def run(args: argparse.Namespace) -> int:
     populations = [int(x) for x in args.populations.split(",") if x.strip()]
     if not populations or min(populations) < 1 or args.cohort < 1 or args.rounds < 2:
         raise FedloraError("--populations must be positive counts, --cohort >= 1 and --rounds >= 2")
+    precisions = [x.strip() for x in getattr(args, "precisions", "auto").split(",") if x.strip()]
+    workers = [resolve_workers(int(x)) for x in str(getattr(args, "workers", "0")).split(",") if x.strip()]
+    if not precisions or any(p not in PRECISIONS for p in precisions) or min(workers, default=0) < 0:
+        raise FedloraError(f"--precisions takes {', '.join(PRECISIONS)}; --workers counts >= 0")
+    combos = [(p, w) for p in precisions for w in (workers if args.backend == "inprocess" else [0])]
     with tempfile.TemporaryDirectory() as work:
         rows = []
         for n in populations:  # each in its own process: its own peak RSS
-            rows.append(measure(args.preset, n, args.cohort, args.rounds, Path(work), args.backend))
-            print(f"N = {n}: {rows[-1]}", file=sys.stderr)
+            for precision, count in combos:
+                rows.append(
+                    measure(
+                        args.preset, n, args.cohort, args.rounds, Path(work), args.backend, precision, count
+                    )
+                )
+                print(f"N = {n}, {precision}, workers {count}: {rows[-1]}", file=sys.stderr)
+    peaks = {p: round(matmul_peak(resolve(p)), 1) for p in precisions}
+    flops = client_flops(args.preset, args.cohort)
     base = rows[0]
     for row in rows:
         row["client_s_ratio"] = round(row["client_s"] / base["client_s"], 3)
+        row["speedup"] = round(base["client_s"] / row["client_s"], 2)
+        row["gflops"] = round(flops / row["client_s"] / 1e9, 1)
+        row["peak_fraction"] = round(row["gflops"] / (peaks[row["precision"]] * max(1, row["workers"])), 3)
         if row["peak_rss_mb"] is not None:
             row["peak_rss_ratio"] = round(row["peak_rss_mb"] / base["peak_rss_mb"], 3)
     result = {
@@ -149,15 +240,30 @@ def run(args: argparse.Namespace) -> int:
         "cohort": args.cohort,
         "rounds": args.rounds,
         "device": "cpu",
+        "cores": available_cores(),
+        "matmul_peak_gflops_per_core": peaks,
+        "client_gflop": round(flops / 1e9, 2),
         "rows": rows,
     }
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{'N':>6} {'round s':>8} {'client s':>9} {'x':>6} {'peak RSS MB':>12}")
+        print(f"matmul peak per core (GFLOP/s): {peaks}; one client's update: {flops / 1e9:.2f} GFLOP")
+        print(
+            f"{'N':>6} {'precision':>9} {'workers':>7} {'round s':>8} {'client s':>9} {'speedup':>7} "
+            f"{'GFLOP/s':>8} {'of peak':>7} {'peak RSS MB':>12}"
+        )
         for r in rows:
             print(
-                f"{r['population']:>6} {r['round_s']:>8} {r['client_s']:>9} {r['client_s_ratio']:>6} "
+                f"{r['population']:>6} {r['precision']:>9} {r['workers']:>7} {r['round_s']:>8} "
+                f"{r['client_s']:>9} {r['speedup']:>7} {r['gflops']:>8} {r['peak_fraction']:>7} "
                 f"{r['peak_rss_mb'] or 'n/a':>12}"
             )
     return 0
+
+
+def resolve(precision: str) -> str:
+    """``auto`` as this machine's CPU resolves it."""
+    from common.models.precision import resolve_precision
+
+    return resolve_precision(precision, "cpu")
