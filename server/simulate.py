@@ -7,7 +7,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from flwr.app import Context, Message, RecordDict
 
 from common.config import PRESETS, RunConfig, preset, to_flat
@@ -17,7 +16,7 @@ from common.options import config_values
 from common.timing import reset, totals
 from server.inprocess import InProcessGrid, load_component
 from server.run_dir import default_run_dir, write_json
-from server.workers import WorkerPoolGrid, available_cores, resolve_workers
+from server.workers import WorkerPoolGrid, resolve_workers
 
 CLIENT_APP = "client.app:app"  # as in pyproject.toml [tool.flwr.app.components]
 SERVER_APP = "server.app:app"
@@ -80,8 +79,6 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     workers = 1 if wrap is not None else min(resolve_workers(cfg.workers), cfg.num_clients)
     if workers > 1:  # every core trains clients (server/workers.py)
         grid = WorkerPoolGrid(CLIENT_APP, cfg.num_clients, flat, workers, state_root=run_dir / "nodes")
-        # the server's own work (evaluation, aggregation) runs while the workers wait: give it the cores
-        torch.set_num_threads(max(torch.get_num_threads(), min(workers, available_cores())))
     else:
         app = load_component(CLIENT_APP)
         handler = app if wrap is None else (lambda msg, ctx: wrap(app, msg, ctx))
