@@ -164,13 +164,15 @@ def _serve(
 
 
 def _next(tasks, parent: int) -> bytes:
-    """The next task, or a stop once the server's process is gone (killed: no stop will come)."""
+    """The next task; once the server's process is gone (killed: no stop will come), exit at once:
+    a normal exit would wait for the reply queue's feeder thread, which no reader will ever drain.
+    Everything a worker must keep (its nodes' ledgers) is committed to disk before a reply is sent."""
     while True:
         try:
             return tasks.get(timeout=2.0)
         except queue.Empty:
             if os.getppid() != parent:
-                return _STOP
+                os._exit(0)
 
 
 __all__ = ["WorkerPoolGrid", "available_cores", "resolve_workers"]
