@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 
 import numpy as np
@@ -92,9 +92,26 @@ def train(msg: Message, context: Context) -> Message:
             released = release_event(noise, ins.noise_std, clip), clip
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     node = dict(context.node_config)
-    if released:
-        with _releases(context, cfg, pid, parts) as releases:
+    with _releases(context, cfg, pid, parts) if released else nullcontext() as releases:
+        if releases is not None:
             releases.check(ins.round, released[0], cfg.rounds - ins.round)
+        metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan)
+        if cfg.private:
+            metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
+        increment = local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
+        if releases is not None:  # committed before the release leaves
+            releases.check(ins.round, released[0], cfg.rounds - ins.round)
+            releases.charge(ins.round, *released, noise.threat_model)
+        reply = release_reply(increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics)
+    return Message(reply, reply_to=msg)
+
+
+def _train_steps(
+    context: Context, cfg: RunConfig, ins: TrainInstruction, pid: int, parts: int, shard: Shard, plan
+) -> dict:
+    """The round's local steps; under sample-level DP checked against and charged to the node's own
+    ledger first (settled ``applied`` once they ran)."""
+    node = dict(context.node_config)
     ledger = None
     if plan is not None:  # sample-level DP: the node's own ledger, checked and charged before the steps
         ledger = sample_ledger(node_state_dir(node), _owner(cfg, pid, parts), cfg.delta)
@@ -104,10 +121,12 @@ def train(msg: Message, context: Context) -> Message:
             NodePolicy.from_node_config(node).check_sample_budget(
                 ledger, plan.sigma, plan.sample_rate, cfg.local_steps + future
             )
-            run_key = _charge(ledger, plan, str(context.run_id), ins.round, cfg.local_steps, kind)
+            run_key = _charge(
+                ledger, plan, str(context.run_id), ins.round, cfg.local_steps, cfg.optimizer_kind
+            )
         with phase("local-training"):
             metrics = local_update(
-                model,
+                shard.bundle.model,
                 shard.task,
                 shard.examples,
                 cfg,
@@ -123,17 +142,7 @@ def train(msg: Message, context: Context) -> Message:
     finally:
         if ledger is not None:
             ledger.close()
-    if cfg.private:
-        metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
-    increment = local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
-    if not released:
-        reply = release_reply(increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics)
-        return Message(reply, reply_to=msg)
-    with _releases(context, cfg, pid, parts) as releases:  # committed before the release leaves
-        releases.check(ins.round, released[0], cfg.rounds - ins.round)
-        releases.charge(ins.round, *released, noise.threat_model)
-        reply = release_reply(increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics)
-    return Message(reply, reply_to=msg)
+    return metrics
 
 
 @contextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from common.config import LOCAL_ONLY, RunConfig
 from common.data import FederatedSplit, federated_split
 from common.device import resolve_device
@@ -19,8 +21,9 @@ def lora_spec(cfg: RunConfig) -> LoraSpec:
 
 
 def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit:
-    """The seeded test set and client shards (``num_clients`` defaults to the config's)."""
-    return federated_split(
+    """The seeded test set and client shards (``num_clients`` defaults to the config's); computed
+    once per process for the same settings (every client of a simulation asks for the same split)."""
+    return _split(
         cfg.dataset,
         num_clients or cfg.num_clients,
         method=cfg.partition,
@@ -31,6 +34,14 @@ def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit
         seed=cfg.seed,
         public_fraction=cfg.public_fraction,
     )
+
+
+@lru_cache(maxsize=8)
+def _split(dataset: str, num_clients: int, **settings: object) -> FederatedSplit:
+    split = federated_split(dataset, num_clients, **settings)
+    for array in (split.test, split.public, *split.clients):  # shared by every caller: read-only
+        array.setflags(write=False)
+    return split
 
 
 def open_model(cfg: RunConfig, split: FederatedSplit) -> ModelBundle:

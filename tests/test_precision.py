@@ -43,6 +43,12 @@ def test_the_frozen_base_is_bf16_and_every_trainable_fp32():
     assert set(trainable.values()) == {torch.float32}
     assert any("lora_A" in n for n in trainable) and any("classifier" in n for n in trainable)
     assert resolve_precision("fp32", "cpu") == "fp32"
+    # CPU bf16 attention runs the eager path (faster there); an fp32 base keeps the fused one
+    assert shard.bundle.model.get_base_model().config._attn_implementation == "eager"
+    fp32 = node_shard(
+        {"partition-id": 0, "num-partitions": 2}, preset("minilm-rt", **TINY, precision="fp32").check()
+    )[2]
+    assert fp32.bundle.model.get_base_model().config._attn_implementation == "sdpa"
     with pytest.raises(FedloraError, match="needs --precision fp32"):
         preset("minilm-rt", **TINY, precision="bf16", mechanism="dp-adamw", local_optimizer="wishart").check()
 

@@ -20,7 +20,7 @@ from transformers.utils import logging as hf_logging
 from common.errors import FedloraError
 from common.models.lora import AdapterState, LoraSpec, adapter_state, attach_lora
 from common.models.pooling import use_mean_pooling
-from common.models.precision import hold_frozen_in
+from common.models.precision import attention_for, hold_frozen_in
 from common.models.registry import ModelSpec, resolve_model
 
 
@@ -71,6 +71,7 @@ def _load(
     model = attach_lora(base, LoraSpec(lora.rank, lora.alpha, lora.dropout, targets), task_type)
     model.to(device)
     hold_frozen_in(model, precision)
+    attention_for(model, precision, device)
     return ModelBundle(spec.name, spec.kind, model, tokenizer, torch.device(device), adapter_state(model))
 
 

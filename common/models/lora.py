@@ -12,6 +12,7 @@ module plus every other trainable parameter by its own name (e.g. a classificati
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -45,19 +46,34 @@ def attach_lora(model: nn.Module, spec: LoraSpec, task_type: str) -> PeftModel:
         target_modules=list(spec.targets) if spec.targets else None,
         task_type=task_type,
     )
+    _LAYOUT.clear()  # modules are replaced in place: no model's cached layout survives
     try:
         return get_peft_model(model, config)
     except ValueError as exc:
         raise FedloraError(f"cannot attach LoRA: {str(exc).splitlines()[0]}") from None
 
 
+#: model → (its LoRA modules by name, its parameters that are not LoRA factors): walking a
+#: transformer's modules costs milliseconds, and a resident model is walked by every client it trains
+_LAYOUT: weakref.WeakKeyDictionary[nn.Module, tuple[dict[str, nn.Module], dict[str, nn.Parameter]]]
+_LAYOUT = weakref.WeakKeyDictionary()
+
+
+def _layout(model: nn.Module) -> tuple[dict[str, nn.Module], dict[str, nn.Parameter]]:
+    if model not in _LAYOUT:
+        lora = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+        other = {
+            name: p
+            for name, p in model.named_parameters()
+            if ".lora_A." not in name and ".lora_B." not in name
+        }
+        _LAYOUT[model] = lora, other
+    return _LAYOUT[model]
+
+
 def lora_layers(model: nn.Module, adapter: str = "default") -> dict[str, LoraLayer]:
     """LoRA modules of ``model`` by qualified name, in module order."""
-    return {
-        name: module
-        for name, module in model.named_modules()
-        if isinstance(module, LoraLayer) and adapter in getattr(module, "lora_A", {})
-    }
+    return {name: m for name, m in _layout(model)[0].items() if adapter in getattr(m, "lora_A", {})}
 
 
 def get_factors(layer: LoraLayer, adapter: str = "default") -> tuple[Tensor, Tensor]:
@@ -93,11 +109,7 @@ def lora_norm(model: nn.Module) -> float:
 
 def dense_trainables(model: nn.Module) -> dict[str, nn.Parameter]:
     """Trainable parameters that are not LoRA factors (e.g. PEFT ``modules_to_save`` heads)."""
-    return {
-        name: p
-        for name, p in model.named_parameters()
-        if p.requires_grad and ".lora_A." not in name and ".lora_B." not in name
-    }
+    return {name: p for name, p in _layout(model)[1].items() if p.requires_grad}
 
 
 def adapter_state(model: nn.Module) -> AdapterState:

@@ -81,4 +81,15 @@ def _cast_inputs(module: nn.Module, args: tuple, dtype: torch.dtype) -> tuple:
     return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
-__all__ = ["DTYPES", "PRECISIONS", "hold_frozen_in", "native_bf16", "resolve_precision"]
+def attention_for(model: nn.Module, precision: str, device: str) -> None:
+    """Eager attention for a bf16 base on the CPU: torch's fused CPU attention in bf16 is slower than
+    the eager matmul-softmax path (measured here, 8 × 12 heads × 48 tokens × 32: 5.5 vs 3.7 ms forward
+    + backward with dropout 0.1, 17 vs 2.4 ms without), while in fp32 and on CUDA the fused one wins."""
+    if precision != "bf16" or not device.startswith("cpu"):
+        return
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "set_attn_implementation"):
+        base.set_attn_implementation("eager")
+
+
+__all__ = ["DTYPES", "PRECISIONS", "attention_for", "hold_frozen_in", "native_bf16", "resolve_precision"]
