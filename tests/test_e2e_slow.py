@@ -36,9 +36,7 @@ def test_flwr_run_against_flower_simulation(tmp_path):
         "FLWR_DISABLE_UPDATE_CHECK": "1",
     }
     run_dir = tmp_path / "run"
-    overrides = (
-        f"num-clients=2 rounds=1 local-steps=3 eval-examples=40 max-train-examples=200 out-dir='{run_dir}'"
-    )
+    overrides = f"preset='small' num-clients=2 rounds=1 local-steps=3 eval-examples=40 max-train-examples=200 out-dir='{run_dir}'"
     try:
         proc = subprocess.run(
             [
@@ -80,9 +78,10 @@ def test_bench_scale_through_flowers_ray_simulation(capsys):
     from server.bench import scale
 
     args = argparse.Namespace(
-        preset="minilm-rt", populations="2", cohort=2, rounds=2, backend="ray", json=True
+        preset="minilm-rt", populations="2", cohort=2, rounds=2, backend="inprocess,ray", json=True
     )
     assert scale.run(args) == 0
-    row = json.loads(capsys.readouterr().out)["rows"][0]
+    inprocess, row = json.loads(capsys.readouterr().out)["rows"]
     assert row["backend"] == "ray" and row["replies"] >= 1 and row["client_s"] > 0
     assert row["peak_rss_mb"] is None  # spread over the Ray workers: not reported
+    assert row["vs_ray"] == round(row["client_s"] / inprocess["client_s"], 2)

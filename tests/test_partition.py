@@ -77,4 +77,4 @@ def test_the_public_split_never_overlaps_a_clients_data_or_the_test_set(method):
 @pytest.mark.parametrize("fraction", [-0.1, 0.6, 1.0])
 def test_a_public_fraction_outside_the_range_is_one_line(fraction):
     with pytest.raises(FedloraError, match=r"public-fraction must be 0 or in \(0, 0.5\]"):
-        preset("default", public_fraction=fraction).check()
+        preset("small", public_fraction=fraction).check()

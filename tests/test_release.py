@@ -89,7 +89,7 @@ def test_private_mean_per_threat_model():
 
 
 def test_plan_noise_calibrates_for_both_accountants():
-    cfg = preset("default", mechanism="dp-fedavg", target_epsilon=3.0, threat_model="central", rounds=20)
+    cfg = preset("small", mechanism="dp-fedavg", target_epsilon=3.0, threat_model="central", rounds=20)
     plan = plan_noise(cfg.check())
     assert plan.calibrated and plan.p == cfg.sample_rate
     for name in ("gdp", "pld"):
@@ -98,16 +98,16 @@ def test_plan_noise_calibrates_for_both_accountants():
     assert max(epsilon_for(n, plan.sigma * 0.99, plan.p, cfg.rounds, cfg.delta) for n in ("gdp", "pld")) > 3.0
     local = plan_noise(cfg.replace(threat_model="local", noise_multiplier=1.5).check())
     assert local.p == 1.0 and local.sigma == 1.5 and not local.calibrated  # no amplification vs the server
-    assert plan_noise(preset("default").check()) is None
+    assert plan_noise(preset("small").check()) is None
 
 
 def test_gaussian_release_without_noise_or_budget_is_refused():
     with pytest.raises(FedloraError, match="noise-multiplier or --target-epsilon"):
-        preset("default", mechanism="dp-fedavg").check()
+        preset("small", mechanism="dp-fedavg").check()
 
 
 def test_budget_stop_before_the_round_that_would_exceed(tmp_path):
-    cfg = preset("default", mechanism="dp-fedavg", noise_multiplier=1.0, threat_model="central")
+    cfg = preset("small", mechanism="dp-fedavg", noise_multiplier=1.0, threat_model="central")
     plan = plan_noise(cfg.replace(target_epsilon=1.0).check())
     eps = [max(epsilon_for(n, 1.0, plan.p, t, cfg.delta) for n in ("gdp", "pld")) for t in (1, 2, 3)]
     plan = plan_noise(cfg.replace(target_epsilon=(eps[1] + eps[2]) / 2).check())  # room for 2 rounds
@@ -134,18 +134,18 @@ def test_calibration_includes_the_noised_statistics_round():
     from client.node.policy import planned_client_epsilon
 
     base = dict(mechanism="dr-encoder", target_epsilon=6.0, threat_model="central", rounds=5, sample_rate=0.5)
-    plain = plan_noise(preset("default", **base).check())
-    noised = plan_noise(preset("default", **base, stats_noise_multiplier=2.0).check())
+    plain = plan_noise(preset("small", **base).check())
+    noised = plan_noise(preset("small", **base, stats_noise_multiplier=2.0).check())
     assert noised.prior == (Event(2.0, 1.0, 1),) and noised.sigma > plain.sigma
     for name in ("gdp", "pld"):
         spent = epsilon_for(name, noised.sigma, 0.5, 5, 1e-5, prior=noised.prior)
         assert spent <= 6.0 * (1 + 1e-9)
     assert epsilon_for("pld", plain.sigma, 0.5, 5, 1e-5, prior=noised.prior) > 6.0  # the old plan overran
-    fixed = preset("default", **{**base, "noise_multiplier": 1.2, "target_epsilon": 0.0})
+    fixed = preset("small", **{**base, "noise_multiplier": 1.2, "target_epsilon": 0.0})
     with_stats = fixed.replace(stats_noise_multiplier=2.0).check()
     assert planned_client_epsilon(with_stats) > planned_client_epsilon(fixed.check())
     with pytest.raises(FedloraError, match="before round 1 alone"):
-        plan_noise(preset("default", **base, stats_noise_multiplier=0.3).check())
+        plan_noise(preset("small", **base, stats_noise_multiplier=0.3).check())
 
 
 def test_release_registries_match_the_config():

@@ -145,7 +145,7 @@ def test_wishart_needs_peft_init_and_never_runs_in_a_federation(capsys):
     assert cfg.init_kind == "peft"
     with pytest.raises(FedloraError, match="run it with fedlora train-local"):
         cfg.check_federated()
-    assert run_cli(["simulate", "--mechanism", "wishart", "--sample-epsilon", "3"]) == 2
+    assert run_cli(["simulate", "--preset", "small", "--mechanism", "wishart", "--sample-epsilon", "3"]) == 2
     err = capsys.readouterr().err.strip()
     assert "federations exchange LoRA factors" in err and len(err.splitlines()) == 1
 

@@ -15,10 +15,12 @@ machine's single-thread matrix-product peak at each precision (``torch.nn.functi
 (torch's FlopCounterMode over one client's local update at the run's settings), so that each row
 reports its achieved GFLOP/s and the fraction of the peak of the cores it used.
 
-``--backend ray`` runs the same federation through Flower's own Ray simulation (``flwr run .`` with
-``num-supernodes = N`` and one CPU per client actor, so as many workers as cores, each keeping one
-model per process); its round and per-client times come from the same metrics lines, its memory is
-spread over the Ray workers and is not reported. Pointing that backend at a multi-machine Ray cluster
+``--backend inprocess,ray`` also runs the same federation through Flower's own Ray simulation
+(``flwr run .`` with ``num-supernodes = N`` and one CPU per client actor, so as many workers as
+cores, each keeping one model per process) at each precision, and reports ``vs_ray``: the Ray
+row's per-client time over the fastest in-process row's at the same precision and population (> 1:
+in-process is faster). Ray's round and per-client times come from the same metrics lines; its memory
+is spread over the Ray workers and is not reported. Pointing that backend at a multi-machine Ray cluster
 is Flower's ``[tool.flwr.federations]`` / ``--federation-config`` business (docs/cross-device.md).
 """
 
@@ -61,9 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backend",
-        choices=("inprocess", "ray"),
         default="inprocess",
-        help="inprocess (fedlora simulate) or ray (flwr run . on Flower's Ray simulation)",
+        help="comma-separated: inprocess (fedlora simulate) and/or ray (flwr run . on Flower's Ray "
+        "simulation); default inprocess",
     )
     parser.add_argument(
         "--precisions", default="fp32,bf16", help="frozen base precisions to compare (default fp32,bf16)"
@@ -214,17 +216,18 @@ def run(args: argparse.Namespace) -> int:
     workers = [resolve_workers(int(x)) for x in str(getattr(args, "workers", "0")).split(",") if x.strip()]
     if not precisions or any(p not in PRECISIONS for p in precisions) or min(workers, default=0) < 0:
         raise FedloraError(f"--precisions takes {', '.join(PRECISIONS)}; --workers counts >= 0")
-    combos = [(p, w) for p in precisions for w in (workers if args.backend == "inprocess" else [0])]
+    backends = [x.strip() for x in str(args.backend).split(",") if x.strip()]
+    if not backends or not set(backends) <= {"inprocess", "ray"}:
+        raise FedloraError("--backend takes inprocess, ray or both (comma-separated)")
+    combos = [(b, p, w) for b in backends for p in precisions for w in (workers if b == "inprocess" else [0])]
     with tempfile.TemporaryDirectory() as work:
         rows = []
         for n in populations:  # each in its own process: its own peak RSS
-            for precision, count in combos:
+            for backend, precision, count in combos:
                 rows.append(
-                    measure(
-                        args.preset, n, args.cohort, args.rounds, Path(work), args.backend, precision, count
-                    )
+                    measure(args.preset, n, args.cohort, args.rounds, Path(work), backend, precision, count)
                 )
-                print(f"N = {n}, {precision}, workers {count}: {rows[-1]}", file=sys.stderr)
+                print(f"N = {n}, {backend}, {precision}, workers {count}: {rows[-1]}", file=sys.stderr)
     peaks = {p: round(matmul_peak(resolve(p)), 1) for p in precisions}
     flops = client_flops(args.preset, args.cohort)
     base = rows[0]
@@ -233,8 +236,9 @@ def run(args: argparse.Namespace) -> int:
         row["speedup"] = round(base["client_s"] / row["client_s"], 2)
         row["gflops"] = round(flops / row["client_s"] / 1e9, 1)
         row["peak_fraction"] = round(row["gflops"] / (peaks[row["precision"]] * max(1, row["workers"])), 3)
-        if row["peak_rss_mb"] is not None:
+        if row["peak_rss_mb"] is not None and base["peak_rss_mb"] is not None:
             row["peak_rss_ratio"] = round(row["peak_rss_mb"] / base["peak_rss_mb"], 3)
+    _versus_ray(rows)
     result = {
         "preset": args.preset,
         "cohort": args.cohort,
@@ -250,16 +254,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"matmul peak per core (GFLOP/s): {peaks}; one client's update: {flops / 1e9:.2f} GFLOP")
         print(
-            f"{'N':>6} {'precision':>9} {'workers':>7} {'round s':>8} {'client s':>9} {'speedup':>7} "
-            f"{'GFLOP/s':>8} {'of peak':>7} {'peak RSS MB':>12}"
+            f"{'N':>6} {'backend':>9} {'precision':>9} {'workers':>7} {'round s':>8} {'client s':>9} "
+            f"{'speedup':>7} {'GFLOP/s':>8} {'of peak':>7} {'peak RSS MB':>12} {'vs ray':>7}"
         )
         for r in rows:
             print(
-                f"{r['population']:>6} {r['precision']:>9} {r['workers']:>7} {r['round_s']:>8} "
-                f"{r['client_s']:>9} {r['speedup']:>7} {r['gflops']:>8} {r['peak_fraction']:>7} "
-                f"{r['peak_rss_mb'] or 'n/a':>12}"
+                f"{r['population']:>6} {r['backend']:>9} {r['precision']:>9} {r['workers']:>7} "
+                f"{r['round_s']:>8} {r['client_s']:>9} {r['speedup']:>7} {r['gflops']:>8} "
+                f"{r['peak_fraction']:>7} {r['peak_rss_mb'] or 'n/a':>12} {r.get('vs_ray', ''):>7}"
             )
     return 0
+
+
+def _versus_ray(rows: list[dict]) -> None:
+    """Each Ray row gets ``vs_ray``: its per-client time over the fastest in-process row's at the same
+    population and precision (> 1: the in-process engine is faster per client)."""
+    for ray in (r for r in rows if r["backend"] == "ray"):
+        same = [
+            r["client_s"]
+            for r in rows
+            if r["backend"] == "inprocess"
+            and (r["population"], r["precision"]) == (ray["population"], ray["precision"])
+        ]
+        if same:
+            ray["vs_ray"] = round(ray["client_s"] / min(same), 2)
 
 
 def resolve(precision: str) -> str:

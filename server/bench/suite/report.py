@@ -15,7 +15,7 @@ ELSEWHERE = (
     ("prism", "`fedlora bench gauge`, `bench prism-step`, PRISM vs dp-adamw vs ffa with `train-local`"),
     ("privacy", "a client-level ledger of a real run, accountant timings"),
     ("deployment", "a 3-node `fedlora deploy up` run with client-level DP"),
-    ("small-federations", "federations of 4 nodes or fewer, the `make run` output"),
+    ("small-federations", "federations of 4 nodes or fewer (the `small` preset)"),
 )
 
 
