@@ -86,22 +86,27 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
 
+    def address(self, msg: Message, copy_content: bool = True) -> tuple[str, Message | None]:
+        """Give ``msg`` a message id; returns it with the message its node receives (its own copy of
+        the content unless ``copy_content`` is false), or ``None`` when the node is offline."""
+        msg_id = str(uuid.uuid4())
+        msg.metadata.__dict__["_message_id"] = msg_id
+        node = msg.metadata.dst_node_id
+        if node in self.offline:
+            return msg_id, None
+        content = copy.deepcopy(msg.content) if copy_content else msg.content
+        delivered = Message(content, node, msg.metadata.message_type, group_id=msg.metadata.group_id)
+        delivered.metadata.__dict__["_message_id"] = msg_id
+        return msg_id, delivered
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
-            msg_id = str(uuid.uuid4())
-            msg.metadata.__dict__["_message_id"] = msg_id
+            msg_id, delivered = self.address(msg)
             ids.append(msg_id)
-            node = msg.metadata.dst_node_id
-            if node in self.offline:
+            if delivered is None:
                 continue
-            delivered = Message(
-                copy.deepcopy(msg.content),
-                node,
-                msg.metadata.message_type,
-                group_id=msg.metadata.group_id,
-            )
-            delivered.metadata.__dict__["_message_id"] = msg_id
+            node = delivered.metadata.dst_node_id
             try:
                 reply = self.client_app(delivered, self.contexts[node])
                 reply = (

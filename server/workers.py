@@ -18,7 +18,6 @@ import multiprocessing as mp
 import os
 import queue
 import struct
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -76,12 +75,11 @@ class WorkerPoolGrid(InProcessGrid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids, sent = [], {}
         for seq, msg in enumerate(messages):
-            ids.append(msg_id := _message_id(msg))
-            node = msg.metadata.dst_node_id
-            if node in self.offline:
+            msg_id, delivered = self.address(msg, copy_content=False)  # serialised below: a copy
+            ids.append(msg_id)
+            if delivered is None:
                 continue
-            delivered = Message(msg.content, node, msg.metadata.message_type, group_id=msg.metadata.group_id)
-            delivered.metadata.__dict__["_message_id"] = msg_id
+            node = delivered.metadata.dst_node_id
             sent[seq] = delivered
             self._tasks.put(_HEADER.pack(seq, node, 0) + message_to_proto(delivered).SerializeToString())
         replies = {}
@@ -127,12 +125,6 @@ class WorkerPoolGrid(InProcessGrid):
 
 def _unused(msg: Message, ctx: Context) -> Message:
     raise RuntimeError("a worker pool grid runs its ClientApp in its workers")
-
-
-def _message_id(msg: Message) -> str:
-    msg_id = str(uuid.uuid4())
-    msg.metadata.__dict__["_message_id"] = msg_id
-    return msg_id
 
 
 def _serve(
