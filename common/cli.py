@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "server.audit.cli",
         "empirical privacy audits: canary clients (client-level) and canary examples (sample-level)",
     ),
+    "generate": ("common.models.generate", "sample text from a saved causal-LM adapter on its base model"),
     "node": ("client.node.cli", "join a federation as a data owner: a flower-supernode over your own data"),
 }
 

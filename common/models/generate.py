@@ -1,0 +1,82 @@
+"""``fedlora generate``: sample text from a saved causal-LM adapter on its base model.
+
+The adapter directory is the one a run saves (``runs/<run>/adapter``, common/models/portable.py);
+its base model is resolved from the Hub id it names (packaged models offline). Generation is
+post-processing of the released adapter: it costs no privacy budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from common.errors import FedloraError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--adapter", required=True, help="a saved adapter directory (runs/<run>/adapter)")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (default 0.8)"
+    )
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
+    parser.add_argument("--samples", type=int, default=1, help="independent samples to print (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+
+
+def generate(
+    model,
+    tokenizer,
+    prompt: str,
+    max_new_tokens: int = 64,
+    temperature: float = 0.8,
+    top_p: float = 0.95,
+    seed: int = 0,
+) -> str:
+    """The continuation of ``prompt`` (without the prompt): greedy when ``temperature`` is 0, else
+    nucleus sampling seeded by ``seed``."""
+    inputs = tokenizer(prompt, return_tensors="pt").to(next(model.parameters()).device)
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {}
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+            **({"do_sample": False} | sampling),
+        )
+    return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 1 or args.samples < 1:
+        raise FedloraError("--max-new-tokens and --samples must be >= 1")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise FedloraError("--temperature must be >= 0 and --top-p in (0, 1]")
+    sidecar = Path(args.adapter) / "fedlora.json"
+    kind = json.loads(sidecar.read_text(encoding="utf-8")).get("kind") if sidecar.is_file() else None
+    if kind not in (None, "causal-lm"):
+        raise FedloraError(
+            f"{args.adapter} is a {kind} adapter (a classifier head); generate needs a causal LM adapter"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from common.models.portable import load_adapter
+
+    _check(args)
+    model, tokenizer = load_adapter(args.adapter)
+    if "CausalLM" not in type(model.get_base_model()).__name__:
+        raise FedloraError(f"{args.adapter}: the base model is not a causal LM; nothing to generate")
+    for k in range(args.samples):
+        text = generate(
+            model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed + k
+        )
+        print(args.prompt + text)
+        if k + 1 < args.samples:
+            print("---")
+    return 0
