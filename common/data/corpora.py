@@ -20,13 +20,20 @@ csv.field_size_limit(10**9)
 @dataclass(frozen=True)
 class Corpus:
     """Texts with integer labels (``label_names[i]`` names label ``i``); ``task`` is
-    ``classification`` or ``lm`` (labels all 0, ``label_names`` empty)."""
+    ``classification`` or ``lm`` (labels all 0, ``label_names`` empty). ``groups``, when not empty,
+    names a natural unit of each text (for ``shakespeare``, its play), so that whole units can be
+    held out or given to one client; it is empty for corpora without one."""
 
     name: str
     texts: tuple[str, ...]
     labels: tuple[int, ...]
     label_names: tuple[str, ...]
     task: str
+    groups: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.groups and len(self.groups) != len(self.texts):
+            raise ValueError(f"{self.name}: {len(self.groups)} groups for {len(self.texts)} texts")
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -70,11 +77,18 @@ def _boolq() -> Corpus:
     return Corpus("boolq", texts, labels, ("no", "yes"), "classification")
 
 
+def _shakespeare() -> Corpus:
+    from common.data.shakespeare import shakespeare_corpus  # imported here: it imports Corpus from us
+
+    return shakespeare_corpus()
+
+
 DATASETS: dict[str, Callable[[], Corpus]] = {
     "rotten-tomatoes": _rotten_tomatoes,
     "bbc-news": _bbc_news,
     "news-articles": _news_articles,
     "boolq": _boolq,
+    "shakespeare": _shakespeare,
 }
 
 

