@@ -49,7 +49,7 @@ INCREMENT_FORMS = ("raw", "horizontal")  # client/increment.py implements them
 LORA_INITS = ("balanced", "peft")  # common/models/lora_init.py
 PRISM_FLOORS = ("clamp", "ridge")
 THREAT_MODELS = ("local", "distributed", "central")
-PARTITIONS = ("dirichlet", "iid")
+PARTITIONS = ("dirichlet", "iid", "natural")
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi")  # server/optimizers.py
 CLIENT_OPTIMIZERS = ("adamw", "sgd")  # client/local_update.py
 HEAD_INITS = ("random", "zero-shot")  # common/models/head_init.py
@@ -126,7 +126,12 @@ class RunConfig:
         MODEL,
         choices=HEAD_INITS,
     )
-    partition: str = option("dirichlet", "dirichlet (label skew) or iid", MODEL, choices=PARTITIONS)
+    partition: str = option(
+        "dirichlet",
+        "dirichlet (label skew), iid, or natural (one client per text: a user's data, e.g. a shakespeare role)",
+        MODEL,
+        choices=PARTITIONS,
+    )
     dirichlet_alpha: float = option(
         1.0, "Dirichlet concentration: small = strong label skew", MODEL, rule=POSITIVE
     )

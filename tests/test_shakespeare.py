@@ -3,12 +3,14 @@
 import re
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from common import assets
 from common.data import load_corpus
 from common.data.corpora import Corpus
-from common.data.shakespeare import PUBLIC_PLAYS, parse_play, roles, shakespeare_corpus
+from common.data.federated import federated_split
+from common.data.shakespeare import MIN_LINES, PUBLIC_PLAYS, parse_play, roles, shakespeare_corpus
 from common.errors import AssetMissingError, FedloraError
 
 PLAY = """\
@@ -140,8 +142,11 @@ def test_famous_lines_go_to_their_speakers():
 
 
 def test_shakespeare_corpus_is_one_lm_text_per_role_grouped_by_play():
-    corpus, pairs = shakespeare_corpus(), roles()
+    corpus, pairs = shakespeare_corpus(), roles(MIN_LINES)
     assert len(corpus) == len(pairs) and corpus.task == "lm" and corpus.label_names == ()
+    assert (
+        corpus.public_groups == PUBLIC_PLAYS and min(len(t.splitlines()) for t in corpus.texts) >= MIN_LINES
+    )
     assert set(corpus.labels) == {0}
     assert corpus.groups == tuple(r.play for r in pairs)
     assert corpus.texts == tuple("\n".join(r.lines) for r in pairs)
@@ -152,3 +157,26 @@ def test_corpus_groups_default_empty_and_must_align():
     assert Corpus("x", ("a", "b"), (0, 0), (), "lm").groups == ()
     with pytest.raises(ValueError, match="1 groups for 2 texts"):
         Corpus("x", ("a", "b"), (0, 0), (), "lm", groups=("p",))
+
+
+def test_natural_partition_gives_each_client_one_role_and_holds_out_whole_plays():
+    """Clients are single roles; test roles are never clients; the public plays appear in neither."""
+    split = federated_split(
+        "shakespeare", 300, method="natural", test_fraction=0.1, seed=2, public_fraction=0.1
+    )
+    corpus = split.corpus
+    assert len(split.clients) == 300 and all(len(c) == 1 for c in split.clients)
+    train = np.concatenate(split.clients)
+    assert len(set(train.tolist())) == 300 and not set(train.tolist()) & set(split.test.tolist())
+    public_plays = {corpus.groups[i] for i in split.public}
+    assert public_plays == set(PUBLIC_PLAYS)
+    assert all(corpus.groups[i] not in public_plays for i in (*train, *split.test))
+    unseeded = federated_split("shakespeare", 300, method="natural", test_fraction=0.1, seed=2)
+    assert len(unseeded.public) == 0 and all(corpus.groups[i] not in public_plays for i in unseeded.test)
+    everyone = len(corpus) - len(split.public) - len(split.test)
+    assert (
+        len(federated_split("shakespeare", everyone, method="natural", test_fraction=0.1, seed=2).clients)
+        == everyone
+    )
+    with pytest.raises(FedloraError, match="natural partition"):
+        federated_split("shakespeare", everyone + 1, method="natural", test_fraction=0.1, seed=2)

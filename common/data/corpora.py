@@ -22,7 +22,8 @@ class Corpus:
     """Texts with integer labels (``label_names[i]`` names label ``i``); ``task`` is
     ``classification`` or ``lm`` (labels all 0, ``label_names`` empty). ``groups``, when not empty,
     names a natural unit of each text (for ``shakespeare``, its play), so that whole units can be
-    held out or given to one client; it is empty for corpora without one."""
+    held out or given to one client; it is empty for corpora without one. ``public_groups``: the units
+    held out whole as the server's public split (common/data/federated.py)."""
 
     name: str
     texts: tuple[str, ...]
@@ -30,6 +31,7 @@ class Corpus:
     label_names: tuple[str, ...]
     task: str
     groups: tuple[str, ...] = ()
+    public_groups: tuple[str, ...] = ()  # groups held out whole as the server's public split
 
     def __post_init__(self) -> None:
         if self.groups and len(self.groups) != len(self.texts):

@@ -43,17 +43,27 @@ def federated_split(
     seed: int = 0,
     public_fraction: float = 0.0,
 ) -> FederatedSplit:
-    """Seeded split: ``public_fraction`` of the training pool becomes the server's public data, then
+    """Seeded split: ``public_fraction`` of the training pool becomes the server's public data (for a
+    corpus that names ``public_groups``, e.g. shakespeare's held-out plays: exactly those units, which
+    are then never client or test data whatever the fraction), then
     the test set is capped at ``max_test`` and the rest of the pool at ``max_train`` (0 = no cap)
     before partitioning it over ``num_clients``. All copies of a text (equal ``text_key``) go
     where its first occurrence in the corpus goes, so test, public and client data share no text;
     the fractions hold up to those copies, and a corpus without copies splits as it always has."""
     corpus = load_corpus(dataset)
     groups = corpus_groups(corpus)
-    train, test = train_test_split(len(corpus), test_fraction, seed, groups)
     public = np.zeros(0, dtype=np.int64)
-    if public_fraction > 0:
-        train, public = split_off(train, public_fraction, seed, groups)
+    if corpus.public_groups:  # whole units (plays) held out: never client or test data
+        held = np.isin(np.asarray(corpus.groups), corpus.public_groups)
+        pool = np.flatnonzero(~held)
+        train, test = train_test_split(len(pool), test_fraction, seed)
+        train, test = keep_together((pool[train], pool[test]), groups)
+        if public_fraction > 0:
+            public = np.flatnonzero(held)
+    else:
+        train, test = train_test_split(len(corpus), test_fraction, seed, groups)
+        if public_fraction > 0:
+            train, public = split_off(train, public_fraction, seed, groups)
     if not len(test):
         raise FedloraError(f"{dataset}: no test example left once copies of a text are kept together")
     rng = np.random.default_rng([seed, 0xCA9])

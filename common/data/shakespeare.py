@@ -237,9 +237,23 @@ def roles(min_lines: int = 1) -> list[Role]:
     return out
 
 
+#: a role with fewer speech lines is no user of the corpus (LEAF and TFF drop small roles too):
+#: 704 of the 1,386 roles, 97 % of the lines
+MIN_LINES = 20
+
+
 def shakespeare_corpus() -> Corpus:
-    """An ``lm`` corpus with one text per (play, role) of :func:`roles` (the role's lines joined
-    with newlines), labels all 0, and ``groups`` the play of each text."""
-    rs = roles()
+    """An ``lm`` corpus with one text per (play, role) of ``roles(MIN_LINES)`` (the role's lines
+    joined with newlines), labels all 0, ``groups`` the play of each text and ``public_groups`` the
+    :data:`PUBLIC_PLAYS`."""
+    rs = roles(MIN_LINES)
     texts = tuple("\n".join(r.lines) for r in rs)
-    return Corpus("shakespeare", texts, (0,) * len(rs), (), "lm", groups=tuple(r.play for r in rs))
+    return Corpus(
+        "shakespeare",
+        texts,
+        (0,) * len(rs),
+        (),
+        "lm",
+        groups=tuple(r.play for r in rs),
+        public_groups=PUBLIC_PLAYS,
+    )

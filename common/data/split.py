@@ -1,4 +1,4 @@
-"""Seeded train/test split and client partitioners (IID and Dirichlet label skew).
+"""Seeded train/test split and client partitioners (IID, Dirichlet label skew, natural users).
 
 Every function is a pure function of its arguments and seed: the server and each client compute
 the same split independently, so no example indices travel over the wire.
@@ -60,13 +60,27 @@ def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float, seed
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
+def natural_partition(n: int, num_clients: int, seed: int) -> list[np.ndarray]:
+    """One client per text, for corpora whose text is a whole user's data (a role's lines): all
+    ``n`` texts when ``num_clients == n``, else a seeded choice of ``num_clients`` of them."""
+    if not 1 <= num_clients <= n:
+        raise FedloraError(
+            f"natural partition: {n} users (texts) in the training pool; --num-clients must be 1..{n}, "
+            f"got {num_clients}"
+        )
+    chosen = np.sort(np.random.default_rng([seed, 0x7A7]).permutation(n)[:num_clients])
+    return [np.asarray([i], dtype=np.int64) for i in chosen]
+
+
 def partition(labels: np.ndarray, num_clients: int, method: str, alpha: float, seed: int) -> list[np.ndarray]:
-    """``method``: ``iid`` or ``dirichlet``."""
+    """``method``: ``iid``, ``dirichlet`` or ``natural`` (one client per text)."""
     if method == "iid":
         return iid_partition(len(labels), num_clients, seed)
     if method == "dirichlet":
         return dirichlet_partition(labels, num_clients, alpha, seed)
-    raise FedloraError(f"unknown partition '{method}'; choose iid or dirichlet")
+    if method == "natural":
+        return natural_partition(len(labels), num_clients, seed)
+    raise FedloraError(f"unknown partition '{method}'; choose iid, dirichlet or natural")
 
 
 def _check(n: int, num_clients: int) -> None:
