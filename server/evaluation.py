@@ -30,3 +30,20 @@ class Evaluator:
             load_adapter_state(self.bundle.model, state)
             self.bundle.model.eval()
             return self.task.evaluate(self.bundle.model, self.examples, self.bundle.device, self.batch_size)
+
+    def samples(self, state: AdapterState, count: int = 2, max_new_tokens: int = 40) -> list[tuple[str, str]]:
+        """``(prompt, continuation)`` for the first line of the first ``count`` held-out texts, from
+        ``state`` (a language-modelling corpus only; [] otherwise). Seeded by the run's seed: the
+        adapter is public once released, so sampling from it needs no private randomness."""
+        if self.split.corpus.task != "lm":
+            return []
+        from common.models.generate import generate
+
+        load_adapter_state(self.bundle.model, state)
+        self.bundle.model.eval()
+        prompts = [text.split("\n", 1)[0][:200] for text in self.split.texts(self.split.test[:count])]
+        tokenizer = self.bundle.tokenizer
+        return [
+            (p, generate(self.bundle.model, tokenizer, p, max_new_tokens, seed=self.cfg.seed + k))
+            for k, p in enumerate(prompts)
+        ]

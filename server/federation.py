@@ -247,7 +247,8 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
         summary["node_privacy"] = nodes
     bundle = evaluator.bundle
     head = bundle.model.base_model.model.num_labels if bundle.kind == "seq-cls" else None
-    out.save_adapter(bundle, state, cfg.pooling, model_card(cfg, summary, head))
+    card = model_card(cfg, summary, head, evaluator.samples(state))
+    out.save_adapter(bundle, state, cfg.pooling, card)
     out.write_summary(summary)
     return summary
 

@@ -64,9 +64,27 @@ def _loading(cfg: RunConfig, base_id: str, num_labels: int | None) -> list[str]:
     return lines
 
 
-def model_card(cfg: RunConfig, summary: dict, num_labels: int | None) -> str:
+def _samples(samples: list[tuple[str, str]]) -> list[str]:
+    if not samples:
+        return []
+    lines = [
+        "",
+        "## Samples",
+        "",
+        "Continuations of the first line of held-out texts (temperature 0.8, top-p 0.95):",
+        "",
+    ]
+    for prompt, text in samples:
+        lines += [f"> **{prompt.strip()}** {' '.join(text.split())}", ""]
+    return lines[:-1]
+
+
+def model_card(
+    cfg: RunConfig, summary: dict, num_labels: int | None, samples: list[tuple[str, str]] = ()
+) -> str:
     """Markdown with Hugging Face front matter for ``summary`` (server/federation.py's run summary);
-    ``num_labels``: the classification head's size (None for a causal LM)."""
+    ``num_labels``: the classification head's size (None for a causal LM); ``samples``: generated
+    ``(prompt, continuation)`` pairs shown under the metrics (language-modelling runs)."""
     spec = resolve_model(cfg.model)
     base_id = spec.hub_id or cfg.model
     training = (
@@ -97,6 +115,7 @@ def model_card(cfg: RunConfig, summary: dict, num_labels: int | None) -> str:
         "## Evaluation",
         "",
         *_metrics(summary),
+        *_samples(list(samples)),
         "",
         "## Loading",
         "",

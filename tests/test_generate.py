@@ -3,6 +3,8 @@ give for that adapter, and one-line refusals."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from peft import PeftModel
@@ -80,3 +82,27 @@ def test_bad_generation_settings_are_one_line(smollm2_adapter, capsys):
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert main(["generate", "--adapter", str(directory.parent / "nope"), "--prompt", "x"]) == 2
     assert "not a saved adapter" in capsys.readouterr().err
+
+
+def test_a_language_model_runs_card_shows_two_samples_and_its_perplexities(tmp_path):
+    from common.config import preset
+    from server.simulate import simulate
+
+    cfg = preset(
+        "smollm2-rt",
+        dataset="shakespeare",
+        partition="natural",
+        num_clients=4,
+        sample_rate=1.0,
+        rounds=1,
+        local_steps=1,
+        batch_size=2,
+        max_length=32,
+        eval_examples=2,
+        workers=1,
+    ).check()
+    summary = json.loads((simulate(cfg, tmp_path / "r") / "summary.json").read_text())
+    card = (tmp_path / "r" / "adapter" / "README.md").read_text()
+    assert summary["metric"] == "perplexity" and "Held-out perplexity" in card
+    samples = card.split("## Samples", 1)[1].split("## Loading", 1)[0]
+    assert samples.count("> **") == 2 and len(samples.split()) > 20
