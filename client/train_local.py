@@ -204,7 +204,7 @@ def open_local(cfg: RunConfig) -> tuple[ModelBundle, FederatedSplit, Task]:
     split = open_split(cfg)
     bundle = open_model(cfg, split)
     initial_adapter(cfg, bundle, split)  # the bundle is shared per process: start from its load state
-    return bundle, split, make_task(bundle.kind, split.corpus, bundle.tokenizer, cfg.max_length)
+    return bundle, split, make_task(bundle, split.corpus, cfg.max_length)
 
 
 def local_plan(cfg: RunConfig, model: nn.Module, examples: int) -> SamplePlan | None:

@@ -28,6 +28,7 @@ FAST = ["--preset", "minilm-rt", "--rounds", "1", "--eval-examples", "8"]
         (["--preset", "nope"], "invalid choice"),
         (["--model", "nobody/no-such-model"], "cannot load model config for 'nobody/no-such-model'"),
         (["--dataset", "news-articles"], "needs a causal LM"),
+        (["--max-length", "600"], "--max-length 600 is over minilm-l6's context of 512 tokens"),
         (["--sample-rate", "half"], "invalid float value"),
         (["--target-quantile", "-0.5"], "target-quantile must be in (0, 1)"),
         (["--server-lr", "-1"], "server-lr must be > 0"),

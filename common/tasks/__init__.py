@@ -11,8 +11,14 @@ from common.tasks.language_model import LanguageModelTask
 from common.tasks.verbalizer import VerbalizerTask
 
 
-def make_task(kind: str, corpus: Corpus, tokenizer, max_length: int) -> Task:
-    """``kind``: ``causal-lm`` or ``seq-cls`` (the model's); ``corpus.task`` picks the objective."""
+def make_task(bundle, corpus: Corpus, max_length: int) -> Task:
+    """The task for ``bundle`` (common/models/loader.py ModelBundle; its ``kind``, ``causal-lm`` or
+    ``seq-cls``, and tokenizer) on ``corpus`` (whose ``task`` picks the objective), with examples of
+    at most ``max_length`` tokens, which must fit the model's context."""
+    kind, tokenizer = bundle.kind, bundle.tokenizer
+    context = getattr(getattr(bundle.model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and max_length > context:
+        raise FedloraError(f"--max-length {max_length} is over {bundle.name}'s context of {context} tokens")
     if corpus.task == "lm":
         if kind != "causal-lm":
             raise FedloraError(f"dataset '{corpus.name}' is language modelling: it needs a causal LM")
