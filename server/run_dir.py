@@ -55,6 +55,8 @@ class RunDir:
         self.ledger_path = path / "ledger.sqlite"
         self.checkpoint_path = path / CHECKPOINT_FILE
         stored = path / "config.json"
+        if path.exists() and not path.is_dir():
+            raise FedloraError(f"--out {path} is a file, not a run directory; choose another --out")
         if not cfg.resume:
             if stored.exists() or self.ledger_path.exists():
                 raise FedloraError(f"run directory {path} already holds a run; choose another --out")

@@ -102,6 +102,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
 
 
+class NoRoundApplied(FedloraError):
+    """Every round was withheld: the run ended, but its adapter is the initial one (exit code 1)."""
+
+    exit_code = 1
+
+
 def run(args: argparse.Namespace) -> int:
-    simulate(config_from_args(args))
+    run_dir = simulate(config_from_args(args))
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    if summary["rounds_completed"] == 0 and summary.get("rounds_withheld"):
+        raise NoRoundApplied(
+            f"no round was applied: {summary['rounds_withheld']} round(s) withheld with fewer usable "
+            f"replies than --min-replies; the adapter in {run_dir} is the initial one"
+        )
     return 0

@@ -1,5 +1,6 @@
 """Bad input: one clear line on stderr, exit code 2, no traceback, nothing written."""
 
+import json
 import subprocess
 import sys
 
@@ -90,3 +91,22 @@ def test_cuda_requested_without_cuda(capsys, tmp_path):
     code = run_cli(["simulate", *FAST, "--device", "cuda", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "CUDA is not available" in err and len(err.splitlines()) == 1
+
+
+def test_an_out_that_is_a_file_is_one_line_and_left_alone(tmp_path, capsys):
+    out = tmp_path / "notes.txt"
+    out.write_text("mine\n")
+    assert run_cli(["simulate", *FAST, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a file, not a run directory" in err
+    assert out.read_text() == "mine\n"
+
+
+def test_a_run_that_applied_no_round_exits_1_in_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["--num-clients", "2", "--sample-rate", "1", "--min-replies", "3", "--max-train-examples", "40"]
+    assert run_cli(["simulate", *FAST, *args, "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no round was applied: 1 round(s) withheld" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_completed"] == 0 and summary["rounds_withheld"] == 1

@@ -212,3 +212,22 @@ def test_pld_answers_every_sigma(sigma, growth, p, count, delta):
             if p == 1.0:  # an upper bound on the exact Gaussian
                 assert eps >= gdp.eps_for_delta(math.sqrt(count) / sigma, delta) * (1 - 1e-9)
         _assert_monotone("pld", sigma, growth, p, count, delta)
+
+
+def test_a_refusal_prints_its_two_numbers_apart():
+    """A budget refusal never reads "0.001 > 0.001": the digits grow until the two differ."""
+    from client.node.policy import NodePolicy, planned_client_epsilon
+    from common.config import preset
+    from common.errors import FedloraError
+    from common.privacy.report import apart
+
+    assert apart(0.0010004, 0.001) == ("0.0010004", "0.001")
+    assert apart(12.3, 8.0) == ("12.3", "8")
+    cfg = preset("minilm-rt", mechanism="dp-fedavg", threat_model="central", noise_multiplier=40.0, rounds=1)
+    planned = planned_client_epsilon(cfg.check())
+    budget = planned * (1 - 3e-6)  # refused (tolerance 1e-6), equal to 4 significant digits
+    assert f"{planned:.4g}" == f"{budget:.4g}"
+    with pytest.raises(FedloraError) as err:
+        NodePolicy(client_epsilon=budget, trust="server").check_run(cfg.check())
+    shown, limit = err.value.args[0].split("epsilon ", 1)[1].split(" > this node's budget ")
+    assert float(shown) > float(limit.split()[0])  # as printed, the refusal reads true

@@ -30,6 +30,7 @@ from common.errors import FedloraError
 from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
 from common.privacy.plan import plan_noise, uncovered
+from common.privacy.report import apart
 
 TOLERANCE = 1e-6  # relative: a calibrated plan lands on its target up to round-off
 
@@ -177,9 +178,10 @@ class NodePolicy:
             raise FedloraError(f"node policy: this node needs client-level DP; the run is {what}")
         planned = planned_client_epsilon(cfg)
         if planned > self.client_epsilon * (1 + TOLERANCE):
+            shown, budget = apart(planned, self.client_epsilon)
             raise FedloraError(
-                f"node policy: the run plans client-level epsilon {planned:.4g} > this node's budget "
-                f"{self.client_epsilon:g} (delta {cfg.delta:g})"
+                f"node policy: the run plans client-level epsilon {shown} > this node's budget "
+                f"{budget} (delta {cfg.delta:g})"
             )
 
     def check_sample_budget(self, ledger: Ledger, sigma: float, rate: float, steps: int) -> None:
@@ -203,9 +205,10 @@ def _check_history(ledger: Ledger, event: Event, budget: float) -> None:
     before = max(ledger.spent()[k] for k in keys)
     after = max(ledger.spent(event)[k] for k in keys)
     if after > budget * (1 + TOLERANCE):
+        shown, limit = apart(after, budget)
         raise FedloraError(
-            f"node policy: {ledger.unit} budget {budget:g} exceeded: this run would bring "
-            f"epsilon to {after:.4g} ({before:.4g} spent before it; delta {ledger.delta:g})"
+            f"node policy: {ledger.unit} budget {limit} exceeded: this run would bring "
+            f"epsilon to {shown} ({before:.4g} spent before it; delta {ledger.delta:g})"
         )
 
 

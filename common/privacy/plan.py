@@ -26,6 +26,7 @@ from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import calibrate_sigma, events_epsilon
 from common.privacy.ledger import Ledger
+from common.privacy.report import apart
 from common.privacy.threat import CLIENT_LEVEL, Guarantee
 
 #: accountants whose larger ε every budget decision uses
@@ -232,9 +233,10 @@ def budget_stop(ledger: Ledger, plan: NoisePlan) -> str | None:
     worst = max(spent["eps_gdp"], spent["eps_tight"])
     if worst <= plan.target_epsilon:
         return None
+    shown, target = apart(worst, plan.target_epsilon)
     return (
-        f"client-level budget reached: one more round would spend epsilon {worst:.4g} "
-        f"(gdp {spent['eps_gdp']:.4g}, pld {spent['eps_tight']:.4g}) > {plan.target_epsilon:g} "
+        f"client-level budget reached: one more round would spend epsilon {shown} "
+        f"(gdp {spent['eps_gdp']:.4g}, pld {spent['eps_tight']:.4g}) > {target} "
         f"at delta {plan.delta:g}"
     )
 

@@ -10,6 +10,16 @@ from pathlib import Path
 from common.privacy.ledger import Ledger
 
 
+def apart(value: float, bound: float) -> tuple[str, str]:
+    """``value`` and ``bound`` printed with the fewest significant digits (4 to 12) that tell them
+    apart, so that a refusal never reads "0.001 > 0.001"."""
+    for digits in range(4, 13):
+        shown = f"{value:.{digits}g}", f"{bound:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return shown
+
+
 def write_report(ledger: Ledger, directory: Path, stem: str = "privacy") -> tuple[Path, Path]:
     """Write ``<stem>.json`` and ``<stem>.png`` into ``directory``; returns both paths."""
     report = ledger.report()
