@@ -1,6 +1,7 @@
 """Bad input: one clear line on stderr, exit code 2, no traceback, nothing written."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -110,3 +111,33 @@ def test_a_run_that_applied_no_round_exits_1_in_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "no round was applied: 1 round(s) withheld" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == 0 and summary["rounds_withheld"] == 1
+
+
+def test_an_uncached_hub_id_fails_fast_in_one_line_without_network_settings(tmp_path):
+    """With HF_HUB_OFFLINE unset (and no network here), an uncached Hub id is refused at once: the
+    project sets the offline default before the Hugging Face libraries read it."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    timed = (
+        "import time, common, transformers; from common.models.registry import resolve_model; "
+        "from common.errors import FedloraError\n"
+        "t = time.perf_counter()\n"
+        "try:\n    resolve_model('nobody/no-such-model')\nexcept FedloraError:\n    pass\n"
+        "print(time.perf_counter() - t)"
+    )
+    proc = subprocess.run([sys.executable, "-c", timed], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and float(proc.stdout.strip()) < 2.0, proc.stderr[-500:]
+    cli = [
+        sys.executable,
+        "-m",
+        "common.cli",
+        "simulate",
+        "--preset",
+        "small",
+        "--model",
+        "nobody/no-such-model",
+    ]
+    proc = subprocess.run(
+        [*cli, "--out", str(tmp_path / "r")], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-800:]
+    assert "cannot load model config for 'nobody/no-such-model'" in proc.stderr

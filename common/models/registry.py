@@ -15,8 +15,6 @@ from common.assets import package_dir
 from common.errors import FedloraError
 from common.models.smollm2 import smollm2_dir
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 KINDS = ("causal-lm", "seq-cls")
 
 
