@@ -1,5 +1,6 @@
 """PEFT <-> paper-factor adapter: A Bᵀ is PEFT's ΔW, and the mapping round-trips exactly."""
 
+import pytest
 import torch
 
 from common.models import (
@@ -60,3 +61,23 @@ def test_adapter_state_roundtrip_includes_head(minilm):
     for k in state:
         torch.testing.assert_close(back[k], perturbed[k])
     load_adapter_state(model, state)
+
+
+def test_a_model_type_without_peft_defaults_names_targets_and_its_linear_layers():
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    from common.errors import FedloraError
+    from common.models.lora import LoraSpec, attach_lora, lora_layers
+
+    def tiny():
+        return DistilBertForSequenceClassification(
+            DistilBertConfig(n_layers=1, dim=32, hidden_dim=64, n_heads=2, vocab_size=100)
+        )
+
+    with pytest.raises(FedloraError) as err:
+        attach_lora(tiny(), LoraSpec(), "SEQ_CLS")
+    message = str(err.value)
+    assert "\n" not in message and "--targets" in message and "'distilbert'" in message
+    assert "q_lin, k_lin, v_lin, out_lin, lin1, lin2" in message
+    named = attach_lora(tiny(), LoraSpec(targets=("q_lin", "v_lin")), "SEQ_CLS")
+    assert {name.rsplit(".", 1)[-1] for name in lora_layers(named)} == {"q_lin", "v_lin"}

@@ -50,7 +50,20 @@ def attach_lora(model: nn.Module, spec: LoraSpec, task_type: str) -> PeftModel:
     try:
         return get_peft_model(model, config)
     except ValueError as exc:
-        raise FedloraError(f"cannot attach LoRA: {str(exc).splitlines()[0]}") from None
+        if spec.targets:
+            raise FedloraError(f"cannot attach LoRA: {str(exc).splitlines()[0]}") from None
+        kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise FedloraError(
+            f"PEFT has no default LoRA targets for model type '{kind}': name them with --targets "
+            f"(its linear layers: {', '.join(linear_names(model))})"
+        ) from None
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The distinct last names of ``model``'s ``nn.Linear`` modules, in module order (what
+    ``--targets`` takes)."""
+    names = [name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return list(dict.fromkeys(names))
 
 
 #: model → (its LoRA modules by name, its parameters that are not LoRA factors): walking a
