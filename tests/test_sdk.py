@@ -471,6 +471,11 @@ def test_model_path_must_fit_the_run_model(own_data):
     wrong = {k: torch.zeros(v.shape[0] + 1, *v.shape[1:]) for k, v in state.items()}  # another hidden size
     with pytest.raises(FedloraError, match="does not fit this node's model-path 'minilm-l6': not the same"):
         app(_message(wrong), _context(cfg, node))
+    llm = {"data-path": str(own_data), "model-path": "smollm2-135m"}  # no module the run's LoRA targets
+    with pytest.raises(
+        FedloraError, match="does not fit this node's model-path 'smollm2-135m': not the same"
+    ):
+        node_shard(llm, cfg)
 
 
 # --- the README example, end to end ------------------------------------------------------------------

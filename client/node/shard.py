@@ -20,6 +20,7 @@ from common.data.owner import owner_corpus, read_jsonl
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState, LoraSpec, ModelBundle, load_adapter_state, load_model
+from common.models.lora import LoraTargetsError
 from common.models.registry import MODELS
 from common.runtime import base_precision, lora_spec, open_model, open_split
 from common.tasks import Task, make_task
@@ -96,7 +97,20 @@ def node_model(cfg: RunConfig, label_count: int, model_path: str = "") -> ModelB
         spec = LoraSpec(spec.rank, spec.alpha, spec.dropout, MODELS[cfg.model].default_targets or None)
     device = resolve_device(cfg.device)
     precision = base_precision(cfg, device)
-    return load_model(name, spec, device, max(2, label_count), cfg.seed, cfg.pooling, precision)
+    try:
+        return load_model(name, spec, device, max(2, label_count), cfg.seed, cfg.pooling, precision)
+    except LoraTargetsError as exc:
+        if not model_path:
+            raise
+        raise _mismatch(cfg, model_path, str(exc)) from None
+
+
+def _mismatch(cfg: RunConfig, model_path: str, reason: str) -> FedloraError:
+    """The documented refusal of a node whose own model cannot take the run's adapter."""
+    return FedloraError(
+        f"the run's adapter for model '{cfg.model}' does not fit this node's model-path '{model_path}': "
+        f"not the same architecture ({reason.splitlines()[0][:160]})"
+    )
 
 
 def load_global(shard: Shard, state: AdapterState, cfg: RunConfig, model_path: str = "") -> None:
@@ -105,9 +119,10 @@ def load_global(shard: Shard, state: AdapterState, cfg: RunConfig, model_path: s
     try:
         load_adapter_state(shard.bundle.model, state)
     except ValueError as exc:
-        source = f"this node's model-path '{model_path}'" if model_path else f"model '{shard.bundle.name}'"
+        if model_path:
+            raise _mismatch(cfg, model_path, str(exc)) from None
         raise FedloraError(
-            f"the run's adapter for model '{cfg.model}' does not fit {source}: "
+            f"the run's adapter for model '{cfg.model}' does not fit model '{shard.bundle.name}': "
             f"not the same architecture ({str(exc).splitlines()[0][:160]})"
         ) from None
 

@@ -25,6 +25,10 @@ from common.errors import FedloraError
 AdapterState = dict[str, Tensor]
 
 
+class LoraTargetsError(FedloraError):
+    """The named LoRA targets are not modules of the model (another architecture)."""
+
+
 @dataclass(frozen=True)
 class LoraSpec:
     """PEFT LoRA settings; ``targets=None`` uses the model's defaults."""
@@ -51,7 +55,7 @@ def attach_lora(model: nn.Module, spec: LoraSpec, task_type: str) -> PeftModel:
         return get_peft_model(model, config)
     except ValueError as exc:
         if spec.targets:
-            raise FedloraError(f"cannot attach LoRA: {str(exc).splitlines()[0]}") from None
+            raise LoraTargetsError(f"cannot attach LoRA: {str(exc).splitlines()[0]}") from None
         kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
         raise FedloraError(
             f"PEFT has no default LoRA targets for model type '{kind}': name them with --targets "
