@@ -1,8 +1,8 @@
 """Adapters that travel. A saved adapter is a standard PEFT directory whose ``adapter_config.json``
 names the base model by its Hub id (not by a path inside this machine's virtualenv), plus:
 
-- ``fedlora.json``: what PEFT's config cannot say (the registry name, the local path it was trained
-  from, the number of labels and the pooling an encoder head reads);
+- ``fedlora.json``: what PEFT's config cannot say (the registry name, the number of labels and the
+  pooling an encoder head reads); no file of the directory holds a path of the machine it was saved on;
 - ``README.md``: the model card (the caller writes it: data, metrics, privacy guarantee).
 
 :func:`load_adapter` loads one anywhere: a Hub id of a packaged model resolves to the packaged
@@ -41,7 +41,6 @@ def save_adapter(bundle: ModelBundle, directory: Path, pooling: str, card: str) 
     sidecar = {
         "model": bundle.name,
         "base_model": portable,
-        "base_model_local_path": local,
         "kind": bundle.kind,
         "num_labels": head,
         "pooling": pooling,
