@@ -101,7 +101,19 @@ class RunConfig:
     model: str = option(
         "smollm2-135m", "smollm2-135m, minilm-l6, a Hugging Face id or a local model directory", MODEL
     )
-    dataset: str = option("rotten-tomatoes", "rotten-tomatoes, bbc-news, news-articles (LM) or boolq", MODEL)
+    dataset: str = option(
+        "rotten-tomatoes",
+        "rotten-tomatoes, bbc-news, news-articles (LM), boolq, shakespeare (LM), or your own "
+        "file.csv / .jsonl / .parquet (see --text-column, --label-column)",
+        MODEL,
+    )
+    text_column: str = option("text", "your own --dataset file's text column", MODEL)
+    label_column: str = option(
+        "label", "your own --dataset file's label column (classes read from the data; absent: LM)", MODEL
+    )
+    partition_by: str = option(
+        "", "your own --dataset file's user column: --partition natural makes one client per user", MODEL
+    )
     rank: int = option(8, "LoRA rank r", MODEL, rule=AT_LEAST_ONE)
     lora_alpha: float = option(16.0, "LoRA alpha (scaling alpha / r)", MODEL, rule=POSITIVE)
     lora_dropout: float = option(0.0, "LoRA dropout", MODEL, rule=FRACTION)
@@ -506,6 +518,8 @@ class RunConfig:
             )
 
     def _check_relations(self) -> None:
+        if self.partition_by and self.partition != "natural":
+            raise FedloraError("--partition-by needs --partition natural (one client per user)")
         if self.optimizer_kind == "prism" and self.init_kind == "peft":
             raise FedloraError("PRISM needs full-rank LoRA factors: use --lora-init balanced")
         if self.optimizer_kind in LOCAL_ONLY and self.precision == "bf16":

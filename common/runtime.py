@@ -6,6 +6,7 @@ from functools import lru_cache
 
 from common.config import LOCAL_ONLY, RunConfig
 from common.data import FederatedSplit, federated_split
+from common.data.files import Columns
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState, LoraSpec, ModelBundle, adapter_state, load_adapter_state, load_model
@@ -33,7 +34,13 @@ def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit
         max_test=cfg.eval_examples,
         seed=cfg.seed,
         public_fraction=cfg.public_fraction,
+        columns=columns_of(cfg),
     )
+
+
+def columns_of(cfg: RunConfig) -> Columns:
+    """The columns of a data owner's own ``--dataset`` file."""
+    return Columns(cfg.text_column, cfg.label_column, cfg.partition_by)
 
 
 @lru_cache(maxsize=8)

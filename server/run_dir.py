@@ -32,7 +32,7 @@ def _node_index(ledger_path: Path) -> int:
 
 def default_run_dir(cfg: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-{cfg.model.replace('/', '_')}-{cfg.dataset}"
+    return Path("runs") / f"{stamp}-{cfg.model.replace('/', '_')}-{Path(cfg.dataset).name}"
 
 
 def fingerprint(cfg: RunConfig | dict) -> str:

@@ -15,14 +15,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from common.config import RunConfig
-from common.data import load_corpus
+from common.data.federated import open_corpus
 from common.data.owner import owner_corpus, read_jsonl
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState, LoraSpec, ModelBundle, load_adapter_state, load_model
 from common.models.lora import LoraTargetsError
 from common.models.registry import MODELS
-from common.runtime import base_precision, lora_spec, open_model, open_split
+from common.runtime import base_precision, columns_of, lora_spec, open_model, open_split
 from common.tasks import Task, make_task
 
 DATA_PATH, MODEL_PATH = "data-path", "model-path"
@@ -78,7 +78,7 @@ def load_own_shard(cfg: RunConfig, data_path: str, model_path: str = "") -> Shar
     """Model + the data owner's JSONL examples, whose labels must be classes of the run's dataset."""
     if not Path(data_path).is_absolute():
         raise FedloraError(f"node config {DATA_PATH} must be an absolute path, got '{data_path}'")
-    base = load_corpus(cfg.dataset)
+    base = open_corpus(cfg.dataset, columns_of(cfg))
     corpus = owner_corpus(read_jsonl(data_path, base.label_names), base)
     bundle = node_model(cfg, len(base.label_names), model_path)
     task = make_task(bundle, corpus, cfg.max_length)

@@ -32,10 +32,13 @@ class Corpus:
     task: str
     groups: tuple[str, ...] = ()
     public_groups: tuple[str, ...] = ()  # groups held out whole as the server's public split
+    users: tuple[str, ...] = ()  # each text's user: --partition natural makes one client per user
 
     def __post_init__(self) -> None:
-        if self.groups and len(self.groups) != len(self.texts):
-            raise ValueError(f"{self.name}: {len(self.groups)} groups for {len(self.texts)} texts")
+        for field_name in ("groups", "users"):
+            values = getattr(self, field_name)
+            if values and len(values) != len(self.texts):
+                raise ValueError(f"{self.name}: {len(values)} {field_name} for {len(self.texts)} texts")
 
     def __len__(self) -> int:
         return len(self.texts)

@@ -8,7 +8,8 @@ import numpy as np
 
 from common.data.corpora import Corpus, load_corpus
 from common.data.dedup import keep_together, text_groups
-from common.data.split import partition, train_test_split
+from common.data.files import DEFAULT_COLUMNS, Columns, is_file_dataset, load_file_corpus
+from common.data.split import natural_partition, partition, train_test_split
 from common.errors import FedloraError
 
 
@@ -42,6 +43,7 @@ def federated_split(
     max_test: int = 0,
     seed: int = 0,
     public_fraction: float = 0.0,
+    columns: Columns = DEFAULT_COLUMNS,
 ) -> FederatedSplit:
     """Seeded split: ``public_fraction`` of the training pool becomes the server's public data (for a
     corpus that names ``public_groups``, e.g. shakespeare's held-out plays: exactly those units, which
@@ -50,7 +52,7 @@ def federated_split(
     before partitioning it over ``num_clients``. All copies of a text (equal ``text_key``) go
     where its first occurrence in the corpus goes, so test, public and client data share no text;
     the fractions hold up to those copies, and a corpus without copies splits as it always has."""
-    corpus = load_corpus(dataset)
+    corpus = open_corpus(dataset, columns)
     groups = corpus_groups(corpus)
     public = np.zeros(0, dtype=np.int64)
     if corpus.public_groups:  # whole units (plays) held out: never client or test data
@@ -72,8 +74,16 @@ def federated_split(
     if max_test and len(test) > max_test:
         test = np.sort(rng.choice(test, max_test, replace=False))
     labels = np.asarray(corpus.labels)[train]
-    parts = partition(labels, num_clients, method, alpha, seed)
+    if method == "natural" and corpus.users:
+        parts = natural_partition([corpus.users[i] for i in train], len(train), num_clients, seed)
+    else:
+        parts = partition(labels, num_clients, method, alpha, seed)
     return FederatedSplit(corpus, test, tuple(train[p] for p in parts), public)
+
+
+def open_corpus(dataset: str, columns: Columns = DEFAULT_COLUMNS) -> Corpus:
+    """A packaged dataset by name, or a data owner's file (common/data/files.py) with ``columns``."""
+    return load_file_corpus(dataset, columns) if is_file_dataset(dataset) else load_corpus(dataset)
 
 
 _GROUPS: dict[int, tuple[Corpus, np.ndarray]] = {}  # id(corpus) -> (corpus, its text groups)

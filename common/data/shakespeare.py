@@ -255,5 +255,6 @@ def shakespeare_corpus() -> Corpus:
         (),
         "lm",
         groups=tuple(r.play for r in rs),
+        users=tuple(f"{r.play}/{r.role}" for r in rs),
         public_groups=PUBLIC_PLAYS,
     )

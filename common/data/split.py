@@ -60,16 +60,23 @@ def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float, seed
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
-def natural_partition(n: int, num_clients: int, seed: int) -> list[np.ndarray]:
-    """One client per text, for corpora whose text is a whole user's data (a role's lines): all
-    ``n`` texts when ``num_clients == n``, else a seeded choice of ``num_clients`` of them."""
-    if not 1 <= num_clients <= n:
+def natural_partition(users: list[str] | None, n: int, num_clients: int, seed: int) -> list[np.ndarray]:
+    """One client per user: the positions ``0..n-1`` grouped by ``users[i]`` (None: each text is its
+    own user, e.g. a shakespeare role), every user when ``num_clients`` is their number, else a
+    seeded choice of ``num_clients`` users."""
+    keys = list(range(n)) if users is None else users
+    by_user: dict[object, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_user.setdefault(key, []).append(i)
+    count = len(by_user)
+    if not 1 <= num_clients <= count:
         raise FedloraError(
-            f"natural partition: {n} users (texts) in the training pool; --num-clients must be 1..{n}, "
+            f"natural partition: {count} users in the training pool; --num-clients must be 1..{count}, "
             f"got {num_clients}"
         )
-    chosen = np.sort(np.random.default_rng([seed, 0x7A7]).permutation(n)[:num_clients])
-    return [np.asarray([i], dtype=np.int64) for i in chosen]
+    members = list(by_user.values())  # in order of first appearance
+    chosen = np.sort(np.random.default_rng([seed, 0x7A7]).permutation(count)[:num_clients])
+    return [np.asarray(members[c], dtype=np.int64) for c in chosen]
 
 
 def partition(labels: np.ndarray, num_clients: int, method: str, alpha: float, seed: int) -> list[np.ndarray]:
@@ -79,7 +86,7 @@ def partition(labels: np.ndarray, num_clients: int, method: str, alpha: float, s
     if method == "dirichlet":
         return dirichlet_partition(labels, num_clients, alpha, seed)
     if method == "natural":
-        return natural_partition(len(labels), num_clients, seed)
+        return natural_partition(None, len(labels), num_clients, seed)
     raise FedloraError(f"unknown partition '{method}'; choose iid, dirichlet or natural")
 
 
