@@ -49,7 +49,7 @@ def test_pyproject_lists_every_config_key():
         "app"
     ]["config"]
     assert set(app_config) == {"preset", *to_flat(RunConfig())}
-    assert from_flat(app_config) == preset("default")
+    assert from_flat(app_config) == preset("small")  # a deployment's nodes are its clients
 
 
 def test_flat_value_of_wrong_type_is_a_clear_error():
