@@ -5,6 +5,7 @@ of its projected noise, the dense update and its undo, σ for the amplified ε, 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -88,7 +89,9 @@ def test_each_step_draws_a_fresh_gaussian_a_and_merges_a_dense_update(tiny_llama
     for k, a in draws[0].items():
         r = a.shape[0]
         assert not torch.equal(a, draws[1][k])
-        assert abs(float(a.var()) * r - 1) < 0.35  # N(0, 1/r)
+        # N(0, 1/r), drawn from OS entropy: the sample variance of m entries has relative standard
+        # error sqrt(2 / (m - 1)); 5 of them (a fixed 0.35 failed on a 64-entry module)
+        assert abs(float(a.var()) * r - 1) < 5 * math.sqrt(2 / (a.numel() - 1))
     deltas = dense_deltas(tiny_llama)
     assert set(deltas) == set(layers)
     for k, layer in layers.items():
