@@ -9,7 +9,7 @@ import numpy as np
 from common.data.corpora import Corpus, load_corpus
 from common.data.dedup import keep_together, text_groups
 from common.data.files import DEFAULT_COLUMNS, Columns, is_file_dataset, load_file_corpus
-from common.data.split import natural_partition, partition, train_test_split
+from common.data.split import partition, train_test_split
 from common.errors import FedloraError
 
 
@@ -74,10 +74,8 @@ def federated_split(
     if max_test and len(test) > max_test:
         test = np.sort(rng.choice(test, max_test, replace=False))
     labels = np.asarray(corpus.labels)[train]
-    if method == "natural" and corpus.users:
-        parts = natural_partition([corpus.users[i] for i in train], len(train), num_clients, seed)
-    else:
-        parts = partition(labels, num_clients, method, alpha, seed)
+    users = [corpus.users[i] for i in train] if corpus.users else None
+    parts = partition(labels, num_clients, method, alpha, seed, users)
     return FederatedSplit(corpus, test, tuple(train[p] for p in parts), public)
 
 

@@ -6,6 +6,8 @@ the same split independently, so no example indices travel over the wire.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from common.data.dedup import keep_together
@@ -60,13 +62,11 @@ def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float, seed
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
-def natural_partition(users: list[str] | None, n: int, num_clients: int, seed: int) -> list[np.ndarray]:
-    """One client per user: the positions ``0..n-1`` grouped by ``users[i]`` (None: each text is its
-    own user, e.g. a shakespeare role), every user when ``num_clients`` is their number, else a
-    seeded choice of ``num_clients`` users."""
-    keys = list(range(n)) if users is None else users
+def natural_partition(users: Sequence[object], num_clients: int, seed: int) -> list[np.ndarray]:
+    """One client per user: the positions of ``users`` grouped by value (the user of each text),
+    every user when ``num_clients`` is their number, else a seeded choice of ``num_clients`` users."""
     by_user: dict[object, list[int]] = {}
-    for i, key in enumerate(keys):
+    for i, key in enumerate(users):
         by_user.setdefault(key, []).append(i)
     count = len(by_user)
     if not 1 <= num_clients <= count:
@@ -79,14 +79,22 @@ def natural_partition(users: list[str] | None, n: int, num_clients: int, seed: i
     return [np.asarray(members[c], dtype=np.int64) for c in chosen]
 
 
-def partition(labels: np.ndarray, num_clients: int, method: str, alpha: float, seed: int) -> list[np.ndarray]:
-    """``method``: ``iid``, ``dirichlet`` or ``natural`` (one client per text)."""
+def partition(
+    labels: np.ndarray,
+    num_clients: int,
+    method: str,
+    alpha: float,
+    seed: int,
+    users: Sequence[object] | None = None,
+) -> list[np.ndarray]:
+    """``method``: ``iid``, ``dirichlet`` or ``natural`` (one client per user: ``users[i]`` is the
+    user of text ``i``; without ``users`` each text is its own user, e.g. a shakespeare role)."""
     if method == "iid":
         return iid_partition(len(labels), num_clients, seed)
     if method == "dirichlet":
         return dirichlet_partition(labels, num_clients, alpha, seed)
     if method == "natural":
-        return natural_partition(None, len(labels), num_clients, seed)
+        return natural_partition(range(len(labels)) if users is None else users, num_clients, seed)
     raise FedloraError(f"unknown partition '{method}'; choose iid, dirichlet or natural")
 
 
