@@ -107,7 +107,13 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def _train_steps(
-    context: Context, cfg: RunConfig, ins: TrainInstruction, pid: int, parts: int, shard: Shard, plan
+    context: Context,
+    cfg: RunConfig,
+    ins: TrainInstruction,
+    pid: int,
+    parts: int,
+    shard: Shard,
+    plan: SamplePlan | None,
 ) -> dict:
     """The round's local steps; under sample-level DP checked against and charged to the node's own
     ledger first (settled ``applied`` once they ran)."""

@@ -10,12 +10,12 @@ natural`` makes one client per user.
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from common.data.corpora import Corpus
+from common.data.owner import json_lines
 from common.errors import FedloraError
 
 SUFFIXES = (".csv", ".jsonl", ".parquet")
@@ -85,17 +85,10 @@ def _rows(path: Path) -> list[dict]:
             return list(csv.DictReader(fh))
     if suffix == ".jsonl":
         rows = []
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    raise FedloraError(f"{path.name} line {n}: not JSON") from None
-                if not isinstance(row, dict):
-                    raise FedloraError(f"{path.name} line {n}: not a JSON object")
-                rows.append(row)
+        for where, row in json_lines(path):
+            if not isinstance(row, dict):
+                raise FedloraError(f"{where}: not a JSON object")
+            rows.append(row)
         return rows
     try:
         import pyarrow.parquet as pq

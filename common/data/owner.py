@@ -12,7 +12,7 @@ import json
 import numbers
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,29 +84,30 @@ def owner_corpus(data: OwnerData, base: Corpus) -> Corpus:
 
 def read_jsonl(path: str | os.PathLike, label_names: Sequence[str] = ()) -> OwnerData:
     """Read and validate a JSONL file of ``{"text": ..., "label": ...}`` records (blank lines skipped)."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FedloraError(f"cannot read data file {path}: {exc}") from None
     texts, labels = [], []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        record = _record(line, f"{path}:{number}")
+    for where, record in json_lines(path):
+        if not isinstance(record, dict) or TEXT not in record or LABEL not in record:
+            raise FedloraError(f'{where}: expected an object with "{TEXT}" and "{LABEL}" keys')
         texts.append(record[TEXT])
         labels.append(record[LABEL])
     return owner_data(texts, labels, label_names, source=str(path))
 
 
-def _record(line: str, where: str) -> dict:
+def json_lines(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
+    """``(where, value)`` for each non-blank line of the JSONL file ``path``, ``where`` being
+    ``path:line``; an unreadable file or a line that is not JSON is a one-line error."""
+    path = Path(path)
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise FedloraError(f"{where}: not a JSON object ({exc.msg})") from None
-    if not isinstance(record, dict) or TEXT not in record or LABEL not in record:
-        raise FedloraError(f'{where}: expected an object with "{TEXT}" and "{LABEL}" keys')
-    return record
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FedloraError(f"cannot read data file {path}: {exc}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{number}", json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FedloraError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
 
 
 def to_jsonl(data: OwnerData) -> bytes:
