@@ -7,7 +7,8 @@ one logical batch of exactly ``--batch`` examples of ``--seq`` tokens (news-arti
 
 Memory: on CUDA the step's peak allocated bytes (``torch.cuda.max_memory_allocated``); on the CPU the
 process's peak resident set during the step (``VmHWM``, reset through ``/proc/self/clear_refs``), and
-``step_extra`` its excess over the resident set just before the step (model weights excluded).
+``step_extra`` its excess over the resident set just before the step (model weights excluded; the
+kernel's RSS counters are exact only to tens of pages, so a step that adds nothing reads 0).
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def step_costs(
             if i:  # the first round is warm-up
                 samples[m]["seconds"].append(seconds)
                 samples[m]["peak"].append(peak)
-                samples[m]["extra"].append(peak - before)
+                # Linux batches RSS counters per thread (up to 64 pages each), so on the CPU a step
+                # that allocates nothing can read a few pages under ``before``: that is zero extra.
+                samples[m]["extra"].append(max(peak - before, 0))
     return {
         m: {
             "seconds": statistics.median(s["seconds"]),
