@@ -49,6 +49,7 @@ from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import STATS_ROUND, NoisePlan, uncovered
 from common.wire import InvalidReply, StatsQuery, parse_stats_reply
 from server.aggregate import private_mean
+from server.exchange import exchange
 from server.public_prior import fit_public_basis, load_basis, public_increments, refit_round
 
 log = logging.getLogger("fedlora.server")
@@ -355,7 +356,7 @@ def _stats_round(
     ]
     expected = {"granularity": cfg.stats_granularity, "noise-std": noise_std}
     stats_list, sizes, rejected = [], [], []
-    for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
+    for node, reply, _ in exchange(grid, messages, cfg.round_timeout):
         try:
             if reply.metadata.group_id != "stats":
                 raise InvalidReply(f"reply to {reply.metadata.group_id!r}, not to the statistics query")
@@ -363,7 +364,7 @@ def _stats_round(
             stats = unpack_stats(moments, sorted(factors))
         except InvalidReply as exc:
             rejected.append(str(exc))
-            log.warning("statistics: rejected reply from node %s: %s", reply.metadata.src_node_id, exc)
+            log.warning("statistics: rejected reply from node %s: %s", node, exc)
             continue
         stats_list.append(stats)
         sizes.append(size)

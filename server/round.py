@@ -19,6 +19,7 @@ from common.models import AdapterState
 from common.timing import phase
 from common.wire import InvalidReply, TrainInstruction, parse_train_reply
 from server.aggregate import apply_increment
+from server.exchange import exchange
 from server.optimizers import ServerOptimizer
 from server.releases import Release
 
@@ -94,8 +95,15 @@ def run_round(
     )
     expected, reply_shapes = release.expected(k), release.reply_shapes(shapes)
     increments, weights, losses, answered = [], [], [], set()
-    for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
-        node = reply.metadata.src_node_id
+    for node, reply, relayed in exchange(grid, messages, cfg.round_timeout):
+        if relayed:  # the SuperLink answered for a node it lost: a dropout, not a reply
+            log.warning(
+                "round %d: node %s unreachable: %s",
+                rnd,
+                node,
+                reply.error.reason if reply.has_error() else "",
+            )
+            continue
         if reply.metadata.group_id == str(rnd):
             answered.add(node)
         try:

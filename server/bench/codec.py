@@ -69,6 +69,7 @@ from server.checkpoint import CHECKPOINT_FILE
 from server.checkpoint import load as load_checkpoint
 from server.drencoder import STATS_FILE, ServerCodec, ae_train_config, load_stats, prepare_codec
 from server.evaluation import Evaluator
+from server.exchange import exchange
 from server.inprocess import InProcessGrid, load_component
 from server.public_prior import public_increments
 from server.simulate import CLIENT_APP, add_config_arguments, config_from_args
@@ -159,11 +160,11 @@ def collect_increments(
         for node in nodes
     ]
     increments = []
-    for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
+    for node, reply, _ in exchange(grid, messages, cfg.round_timeout):
         try:
             increments.append(parse_train_reply(reply, TRAIN_ROUND, shapes, expected, counts)[0])
         except InvalidReply as exc:
-            raise FedloraError(f"node {reply.metadata.src_node_id}: invalid train reply: {exc}") from None
+            raise FedloraError(f"node {node}: invalid train reply: {exc}") from None
     if len(increments) != len(nodes):
         raise FedloraError(f"only {len(increments)} of {len(nodes)} nodes replied to the train round")
     return increments
