@@ -104,7 +104,8 @@ class RunConfig:
     dataset: str = option(
         "rotten-tomatoes",
         "rotten-tomatoes, bbc-news, news-articles (LM), boolq, shakespeare (LM), or your own "
-        "file.csv / .jsonl / .parquet (see --text-column, --label-column)",
+        "file.csv / .jsonl / .parquet (see --text-column, --label-column), or a directory with "
+        "train.<ext> and test.<ext> files",
         MODEL,
     )
     text_column: str = option("text", "your own --dataset file's text column", MODEL)
@@ -158,7 +159,11 @@ class RunConfig:
         rule=AT_LEAST_ONE,
     )
     test_fraction: float = option(
-        0.2, "fraction of the corpus held out for evaluation", MODEL, rule=PROBABILITY
+        0.2,
+        "fraction of the corpus held out for evaluation (not with a --dataset directory: its test "
+        "file is the test set)",
+        MODEL,
+        rule=PROBABILITY,
     )
     public_fraction: float = option(
         0.0,

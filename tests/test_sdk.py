@@ -5,6 +5,7 @@ flower-superlink (slow)."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import re
@@ -137,6 +138,47 @@ def test_existing_file_with_other_content_is_never_overwritten(tmp_path):
     with pytest.raises(FedloraError, match="never overwritten"):
         sdk.prepare_data(PAIRS, out)
     assert out.read_text() == "precious\n"
+
+
+SENTIMENTS = ("negative", "neutral", "positive")
+SENTIMENT_WORDS = {"negative": "dull and tiresome", "neutral": "fine, nothing more", "positive": "a joy"}
+
+
+def _sentiment_csv(path: Path, rows: int, start: int = 0) -> Path:
+    """A 3-class CSV with the columns ``review`` and ``sentiment`` (label names)."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        out = csv.writer(fh)
+        out.writerow(["id", "review", "sentiment"])
+        for i in range(start, start + rows):
+            label = SENTIMENTS[i % 3]
+            out.writerow([i, f"Film {i} was {SENTIMENT_WORDS[label]}.", label])
+    return path
+
+
+@pytest.fixture(scope="module")
+def own_csv(tmp_path_factory) -> Path:
+    """The federation's own dataset: 200 rows, 3 classes."""
+    return _sentiment_csv(tmp_path_factory.mktemp("federation") / "own.csv", 200)
+
+
+def test_prepare_data_reads_a_csv_with_the_file_datasets_columns(tmp_path, own_csv):
+    mine = _sentiment_csv(tmp_path / "mine.csv", 12, start=1000)
+    columns = {"dataset": str(own_csv), "text_column": "review", "label_column": "sentiment"}
+    out = sdk.prepare_data(mine, tmp_path / "node" / "data.jsonl", **columns)
+    expected = [
+        {"text": f"Film {i} was {SENTIMENT_WORDS[SENTIMENTS[i % 3]]}.", "label": i % 3}
+        for i in range(1000, 1012)
+    ]  # sorted names negative, neutral, positive: indices 0, 1, 2
+    assert [json.loads(line) for line in out.read_text().splitlines()] == expected
+    assert read_jsonl(out).labels == sdk.load_data(mine, **columns).labels
+    mine.write_text("review,sentiment\nGood.,2\nBad.,negative\n")  # a whole number is a class index
+    assert sdk.load_data(mine, **columns).labels == (2, 0)
+    mine.write_text("review,sentiment\nGood.,ecstatic\n")
+    with pytest.raises(FedloraError, match="unknown label name 'ecstatic'; known names: negative, neutral"):
+        sdk.prepare_data(mine, tmp_path / "bad.jsonl", **columns)
+    with pytest.raises(FedloraError, match=r"row 1 has no column 'stars' \(columns: review, sentiment\)"):
+        sdk.load_data(mine, text_column="review", label_column="stars")
+    assert not (tmp_path / "bad.jsonl").exists()
 
 
 # --- the node's command line -----------------------------------------------------------------------
@@ -422,6 +464,23 @@ def test_data_path_labels_must_fit_the_run_dataset(tmp_path):
     cfg = preset("minilm-rt", **RUN).check()
     with pytest.raises(FedloraError, match="label 4 is not a class of rotten-tomatoes"):
         node_shard({"data-path": str(bad)}, cfg)
+
+
+def test_a_node_trains_on_csv_data_prepared_for_the_runs_own_csv_dataset(tmp_path, own_csv):
+    columns = {"text_column": "review", "label_column": "sentiment"}
+    data = sdk.prepare_data(
+        _sentiment_csv(tmp_path / "mine.csv", 24, start=500),
+        tmp_path / "mine.jsonl",
+        dataset=str(own_csv),
+        **columns,
+    )
+    cfg = preset("minilm-rt", **RUN, dataset=str(own_csv), **columns).check()
+    node = {"data-path": str(data), "dataset": str(own_csv), "mechanism": "fedavg"}
+    _, _, shard = node_shard(node, cfg)
+    assert shard.bundle.kind == "seq-cls" and shard.bundle.model.config.num_labels == 3
+    assert [ex["label"] for ex in shard.examples] == [i % 3 for i in range(500, 524)]
+    reply = load_component("client.app:app")(_message(shard.bundle.initial), _context(cfg, node))
+    assert not reply.has_error() and "increment" in reply.content
 
 
 def test_client_app_trains_on_own_data_and_charges_its_ledger(tmp_path, own_data):

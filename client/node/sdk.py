@@ -13,9 +13,10 @@ your node sends back, released under the privacy mechanism *you* choose. Three c
 
 **Data.** :func:`prepare_data` takes a list of ``(text, label)`` pairs, a list of texts with
 ``labels=``, a list of ``{"text": ..., "label": ...}`` dicts, a Hugging Face ``datasets.Dataset``
-(columns ``text`` and ``label``), or a JSONL file, and writes the canonical JSONL file the node
-reads. A label is a class index of the federation's dataset, or its name (``"positive"``) when
-you name the dataset.
+(columns ``text`` and ``label``), or a JSONL, CSV or Parquet file (columns ``text_column`` and
+``label_column``), and writes the canonical JSONL file the node reads. A label is a class index of
+the federation's dataset, or its name (``"positive"``) when you name the dataset: a packaged one,
+or the federation's own data file or dataset directory (its classes are its label values, sorted).
 
 **Privacy policy.** ``mechanism`` is the one mechanism your node takes part in (``fedavg``: no
 privacy; ``prism``, ``dp-adamw``, ``ffa``, ``sparta``: sample-level DP of your examples; ``dp-fedavg``,
@@ -72,8 +73,10 @@ def prepare_data(
     ``data`` is one of: a list of ``(text, label)`` pairs; a list of texts, with ``labels=`` the
     list of their labels; a list of ``{"text": ..., "label": ...}`` dicts; a dict of columns; a
     Hugging Face ``datasets.Dataset`` (or any table with ``text_column`` and ``label_column``
-    columns); or the path of a JSONL file. With ``dataset`` (e.g. ``"rotten-tomatoes"``) labels
-    are checked against that dataset's classes and may be given by name (``"positive"``).
+    columns); or the path of a JSONL, CSV or Parquet file with those columns. With ``dataset``
+    (e.g. ``"rotten-tomatoes"``, or the federation's own ``"own.csv"`` or dataset directory, read
+    with the same columns) labels are checked against that dataset's classes and may be given by
+    name (``"positive"``). A CSV label that is not a class name but a whole number is a class index.
 
     An existing ``out_path`` is never overwritten: the same content is accepted (running your
     script twice is fine), anything else is an error.
@@ -93,11 +96,15 @@ def load_data(
     label_column: str = LABEL,
 ) -> OwnerData:
     """:func:`prepare_data` without writing: the validated examples."""
-    names, corpus = _label_space(dataset)
+    names, corpus = _label_space(dataset, text_column, label_column)
     if isinstance(data, str | os.PathLike):
         if labels is not None:
             raise FedloraError("labels= goes with a list of texts, not with a file")
-        examples = read_jsonl(data, names)
+        if str(data).lower().endswith(".jsonl") and (text_column, label_column) == (TEXT, LABEL):
+            examples = read_jsonl(data, names)
+        else:
+            texts, raw_labels = _file_columns(data, names, text_column, label_column)
+            examples = owner_data(texts, raw_labels, names, source=str(data))
     else:
         texts, raw_labels = _columns(data, labels, text_column, label_column)
         examples = owner_data(texts, raw_labels, names)
@@ -108,14 +115,45 @@ def load_data(
     return examples
 
 
-def _label_space(dataset: str | None):
-    """``(label names, corpus)`` of ``dataset``, or ``((), None)``."""
+def _label_space(dataset: str | None, text_column: str = TEXT, label_column: str = LABEL):
+    """``(label names, corpus)`` of ``dataset`` (a data file or dataset directory read with the
+    given columns), or ``((), None)``."""
     if dataset is None:
         return (), None
-    from common.data import load_corpus
+    from common.data.federated import open_corpus
+    from common.data.files import Columns
 
-    corpus = load_corpus(dataset)
+    corpus = open_corpus(str(dataset), Columns(text_column, label_column))
     return corpus.label_names, corpus
+
+
+def _file_columns(
+    path: str | os.PathLike, names: Sequence[str], text_column: str, label_column: str
+) -> tuple[list, list]:
+    """``(texts, labels)`` of a CSV, Parquet or JSONL file with named columns; a CSV label (always a
+    string) that is not one of ``names`` but a whole number becomes that class index."""
+    from common.data.files import read_rows
+
+    if not Path(path).is_file():
+        raise FedloraError(f"data file not found: {path}")
+    rows = read_rows(path)
+    if not rows:
+        raise FedloraError(f"{path}: no rows")
+    for i, row in enumerate(rows, start=1):
+        for column in (text_column, label_column):
+            if column not in row:
+                found = ", ".join(map(str, row))
+                raise FedloraError(f"{path}: row {i} has no column '{column}' (columns: {found})")
+    texts = [r[text_column] for r in rows]
+    labels = [r[label_column] for r in rows]
+    if str(path).lower().endswith(".csv"):
+        labels = [_csv_label(v, names) for v in labels]
+    return texts, labels
+
+
+def _csv_label(value: str, names: Sequence[str]) -> str | int:
+    value = (value or "").strip()
+    return int(value) if value not in names and value.isascii() and value.isdigit() else value
 
 
 def _columns(

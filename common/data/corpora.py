@@ -23,7 +23,10 @@ class Corpus:
     ``classification`` or ``lm`` (labels all 0, ``label_names`` empty). ``groups``, when not empty,
     names a natural unit of each text (for ``shakespeare``, its play), so that whole units can be
     held out or given to one client; it is empty for corpora without one. ``public_groups``: the units
-    held out whole as the server's public split (common/data/federated.py)."""
+    held out whole as the server's public split (common/data/federated.py). ``given_test``: the
+    indices of the texts that are the dataset's own test split (a dataset directory's test file,
+    common/data/files.py), used as the test set instead of a seeded ``test_fraction``; empty for a
+    corpus without one."""
 
     name: str
     texts: tuple[str, ...]
@@ -33,12 +36,15 @@ class Corpus:
     groups: tuple[str, ...] = ()
     public_groups: tuple[str, ...] = ()  # groups held out whole as the server's public split
     users: tuple[str, ...] = ()  # each text's user: --partition natural makes one client per user
+    given_test: tuple[int, ...] = ()  # indices of the texts of the dataset's own test split
 
     def __post_init__(self) -> None:
         for field_name in ("groups", "users"):
             values = getattr(self, field_name)
             if values and len(values) != len(self.texts):
                 raise ValueError(f"{self.name}: {len(values)} {field_name} for {len(self.texts)} texts")
+        if self.given_test and not 0 <= min(self.given_test) <= max(self.given_test) < len(self.texts):
+            raise ValueError(f"{self.name}: a given test index is outside the {len(self.texts)} texts")
 
     def __len__(self) -> int:
         return len(self.texts)

@@ -51,11 +51,22 @@ def federated_split(
     the test set is capped at ``max_test`` and the rest of the pool at ``max_train`` (0 = no cap)
     before partitioning it over ``num_clients``. All copies of a text (equal ``text_key``) go
     where its first occurrence in the corpus goes, so test, public and client data share no text;
-    the fractions hold up to those copies, and a corpus without copies splits as it always has."""
+    the fractions hold up to those copies, and a corpus without copies splits as it always has.
+    A corpus with its own test split (:attr:`Corpus.given_test`, a dataset directory's test file)
+    keeps exactly those rows as the test set (``test_fraction`` is ignored; ``max_test`` still caps
+    it) and the other rows, less any copy of a test text, as the training pool."""
     corpus = open_corpus(dataset, columns)
     groups = corpus_groups(corpus)
     public = np.zeros(0, dtype=np.int64)
-    if corpus.public_groups:  # whole units (plays) held out: never client or test data
+    if corpus.given_test:  # the dataset's own test split: exactly its rows, whatever test_fraction
+        test = np.asarray(corpus.given_test, dtype=np.int64)
+        train = np.setdiff1d(np.arange(len(corpus)), test)
+        train = train[~np.isin(groups[train], groups[test])]  # no copy of a test text in training
+        if not len(train):
+            raise FedloraError(f"{dataset}: every training text is also a test text")
+        if public_fraction > 0:
+            train, public = split_off(train, public_fraction, seed, groups)
+    elif corpus.public_groups:  # whole units (plays) held out: never client or test data
         held = np.isin(np.asarray(corpus.groups), corpus.public_groups)
         pool = np.flatnonzero(~held)
         train, test = train_test_split(len(pool), test_fraction, seed)
@@ -80,7 +91,8 @@ def federated_split(
 
 
 def open_corpus(dataset: str, columns: Columns = DEFAULT_COLUMNS) -> Corpus:
-    """A packaged dataset by name, or a data owner's file (common/data/files.py) with ``columns``."""
+    """A packaged dataset by name, or a data owner's file or dataset directory (common/data/files.py)
+    with ``columns``."""
     return load_file_corpus(dataset, columns) if is_file_dataset(dataset) else load_corpus(dataset)
 
 
