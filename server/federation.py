@@ -99,7 +99,8 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
             echo(f"round {rnd}: not run: {stopped}")
             break
         t0, clip = time.monotonic(), release.clip
-        sampled = poisson_sample(nodes, cfg.sample_rate, rng)
+        # the nodes online now: a lost node leaves, a restarted one (a new id) joins
+        sampled = poisson_sample(sorted(grid.get_node_ids()), cfg.sample_rate, rng)
         if ledger:  # committed before any instruction (and so any release) goes out
             ledger.charge(_charge(cfg, plan, run_id, rnd, len(sampled), release.clip))
         if sampled:

@@ -12,6 +12,7 @@ and round, so it takes minutes on 2 busy cores."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 
 from common.errors import FedloraError
 from common.flower_processes import free_port, toml_pairs
+from common.privacy.ledger import Ledger
 from server import deploy
 from server.deploy import (
     Options,
@@ -79,6 +81,71 @@ def _check_dp_run(run_dir: Path, dep) -> None:
     for k in range(NODES):  # every real SuperNode answered both rounds
         log = (dep.logs / f"node-{k}.log").read_text()
         assert log.count("Sending: train message") == 2, k
+
+
+def _kill_when_training(node, stop: threading.Event) -> None:
+    """SIGKILL ``node`` (the flower-supernode process alone) once it has received a train message."""
+    while not stop.is_set():
+        if "train message" in node.tail(200):
+            node.popen.kill()
+            return
+        time.sleep(0.2)
+
+
+def _federate_losing_a_node(tmp_path: Path, nodes: int, rounds: int):
+    """``deploy`` with ``nodes`` SuperNodes, node-1 SIGKILLed in round 1; the result and its lines."""
+    run = (DP_RUN[0].replace("rounds=2", f"rounds={rounds}") + " min-replies=1",)
+    opts = _opts(tmp_path, nodes=nodes, run_config=run)
+    flat = resolve_run_config(opts.run_config, nodes, opts.work_dir.resolve())
+    lines: list[str] = []
+    dep = prepare(opts, echo=lines.append)
+    stop = threading.Event()
+    try:
+        victim = bring_up(dep)[1]
+        killer = threading.Thread(target=_kill_when_training, args=(victim, stop), daemon=True)
+        killer.start()
+        result = run_and_wait(dep, flat)
+    finally:
+        stop.set()
+        shutdown(dep)
+    _assert_all_gone(dep)
+    assert victim.poll() is not None, "node-1 was never killed"
+    return result, victim, lines
+
+
+def _check_survivors(result, victim, lines: list[str], nodes: int, rounds: int) -> None:
+    """The run completed with the survivors: adapter saved, node-1's exit reported, and the ledger
+    holds exactly one applied charge per round."""
+    assert result.status == "finished:completed"
+    assert (result.run_dir / "adapter" / "adapter_config.json").is_file()
+    assert any("node-1 exited with code -9 during the run" in ln for ln in lines)
+    trained = [
+        json.loads(ln)
+        for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()
+        if '"train"' in ln
+    ]
+    assert [r["round"] for r in trained] == list(range(1, rounds + 1))
+    assert trained[0]["replied"] == nodes - 1 and trained[0]["dropouts"] == [victim.node_id]
+    assert not any("node 1:" in r for t in trained for r in t["rejected"])
+    ledger = Ledger.open(result.run_dir / "ledger.sqlite", "client-level")
+    try:
+        assert [(r["round"], r["status"]) for r in ledger.rows()] == [
+            (k, "applied") for k in range(1, rounds + 1)
+        ]
+    finally:
+        ledger.close()
+
+
+def test_deploy_finishes_with_the_survivors_when_a_supernode_dies(tmp_path):
+    """Issue 35, short version (make test): 2 SuperNodes, 1 round, node-1 SIGKILLed after it got its
+    train instruction; the SuperLink answers for it ("Node Unavailable") once its heartbeat lapses."""
+    _check_survivors(*_federate_losing_a_node(tmp_path, nodes=2, rounds=1), nodes=2, rounds=1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_deploy_of_three_nodes_survives_a_supernode_killed_mid_round(tmp_path):
+    _check_survivors(*_federate_losing_a_node(tmp_path, nodes=3, rounds=2), nodes=3, rounds=2)
 
 
 # --- helpers -------------------------------------------------------------------------------------

@@ -21,6 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--nodes", type=int, required=True, metavar="N", help="number of SuperNodes (= num-clients)"
     )
+    up.add_argument(
+        "--restart-nodes",
+        action="store_true",
+        help="start a SuperNode again when it exits during the run (default: report it; the run goes on)",
+    )
     up.add_argument("--tls", action="store_true", help="HTTPS and SuperNode authentication (registered keys)")
     up.add_argument("--work-dir", type=Path, default=None, help="default runs/deploy-<time>")
     up.add_argument(
@@ -72,6 +77,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         app_dir=args.app.resolve(),
         quiet=args.quiet,
         san=tuple(args.san),
+        restart_nodes=args.restart_nodes,
     )
 
 

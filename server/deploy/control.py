@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import tomli_w
@@ -113,16 +114,15 @@ def follow_run(dep: Deployment, run_id: int) -> Proc:
     return spawn(dep, "run", argv, critical=False)
 
 
-def wait_for_run(dep: Deployment, run_id: int, deadline: float) -> str:
-    """Until the run finishes; its final status. Stops the run on timeout and fails if the
-    SuperLink or a SuperNode dies meanwhile."""
+def wait_for_run(
+    dep: Deployment, run_id: int, deadline: float, check: Callable[[], None] | None = None
+) -> str:
+    """Until the run finishes; its final status. Stops the run on timeout; ``check`` is called
+    every half second (server/deploy/supervise.py: it raises when the SuperLink dies)."""
     follower = follow_run(dep, run_id)
     while True:
-        for proc in dep.procs:
-            if proc.critical and proc.poll() is not None:
-                raise RunFailed(
-                    f"{proc.name} exited with code {proc.poll()} during the run: {proc.last_error()}"
-                )
+        if check is not None:
+            check()
         if time.monotonic() > deadline:
             _stop_quietly(dep, run_id)
             raise RunFailed(f"run {run_id} did not finish within --timeout; stopped it")

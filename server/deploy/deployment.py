@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
+
 from common.errors import FedloraError
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ class Options:
     app_dir: Path = REPO
     quiet: bool = False
     san: tuple[str, ...] = ()  # extra names/IPs for the SuperLink certificate (--tls)
+    restart_nodes: bool = False  # restart a SuperNode that exits during the run
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Deployment:
     tls: Tls | None = None
     procs: list[Proc] = field(default_factory=list)
     seen_pids: set[int] = field(default_factory=set)  # every PID shutdown() signalled
+    tracked: dict[int, psutil.Process] = field(default_factory=dict)  # descendants seen (processes.track)
     echo: Callable[[str], None] = print
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

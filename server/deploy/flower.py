@@ -63,11 +63,11 @@ def start_supernode(
     *,
     key: Path | None = None,
     name: str | None = None,
-    critical: bool = True,
+    critical: bool = False,
 ) -> Proc:
     """``flower-supernode`` for one partition, with its own Runtime API port and state dir; with
-    TLS it authenticates with ``key`` (default: node key ``partition_id + 1``). A node that is not
-    ``critical`` may exit without failing the run."""
+    TLS it authenticates with ``key`` (default: node key ``partition_id + 1``). A node may exit
+    without failing the run (server/deploy/supervise.py) unless it is ``critical``."""
     name = name or f"node-{partition_id}"
     state_dir = dep.work_dir / "nodes" / name
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -82,7 +82,9 @@ def start_supernode(
     else:
         argv += ["--root-certificates", str(dep.tls.ca)]
         argv += ["--auth-supernode-private-key", str(key or dep.tls.node_key(partition_id + 1))]
-    return spawn(dep, name, argv, echo=not dep.opts.quiet, critical=critical, port=port)
+    proc = spawn(dep, name, argv, echo=not dep.opts.quiet, critical=critical, port=port)
+    proc.partition = partition_id
+    return proc
 
 
 def wait_for_nodes(dep: Deployment, nodes: list[Proc], deadline: float) -> list[int]:

@@ -28,10 +28,11 @@ class Proc:
     name: str
     popen: subprocess.Popen
     log_path: Path
-    critical: bool = True  # the run fails if it exits (SuperLink, SuperNodes)
+    critical: bool = True  # the run fails if it exits (the SuperLink)
     port: int | None = None  # the HTTP port it serves (SuperLink: Fleet/Control/Runtime; node: Runtime)
     pump: threading.Thread | None = None
     node_id: int | None = None  # a SuperNode's id, once its log says it connected
+    partition: int | None = None  # a SuperNode's partition id (server/deploy/supervise.py restarts it)
 
     @property
     def pid(self) -> int:
@@ -111,12 +112,22 @@ def _pump(dep: Deployment, proc: Proc, echo: bool) -> None:
                 dep.say(f"[{proc.name}] {line}")
 
 
+def track(dep: Deployment) -> None:
+    """Remember every live descendant of the started processes. Flower starts its SuperExecs in
+    sessions of their own, so a descendant whose parent died (a SIGKILLed SuperLink) is no longer
+    found from our PIDs; :func:`shutdown` still stops it if it was seen here."""
+    for proc in _process_tree([p.pid for p in dep.procs]):
+        dep.tracked.setdefault(proc.pid, proc)
+
+
 def shutdown(dep: Deployment, grace: float | None = None) -> None:
     """SIGTERM every started process and its descendants (SuperExecs, Flower apps), nodes before
-    the SuperLink; SIGKILL what is left after ``grace`` seconds. Idempotent."""
+    the SuperLink, and every descendant :func:`track` saw that still runs (an orphan); SIGKILL
+    what is left after ``grace`` seconds. Idempotent."""
     grace = dep.opts.grace if grace is None else grace
     order = sorted(dep.procs, key=lambda p: p.name == "superlink")
-    tree = _process_tree([p.pid for p in order])
+    orphans = [p for p in dep.tracked.values() if p.is_running()]  # is_running: same PID *and* start time
+    tree = _process_tree([p.pid for p in order] + [p.pid for p in orphans])
     dep.seen_pids |= {p.pid for p in tree}
     for proc in tree:
         _signal(proc, signal.SIGTERM)

@@ -17,6 +17,7 @@ from server.deploy.deployment import Deployment, Options, Result, default_work_d
 from server.deploy.flower import start_superlink, start_supernode, wait_for_nodes
 from server.deploy.processes import Proc, leftovers, shutdown
 from server.deploy.run_config import resolve_run_config
+from server.deploy.supervise import supervisor
 from server.deploy.tls import generate_certs
 
 
@@ -63,7 +64,7 @@ def bring_up(dep: Deployment) -> list[Proc]:
         dep.say(
             f"[deploy] registered {len(new)} node keys ({', '.join(new) or '-'}); {n - len(new)} were already"
         )
-    nodes = [start_supernode(dep, k, n) for k in range(n)]
+    nodes = [start_supernode(dep, k, n) for k in range(n)]  # not critical: supervise.py
     wait_for_nodes(dep, nodes, deadline)
     dep.say(f"[deploy] {n} SuperNodes connected")
     return nodes
@@ -74,7 +75,7 @@ def run_and_wait(dep: Deployment, flat: dict[str, object]) -> Result:
     start = time.monotonic()
     run_id = flwr_run(dep, flat)
     dep.say(f"[deploy] started run {run_id}")
-    status = wait_for_run(dep, run_id, start + dep.opts.timeout)
+    status = wait_for_run(dep, run_id, start + dep.opts.timeout, supervisor(dep))
     return Result(run_id, status, Path(str(flat["out-dir"])), time.monotonic() - start, dep)
 
 
