@@ -15,6 +15,7 @@ import json
 import threading
 import time
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -28,6 +29,7 @@ from server.deploy import (
     Options,
     bring_up,
     control,
+    deploy_resume,
     deploy_up,
     generate_certs,
     leftovers,
@@ -42,6 +44,8 @@ from server.deploy import (
     start_supernode,
     wait_for_nodes,
 )
+from server.deploy.deployment import DEPLOYMENT_FILE
+from server.deploy.flower import fresh_state
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.process
@@ -146,6 +150,107 @@ def test_deploy_finishes_with_the_survivors_when_a_supernode_dies(tmp_path):
 @pytest.mark.timeout(1500)
 def test_deploy_of_three_nodes_survives_a_supernode_killed_mid_round(tmp_path):
     _check_survivors(*_federate_losing_a_node(tmp_path, nodes=3, rounds=2), nodes=3, rounds=2)
+
+
+def _serverapp_pids(work: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if any(Path(a).name == "flwr-serverapp" for a in argv[:2]):
+            found.append(proc)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_deploy_resume_after_the_serverapp_is_killed_charges_as_an_uninterrupted_run(tmp_path):
+    """SIGKILL of the ServerApp after round 1: `deploy up` fails (Flower: no heartbeat from the
+    task), `deploy resume` continues from the checkpoint with a fresh SuperLink state (2 nodes, not
+    the dead deployment's 2 + 2), and the ledger holds the same charges as an uninterrupted run."""
+    rounds = 3
+    run = (DP_RUN[0].replace("rounds=2", f"rounds={rounds}"),)
+    opts = _opts(tmp_path, nodes=2, run_config=run, grace=5.0)
+    metrics = opts.work_dir / "run" / "metrics.jsonl"
+    stop = threading.Event()
+
+    def kill_after_round_1() -> None:
+        while not stop.is_set():
+            if metrics.exists() and any('"phase": "train"' in ln for ln in metrics.read_text().splitlines()):
+                for proc in _serverapp_pids(opts.work_dir):
+                    proc.kill()
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=kill_after_round_1, daemon=True).start()
+    try:
+        with pytest.raises(deploy.RunFailed, match="finished:failed"):
+            deploy_up(opts, echo=lambda _: None)
+    finally:
+        stop.set()
+    lines: list[str] = []
+    result = deploy_resume(opts.work_dir, {"timeout": 900.0}, echo=lines.append)
+    assert result.status == "finished:completed"
+    assert any("earlier SuperLink state" in ln for ln in lines)
+    _assert_all_gone(result.deployment)
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["num_clients"] == 2
+    records = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    assert all(r.get("sampled", 0) <= 2 for r in records)
+    resumed = Ledger.open(result.run_dir / "ledger.sqlite", "client-level")
+    try:
+        rows = resumed.rows()
+    finally:
+        resumed.close()
+    assert {r["status"] for r in rows} <= {"applied", "interrupted"} and rows[-1]["status"] == "applied"
+    # the uninterrupted run of the same configuration, here in one process (the ledger depends on
+    # the configuration and the rounds, not on how the processes ran)
+    flat = resolve_run_config(run, 2, tmp_path / "straight")
+    argv = [
+        "simulate",
+        *(f"--{k}={v}" for k, v in flat.items() if k != "out-dir"),
+        "--out",
+        str(tmp_path / "s"),
+    ]
+    assert run_cli(argv) == 0
+    straight = Ledger.open(tmp_path / "s" / "ledger.sqlite", "client-level")
+    try:
+        want = straight.rows()
+    finally:
+        straight.close()
+    keys = ("round", "sigma", "p", "mu", "eps_gdp", "eps_tight")
+    assert [[r[k] for k in keys] for r in rows] == [[r[k] for k in keys] for r in want]
+
+
+def test_resume_of_what_is_not_a_deployment_is_one_line(tmp_path, capsys):
+    assert run_cli(["deploy", "resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no deployment.json" in err and len(err.splitlines()) == 1
+
+
+def test_resume_true_with_nothing_to_resume_fails_before_anything_starts(tmp_path, capsys):
+    work = tmp_path / "w"
+    argv = ["deploy", "up", "--nodes", "2", "--work-dir", str(work), "--run-config", "resume=true"]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "nothing to resume" in err and len(err.splitlines()) == 1
+    assert not work.exists()
+
+
+def test_deployment_file_round_trips_and_resume_starts_a_fresh_superlink_state(tmp_path):
+    opts = _opts(tmp_path, tls=True, san=("fl.example.org",), run_config=DP_RUN, restart_nodes=True)
+    dep = prepare(opts, echo=lambda _: None)
+    flat = resolve_run_config(opts.run_config, NODES, dep.work_dir)
+    deploy.save_deployment(dep, flat)
+    loaded, stored = deploy.load_deployment(dep.work_dir)
+    assert loaded == replace(opts, work_dir=dep.work_dir) and stored == flat
+    (dep.work_dir / "state.db").write_text("old nodes")
+    lines: list[str] = []
+    dep.echo = lines.append
+    assert not fresh_state(dep).exists()
+    assert [p.read_text() for p in dep.logs.glob("state-*.db")] == ["old nodes"]
+    (dep.work_dir / DEPLOYMENT_FILE).write_text("{")
+    with pytest.raises(FedloraError, match="unreadable"):
+        deploy.load_deployment(dep.work_dir)
 
 
 # --- helpers -------------------------------------------------------------------------------------

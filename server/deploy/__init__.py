@@ -33,12 +33,20 @@ from server.deploy.control import (
     wait_for_run,
     write_connection,
 )
-from server.deploy.deployment import REPO, Deployment, Options, Result, RunFailed
+from server.deploy.deployment import (
+    REPO,
+    Deployment,
+    Options,
+    Result,
+    RunFailed,
+    load_deployment,
+    save_deployment,
+)
 from server.deploy.flower import start_superlink, start_supernode, wait_for_nodes
 from server.deploy.processes import Proc, leftovers, shutdown, spawn
 from server.deploy.run_config import parse_run_config, resolve_run_config
 from server.deploy.tls import Tls, generate_certs
-from server.deploy.up import bring_up, deploy_up, prepare, run_and_wait
+from server.deploy.up import bring_up, deploy_resume, deploy_up, prepare, run_and_wait
 
 __all__ = [
     "CONNECTION",
@@ -50,6 +58,7 @@ __all__ = [
     "RunFailed",
     "Tls",
     "bring_up",
+    "deploy_resume",
     "deploy_up",
     "flwr_cli",
     "flwr_run",
@@ -57,12 +66,14 @@ __all__ = [
     "generate_certs",
     "leftovers",
     "list_nodes",
+    "load_deployment",
     "parse_run_config",
     "prepare",
     "register_node",
     "resolve_run_config",
     "run_and_wait",
     "run_status",
+    "save_deployment",
     "shutdown",
     "spawn",
     "start_superlink",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from server.deploy.deployment import REPO, Options
 from server.deploy.interrupts import interrupts_shut_down
-from server.deploy.up import deploy_up
+from server.deploy.up import deploy_resume, deploy_up
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +63,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quiet", action="store_true", help="echo only the run's log (every log is still written)"
     )
 
+    resume = actions.add_parser(
+        "resume",
+        help="continue the run of a deployment whose ServerApp or SuperLink died (same work dir)",
+        description="Start the deployment in WORK_DIR again (its stored options and run config, a fresh "
+        "SuperLink state) and continue its run from the run directory's checkpoint and ledger.",
+    )
+    resume.add_argument("work_dir", type=Path, metavar="WORK_DIR", help="the work dir of `deploy up`")
+    resume.add_argument("--timeout", type=float, default=None, metavar="S", help="default: as stored")
+    resume.add_argument("--grace", type=float, default=None, metavar="S", help="default: as stored")
+    resume.add_argument("--restart-nodes", action="store_true", default=None, help="as for `up`")
+    resume.add_argument("--quiet", action="store_true", default=None, help="as for `up`")
+
 
 def options_from_args(args: argparse.Namespace) -> Options:
     return Options(
@@ -86,5 +98,10 @@ def run(args: argparse.Namespace) -> int:
         print(line, flush=True)
 
     with interrupts_shut_down():
-        deploy_up(options_from_args(args), echo)
+        if args.action == "resume":
+            keys = ("timeout", "grace", "restart_nodes", "quiet")
+            overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+            deploy_resume(args.work_dir, overrides, echo)
+        else:
+            deploy_up(options_from_args(args), echo)
     return 0

@@ -3,10 +3,11 @@ finished run."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,39 @@ class Result:
     run_dir: Path
     seconds: float  # from submission to the end of the run
     deployment: Deployment | None = None
+
+
+DEPLOYMENT_FILE = "deployment.json"  # in the work dir: what `fedlora deploy resume` starts again
+_PATHS = ("work_dir", "app_dir")
+
+
+def save_deployment(dep: Deployment, flat: dict[str, object]) -> Path:
+    """``<work>/deployment.json``: the options and the run config, for ``deploy resume``."""
+    opts = {k: str(v) if k in _PATHS else v for k, v in asdict(dep.opts).items()}
+    path = dep.work_dir / DEPLOYMENT_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"options": opts, "run-config": flat}, indent=1), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def load_deployment(work_dir: Path) -> tuple[Options, dict[str, object]]:
+    """The options (with ``work_dir``) and run config ``deploy up`` stored in ``work_dir``."""
+    path = work_dir / DEPLOYMENT_FILE
+    if not path.is_file():
+        raise FedloraError(
+            f"{work_dir} is not a deployment's work dir (no {DEPLOYMENT_FILE}); nothing to resume"
+        )
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        values = {
+            k: stored["options"][k] for k in (f.name for f in fields(Options)) if k in stored["options"]
+        }
+        values.update({k: Path(values[k]) for k in _PATHS if k in values})
+        values.update({k: tuple(values[k]) for k in ("run_config", "san") if k in values})
+        return replace(Options(**values), work_dir=work_dir), dict(stored["run-config"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FedloraError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
 
 
 def default_work_dir() -> Path:

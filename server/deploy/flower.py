@@ -24,12 +24,13 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def start_superlink(dep: Deployment) -> Proc:
-    """``flower-superlink`` with its state in ``<work>/state.db`` and no runtime ``uv sync`` (the
-    environment already has every dependency); TLS and node authentication with ``--tls``."""
+    """``flower-superlink`` with a fresh state in ``<work>/state.db`` (:func:`fresh_state`) and no
+    runtime ``uv sync`` (the environment already has every dependency); TLS and node
+    authentication with ``--tls``."""
     opts = dep.opts
     check_port_free(opts.host, opts.port)
     argv = [flower_executable("flower-superlink"), "--host", opts.host, "--port", str(opts.port)]
-    argv += ["--database", str(dep.work_dir / "state.db"), "--disable-runtime-dependency-installation"]
+    argv += ["--database", str(fresh_state(dep)), "--disable-runtime-dependency-installation"]
     if dep.tls is None:
         argv.append("--insecure")
     else:
@@ -38,6 +39,20 @@ def start_superlink(dep: Deployment) -> Proc:
     proc = spawn(dep, "superlink", argv, echo=not opts.quiet, port=opts.port)
     wait_listening(proc, dep.address, deadline=time.monotonic() + CLI_TIMEOUT_S)
     return proc
+
+
+def fresh_state(dep: Deployment) -> Path:
+    """``<work>/state.db``, empty: the state an earlier SuperLink left in this work dir (its nodes,
+    which a reused work dir would otherwise bring back and sample; its runs) moves to
+    ``<work>/logs/state-<time>.db``."""
+    db = dep.work_dir / "state.db"
+    if db.exists():
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for suffix in ("", "-wal", "-shm"):
+            if (old := Path(f"{db}{suffix}")).exists():
+                old.rename(dep.logs / f"state-{stamp}.db{suffix}")
+        dep.say(f"[deploy] the earlier SuperLink state is in {dep.logs / f'state-{stamp}.db'}")
+    return db
 
 
 def wait_listening(proc: Proc, address: str, deadline: float) -> None:

@@ -36,8 +36,14 @@ def resolve_run_config(items: tuple[str, ...], nodes: int, work_dir: Path) -> di
     if clients != nodes:
         raise FedloraError(f"num-clients={clients} in --run-config, but --nodes {nodes}: they must agree")
     flat["out-dir"] = str(Path(str(flat.get("out-dir") or work_dir / "run")).resolve())
+    return check_run_config(flat)
+
+
+def check_run_config(flat: dict[str, object]) -> dict[str, object]:
+    """``flat`` if the ServerApp will accept it: a valid configuration, and a run directory that
+    holds no run (or, with ``resume``, the same run); else a one-line error before anything starts."""
+    from server.run_dir import RunDir
+
     cfg = from_flat(dict(flat)).check_federated()
-    out = Path(cfg.out_dir)
-    if not cfg.resume and ((out / "config.json").exists() or (out / "ledger.sqlite").exists()):
-        raise FedloraError(f"run directory {out} already holds a run; give another out-dir or resume=true")
+    RunDir(Path(cfg.out_dir), cfg)  # its checks only: it writes nothing
     return flat

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -13,10 +13,17 @@ from pathlib import Path
 from common.errors import FedloraError
 from common.flower_processes import flower_env
 from server.deploy.control import flwr_run, register_node, wait_for_run, write_connection
-from server.deploy.deployment import Deployment, Options, Result, default_work_dir
+from server.deploy.deployment import (
+    Deployment,
+    Options,
+    Result,
+    default_work_dir,
+    load_deployment,
+    save_deployment,
+)
 from server.deploy.flower import start_superlink, start_supernode, wait_for_nodes
 from server.deploy.processes import Proc, leftovers, shutdown
-from server.deploy.run_config import resolve_run_config
+from server.deploy.run_config import check_run_config, resolve_run_config
 from server.deploy.supervise import supervisor
 from server.deploy.tls import generate_certs
 
@@ -83,7 +90,26 @@ def deploy_up(opts: Options, echo: Callable[[str], None] = print) -> Result:
     """The whole deployment: prepare, bring up, run, and always shut down."""
     opts = replace(opts, work_dir=(opts.work_dir or default_work_dir()).resolve())
     flat = resolve_run_config(opts.run_config, opts.nodes, opts.work_dir)  # before anything is written
+    return _deploy(opts, flat, echo)
+
+
+def deploy_resume(
+    work_dir: Path, overrides: Mapping[str, object], echo: Callable[[str], None] = print
+) -> Result:
+    """Continue the run of the deployment in ``work_dir`` (after its ServerApp, SuperLink or this
+    machine died): its stored options and run config with ``resume=true``, a fresh SuperLink state
+    (no node of the dead deployment comes back), the run directory's ledger and checkpoint.
+    ``overrides``: options that may change on resuming (``timeout``, ``grace``, ``quiet``,
+    ``restart_nodes``)."""
+    opts, flat = load_deployment(work_dir.resolve())
+    opts = replace(opts, **overrides)
+    flat = check_run_config({**flat, "resume": True})  # nothing to resume, or another run: fails here
+    return _deploy(opts, flat, echo)
+
+
+def _deploy(opts: Options, flat: dict[str, object], echo: Callable[[str], None]) -> Result:
     dep = prepare(opts, echo)
+    save_deployment(dep, flat)
     try:
         bring_up(dep)
         result = run_and_wait(dep, flat)
