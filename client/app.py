@@ -18,7 +18,7 @@ from client.increment import increment as local_increment
 from client.local_update import local_update
 from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
-from client.node.shard import MODEL_PATH, Shard, load_global, node_shard
+from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard
 from client.node.state import encoder_cache_dir, node_state_dir, sample_ledger
 from client.releases import CLIENT_RELEASES, round_clip
 from common.config import RunConfig, from_flat
@@ -28,7 +28,7 @@ from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
 from common.privacy.plan import STATS_ROUND, plan_noise
 from common.timing import phase
-from common.wire import StatsQuery, TrainInstruction, stats_reply, train_reply
+from common.wire import DATA_SOURCE, StatsQuery, TrainInstruction, stats_reply, train_reply
 
 app = ClientApp()
 
@@ -183,11 +183,20 @@ def release_reply(
     metrics: dict,
 ) -> RecordDict:
     """The train reply for ``increment``: the run's client-level release applied (clip, noise share,
-    encoding), its meta, and the example count only when the run is not private."""
+    encoding), its meta, and the example count only when the run is not private. The meta says
+    where the examples came from (``data-source``: ``own`` with a node config ``data-path``, else
+    ``partition``), never the file's path or name."""
     release = cfg.release_kind
     with phase("encode"):
         sent, extra = CLIENT_RELEASES[release](increment, ins, cfg, device, encoder_cache_dir(node_config))
-    meta = {"mechanism": cfg.mechanism, "release": release, "noise-std": ins.noise_std, **extra}
+    source = "own" if node_config.get(DATA_PATH) else "partition"  # as client/node/shard.py chooses
+    meta = {
+        "mechanism": cfg.mechanism,
+        "release": release,
+        "noise-std": ins.noise_std,
+        DATA_SOURCE: source,
+        **extra,
+    }
     count = None if cfg.private else examples  # a clear count is not private
     return train_reply(sent, ins.round, count, metrics, meta)
 

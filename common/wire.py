@@ -22,7 +22,12 @@ Train reply (client -> server):
                               is private), and the server averages with uniform weights
   ``meta``      ConfigRecord  ``schema``, ``round``, ``mechanism``, ``release``, ``noise-std``
                               (must equal what the round asked for; ``ae-version`` too
-                              under ``dr-encoder``, ``clip`` under adaptive clipping)
+                              under ``dr-encoder``, ``clip`` under adaptive clipping);
+                              optional ``data-source``: where the node's examples came from,
+                              ``partition`` (its partition of the run's dataset) or ``own`` (a
+                              data owner's own file; never its path or name). Never a reason to
+                              reject a reply: missing or any other value, the server counts the
+                              node's data as unstated (:func:`data_source`)
 Statistics query (server -> client), message type ``query.gradstats`` (DR-Encoder Algorithm 1,
 :class:`StatsQuery`):
   ``global``  ArrayRecord   as in ``train``
@@ -53,6 +58,8 @@ MAX_NUM_EXAMPLES = 2**63 - 1  # the wire's sint64
 _NUMPY_STYPE = "numpy.ndarray"  # flwr.common.constant.SType.NUMPY
 _FLOAT32 = np.dtype("<f4")
 CLIP_BIT = "clip-bit"  # adaptive clipping's tensor in a train reply
+DATA_SOURCE = "data-source"  # train reply meta: where the node's examples came from (optional)
+DATA_SOURCES = ("partition", "own")  # its values: the run's partition, a data owner's own file
 _NPY_HEADERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
 
 
@@ -166,6 +173,17 @@ def train_reply(
             "meta": ConfigRecord({"schema": SCHEMA, "round": server_round, **meta}),
         }
     )
+
+
+def data_source(msg: Message) -> str | None:
+    """The :data:`DATA_SOURCE` a train reply declares (one of :data:`DATA_SOURCES`), else None: the
+    key is optional, so a reply without it (a client before it) or with any other value is never
+    rejected for it, and its data counts as unstated. Never raises."""
+    if msg.has_error() or not isinstance(msg.content, RecordDict):
+        return None
+    meta = msg.content.get("meta")
+    value = meta.get(DATA_SOURCE) if isinstance(meta, ConfigRecord) else None
+    return value if isinstance(value, str) and value in DATA_SOURCES else None
 
 
 def parse_train_reply(

@@ -36,7 +36,7 @@ from server.releases import RunHandles, make_release
 from server.round import RoundRecord, run_round
 from server.run_dir import RunDir
 from server.sampling import os_sampler, poisson_sample
-from server.summary import format_summary
+from server.summary import data_used, format_summary, metrics_lines
 
 log = logging.getLogger("fedlora.server")
 
@@ -219,6 +219,9 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
         "rounds_skipped": loop.skipped,
         "rounds_withheld": loop.withheld,
         "dropouts": loop.dropouts,
+        **data_used(metrics_lines(out.metrics_path)),  # own data, partitions, refusals (model card)
+        "dataset_rows": len(evaluator.split.corpus),
+        "dataset_classes": len(evaluator.split.corpus.label_names),
         "stopped": stopped,
         "before": loop.before,
         "after": loop.after,

@@ -1,11 +1,19 @@
 """The model card (README.md) a run writes beside its adapter: base model, data, metrics and the
 privacy guarantee as the run's summary states it (unit, epsilon, delta, accountant, threat model),
-or "not private"."""
+or "not private".
+
+The data is the data the run actually used (server/summary.py ``data_used``): which nodes trained on
+their own data files or on their partition, and which refused the run. A ``--dataset`` file is named
+by its base name only: the card travels with the adapter, and no path of this machine goes with it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from common.config import RunConfig
+from common.data.files import is_file_dataset
 from common.models.registry import resolve_model
+from server.summary import one_line, plain_data
 
 _NONE = "none"  # how common/privacy/statement.py starts a line for a guarantee the run does not have
 
@@ -25,7 +33,69 @@ def _metrics(summary: dict) -> list[str]:
     rows = ["| | " + " | ".join(k for k in after) + " |", "|---|" + "---|" * len(after)]
     for name, values in (("before training", before), ("after training", after)):
         rows.append(f"| {name} | " + " | ".join(_fmt(values.get(k)) for k in after) + " |")
-    return [f"Held-out {metric} on {summary['eval_examples']} examples of {summary['dataset']}:", "", *rows]
+    dataset = _dataset_name(str(summary["dataset"]))
+    return [f"Held-out {metric} on {summary['eval_examples']} examples of {dataset}:", "", *rows]
+
+
+def _dataset_name(dataset: str) -> str:
+    """A packaged dataset's name, or a ``--dataset`` file's (directory's) base name: never its path."""
+    return Path(dataset.rstrip("/\\")).name or dataset if is_file_dataset(dataset) else dataset
+
+
+def _partition(cfg: RunConfig) -> str:
+    """How the run's dataset was split over its clients, e.g. ``iid partition of rotten-tomatoes``."""
+    text = f"{cfg.partition} partition of {_dataset_name(cfg.dataset)}"
+    if cfg.partition == "natural" and cfg.partition_by:
+        text += f", one client per value of {cfg.partition_by}"
+    return text
+
+
+def _file_facts(cfg: RunConfig, summary: dict) -> str:
+    """For a ``--dataset`` file: a sentence naming it (base name) with its rows and classes when the
+    summary has them; else nothing."""
+    if not is_file_dataset(cfg.dataset):
+        return ""
+    rows, classes = summary.get("dataset_rows"), summary.get("dataset_classes")
+    facts = [f"{rows:,} rows" if isinstance(rows, int) else "", f"{classes} classes" if classes else ""]
+    facts = ", ".join(f for f in facts if f)
+    return f" The dataset is the file {_dataset_name(cfg.dataset)}" + (f" ({facts})." if facts else ".")
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _reasons(reasons: list) -> str:
+    shown = [one_line(r) for r in reasons[:3]]
+    more = f"; {len(reasons) - 3} more in summary.json" if len(reasons) > 3 else ""
+    return f" ({'; '.join(shown)}{more})" if shown else ""
+
+
+def _data_used(cfg: RunConfig, summary: dict) -> str:
+    """The sentence on the data the nodes actually used (server/summary.py ``data_used``); nothing
+    for a plain simulation (every node on its partition) or a summary written before those keys."""
+    if plain_data(summary):
+        return ""
+    n = summary.get
+    own, part = n("nodes_own_data", 0), n("nodes_partition_data", 0)
+    parts = [
+        _count(n("nodes_sampled", 0), "node sampled", "nodes sampled"),
+        f"{own} trained on {'its own data file' if own == 1 else 'their own data files'}, "
+        f"{part} on {'its' if part == 1 else 'their'} {_partition(cfg)}"
+        + (f", {n('nodes_unstated_data')} did not say on what data" if n("nodes_unstated_data") else ""),
+    ]
+    refusals = n("refusals") or []
+    if n("nodes_refused"):
+        policy = refusals and all(str(r).startswith("node policy:") for r in refusals)
+        what = "refused the run" if policy else "answered with an error"
+        parts.append(f"{n('nodes_refused')} {what}{_reasons(refusals)}")
+    if n("nodes_rejected"):
+        parts.append(
+            f"{n('nodes_rejected')} sent replies the server rejected{_reasons(n('rejections') or [])}"
+        )
+    if n("nodes_silent"):
+        parts.append(f"{n('nodes_silent')} never answered")
+    return " Data actually used: " + "; ".join(parts) + "."
 
 
 def _fmt(value: object) -> str:
@@ -87,11 +157,14 @@ def model_card(
     ``(prompt, continuation)`` pairs shown under the metrics (language-modelling runs)."""
     spec = resolve_model(cfg.model)
     base_id = spec.hub_id or cfg.model
+    # the partition in the first sentence only while it is what every node trained on
+    partition = "" if summary.get("nodes_own_data") else f" ({_partition(cfg)})"
     training = (
-        f"Federated LoRA fine-tuning with fedlora-dp: {summary['num_clients']} clients "
-        f"({cfg.partition} partition of {cfg.dataset}), Poisson sample rate {cfg.sample_rate:g}, "
+        f"Federated LoRA fine-tuning with fedlora-dp: {summary['num_clients']} clients{partition}, "
+        f"Poisson sample rate {cfg.sample_rate:g}, "
         f"{summary['rounds_completed']} rounds of {cfg.local_steps} local step(s) of {cfg.batch_size} "
         f"examples; mechanism `{cfg.mechanism}`, LoRA rank {cfg.rank}, seed {cfg.seed}."
+        f"{_file_facts(cfg, summary)}{_data_used(cfg, summary)}"
     )
     lines = [
         "---",

@@ -17,7 +17,7 @@ from flwr.serverapp import Grid
 from common.config import RunConfig
 from common.models import AdapterState
 from common.timing import phase
-from common.wire import InvalidReply, TrainInstruction, parse_train_reply
+from common.wire import InvalidReply, TrainInstruction, data_source, parse_train_reply
 from server.aggregate import apply_increment
 from server.exchange import exchange
 from server.optimizers import ServerOptimizer
@@ -29,13 +29,19 @@ log = logging.getLogger("fedlora.server")
 @dataclass
 class RoundRecord:
     """A round's line in metrics.jsonl. ``applied``: the aggregate was applied (enough usable
-    replies); ``sigma_released``: the noise multiplier the applied aggregate carried."""
+    replies); ``sigma_released``: the noise multiplier the applied aggregate carried;
+    ``rejected``: each rejected reply's one-line reason, ``rejected_nodes`` the node it came from
+    (same order; a node's error reply, e.g. a node-policy refusal, is one); ``data_sources``: the
+    nodes of the usable replies by where their examples came from (``own``, ``partition``, or
+    ``unstated``: the reply did not say; common.wire.data_source)."""
 
     round: int
     phase: str = "train"
     sampled: int = 0
     replied: int = 0
     rejected: list[str] = field(default_factory=list)
+    rejected_nodes: list[int] = field(default_factory=list)
+    data_sources: dict[str, list[int]] = field(default_factory=dict)
     dropouts: list[int] = field(default_factory=list)
     applied: bool = False
     train_loss: float | None = None
@@ -110,10 +116,12 @@ def run_round(
             inc, weight, extra = accept_reply(reply, rnd, reply_shapes, expected, release, not cfg.private)
         except InvalidReply as exc:
             record.rejected.append(str(exc))
+            record.rejected_nodes.append(node)
             log.warning("round %d: rejected reply from node %s: %s", rnd, node, exc)
             release.answered(node, False)
             continue
         release.answered(node, True)
+        record.data_sources.setdefault(data_source(reply) or "unstated", []).append(node)
         record.bytes_up += reply.content["increment"].count_bytes()
         increments.append(inc)
         weights.append(weight)

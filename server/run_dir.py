@@ -59,7 +59,9 @@ class RunDir:
             raise FedloraError(f"--out {path} is a file, not a run directory; choose another --out")
         if not cfg.resume:
             if stored.exists() or self.ledger_path.exists():
-                raise FedloraError(f"run directory {path} already holds a run; choose another --out (out-dir)")
+                raise FedloraError(
+                    f"run directory {path} already holds a run; choose another --out (out-dir)"
+                )
             return
         if not stored.is_file():
             raise FedloraError(f"nothing to resume: {path} holds no run")

@@ -50,7 +50,9 @@ def test_a_three_class_csv_federates_and_the_card_names_the_file(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset"] == str(path) and summary["num_clients"] == 6
     card = (out / "adapter" / "README.md").read_text()
-    assert f"natural partition of {path}" in card
+    assert "natural partition of own.csv, one client per value of user" in card  # its base name only
+    assert "The dataset is the file own.csv (200 rows, 3 classes)." in card
+    assert str(tmp_path) not in card  # the card travels with the adapter: no path of this machine
 
 
 @pytest.mark.parametrize(

@@ -181,6 +181,19 @@ def test_prepare_data_reads_a_csv_with_the_file_datasets_columns(tmp_path, own_c
     assert not (tmp_path / "bad.jsonl").exists()
 
 
+def test_command_takes_a_csv_and_a_csv_dataset_with_named_columns(tmp_path, own_csv):
+    """join()/command() with the owner's CSV and the run's own.csv, both with review/sentiment
+    columns: the node's JSONL is written into the state dir and its labels checked against own.csv."""
+    mine = _sentiment_csv(tmp_path / "mine.csv", 9, start=500)
+    columns = {"dataset": str(own_csv), "text_column": "review", "label_column": "sentiment"}
+    argv = sdk.command("h:8000", mine, "fedavg", state_dir=tmp_path / "st", insecure=True, **columns)
+    written = tmp_path / "st" / "data.jsonl"
+    assert f'data-path="{written}"' in " ".join(argv)
+    assert read_jsonl(written).labels == tuple(i % 3 for i in range(500, 509))
+    with pytest.raises(FedloraError, match="reads a JSONL file"):
+        sdk.NodeConfig("h:8000", mine, "fedavg", insecure=True, state_dir=tmp_path / "x").checked()
+
+
 # --- the node's command line -----------------------------------------------------------------------
 @pytest.fixture()
 def data_file(tmp_path) -> Path:

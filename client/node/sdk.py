@@ -43,7 +43,7 @@ from pathlib import Path
 
 from client.node.policy import TRUST
 from common.config import MECHANISMS
-from common.data.owner import LABEL, TEXT, OwnerData, owner_data, read_jsonl, write_jsonl
+from common.data.owner import LABEL, TEXT, OwnerData, check_labels, owner_data, read_jsonl, write_jsonl
 from common.errors import FedloraError
 from common.flower_processes import flower_env, flower_executable, free_port, toml_pairs
 
@@ -109,8 +109,6 @@ def load_data(
         texts, raw_labels = _columns(data, labels, text_column, label_column)
         examples = owner_data(texts, raw_labels, names)
     if corpus is not None:
-        from common.data.owner import check_labels
-
         check_labels(examples, corpus)
     return examples
 
@@ -222,6 +220,8 @@ class NodeConfig:
     port: int | None = None
     clear_statistics: bool = False
     trust: str = "none"
+    text_column: str = TEXT  # the columns of a file ``dataset`` (own.csv); ``data`` is the node's JSONL
+    label_column: str = LABEL
 
     def checked(self) -> NodeConfig:
         """Validated, with absolute paths and a runtime port; raises :class:`FedloraError`."""
@@ -235,7 +235,14 @@ class NodeConfig:
 
             resolve_model(self.model)  # a registry name, local model directory or Hugging Face id
         data = Path(self.data).expanduser().resolve()
-        load_data(data, dataset=self.dataset)  # fail here, not in the first round
+        if data.suffix.lower() != ".jsonl":
+            raise FedloraError(
+                f"{data}: a node reads a JSONL file of text/label records; write it with prepare_data"
+            )
+        names, corpus = _label_space(self.dataset, self.text_column, self.label_column)
+        examples = read_jsonl(data, names)  # fail here, not in the first round
+        if corpus is not None:
+            check_labels(examples, corpus)
         return replace(
             self,
             data=data,
@@ -311,7 +318,7 @@ def join(
     Args:
         superlink: the federation's SuperLink, ``HOST:PORT`` (no ``https://``).
         data: a JSONL file written by :func:`prepare_data`, or anything :func:`prepare_data`
-            accepts (then written to ``<state_dir>/data.jsonl``).
+            accepts, a CSV or Parquet file included (then written to ``<state_dir>/data.jsonl``).
         mechanism: the only mechanism your node takes part in: ``fedavg`` (no DP), ``prism``,
             ``dp-adamw``, ``ffa``, ``sparta`` (sample-level DP), ``dp-fedavg``, ``dr-encoder`` (client-level DP).
         epsilon: your privacy budget for that mechanism's guarantee (required unless ``fedavg``):
@@ -319,8 +326,11 @@ def join(
 
     Keyword options:
         delta: the largest δ you accept (default 1e-5).
-        dataset: the federation dataset your labels belong to (``rotten-tomatoes``, ...): labels may
-            then be names, and your node refuses runs on another dataset.
+        dataset: the federation dataset your labels belong to (``rotten-tomatoes``, ..., or a data
+            file such as ``own.csv``): labels may then be names, and your node refuses runs on
+            another dataset.
+        text_column, label_column: the columns of your data file and of a file ``dataset``
+            (default ``text`` and ``label``).
         model: where your node loads the base model from (a local directory or Hugging Face id);
             it must be the federation model's architecture. Default: the run's model name.
         state_dir: your node's persistent directory (default ``~/.fedlora/node``).
@@ -349,9 +359,11 @@ def _configure(superlink: str, data: Data, mechanism: str, epsilon: float | None
     if unknown:
         raise FedloraError(f"unknown option(s) {', '.join(sorted(unknown))}")
     state_dir = Path(options.get("state_dir") or DEFAULT_STATE_DIR).expanduser().resolve()
-    if not isinstance(data, str | os.PathLike):  # in-memory data: written into the state directory
-        data = prepare_data(data, state_dir / DATA_FILE, dataset=options.get("dataset"))
-    options = {**options, "state_dir": state_dir}
+    columns = {k: options.pop(k) for k in ("text_column", "label_column") if k in options}
+    canonical = isinstance(data, str | os.PathLike) and str(data).lower().endswith(".jsonl") and not columns
+    if not canonical:  # in-memory data, or a CSV/Parquet/JSONL of other columns: written as the node's JSONL
+        data = prepare_data(data, state_dir / DATA_FILE, dataset=options.get("dataset"), **columns)
+    options = {**options, "state_dir": state_dir, **columns}
     return NodeConfig(superlink, data, mechanism, epsilon, **options).checked()
 
 
