@@ -161,6 +161,38 @@ def _serverapp_pids(work: Path) -> list[psutil.Process]:
     return found
 
 
+def test_a_killed_superlink_fails_the_run_and_leaves_no_orphaned_serverapp(tmp_path):
+    """SIGKILL of the SuperLink while the ServerApp runs: the run fails at once, and the ServerApp
+    (started by the SuperLink's SuperExec in a session of its own, so no longer a descendant of
+    anything we started) is stopped too, instead of holding the run's ledger for minutes."""
+    opts = _opts(tmp_path, nodes=2, run_config=DP_RUN, grace=5.0)
+    stop = threading.Event()
+    seen: list[psutil.Process] = []
+
+    def kill_superlink_once_the_serverapp_runs() -> None:
+        while not stop.is_set():
+            if found := _serverapp_pids(opts.work_dir):
+                seen.extend(found)
+                time.sleep(1.0)  # the supervisor's half-second check has tracked it by now
+                next(p for p in dep.procs if p.name == "superlink").popen.kill()
+                return
+            time.sleep(0.2)
+
+    flat = resolve_run_config(opts.run_config, 2, opts.work_dir.resolve())
+    dep = prepare(opts, echo=lambda _: None)
+    threading.Thread(target=kill_superlink_once_the_serverapp_runs, daemon=True).start()
+    try:
+        bring_up(dep)
+        with pytest.raises(deploy.RunFailed, match="superlink exited with code -9 during the run"):
+            run_and_wait(dep, flat)
+    finally:
+        stop.set()
+        shutdown(dep)
+    assert seen, "no ServerApp was seen"
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in seen)
+    _assert_all_gone(dep)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_deploy_resume_after_the_serverapp_is_killed_charges_as_an_uninterrupted_run(tmp_path):
