@@ -21,12 +21,16 @@ latent's device.
 
 ``identity``, ``random-projection`` and ``pca`` are linear; ``constant-mean`` is constant (the "learns nothing"
 baseline of docs/design.md §6); ``ae`` is neither.
+
+Each codec is registered by a :class:`CodecDescriptor` in :data:`CODEC_REGISTRY` (its facts:
+common/codec_specs.py); :func:`make_codec` and a node's ``round_codec`` ask it, never compare a name.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -35,9 +39,8 @@ from torch import Tensor
 from autoencoder.checkpoint import ae_version
 from autoencoder.layout import Layout
 from autoencoder.train import TrainedAe
+from common.codec_specs import CODEC_SPECS, CodecSpec
 from common.errors import FedloraError
-
-CODECS = ("ae", "identity", "constant-mean", "random-projection", "pca")
 
 
 @runtime_checkable
@@ -254,6 +257,90 @@ def fit_pca(layout: Layout, samples: Tensor, k: int) -> PcaCodec:
     return PcaCodec(layout, basis)
 
 
+def _build_ae(layout: Layout | None, trained: TrainedAe | None, **_) -> Codec:
+    if trained is None:
+        raise FedloraError("codec 'ae' needs a trained autoencoder")
+    if layout != trained.layout:
+        raise FedloraError("codec 'ae': the layout differs from the autoencoder's")
+    return AeCodec(trained)
+
+
+def _build_identity(layout: Layout, **_) -> Codec:
+    return IdentityCodec(layout)
+
+
+def _build_pca(layout: Layout, samples: Tensor | None, latent_size: int | None, **_) -> Codec:
+    if samples is None or latent_size is None:
+        raise FedloraError("codec 'pca' is fitted: it needs samples (public increments) and a latent size")
+    return fit_pca(layout, samples, latent_size)
+
+
+def _build_constant_mean(
+    layout: Layout, trained: TrainedAe | None, mean: Mapping[str, Tensor] | None, **_
+) -> Codec:
+    if mean is None and trained is None:
+        raise FedloraError("codec 'constant-mean' needs a mean (or a trained autoencoder's prior)")
+    if mean is None:
+        mean = trained.layout.from_images(trained.mean.cpu())
+    return ConstantMeanCodec(layout, mean)
+
+
+def _build_random_projection(
+    layout: Layout, trained: TrainedAe | None, latent_size: int | None, seed: int, **_
+) -> Codec:
+    if latent_size is None:
+        if trained is None:
+            raise FedloraError("codec 'random-projection' needs a latent size (or a trained autoencoder)")
+        latent_size = math.prod(trained.latent_shape)
+    return RandomProjectionCodec(layout, latent_size, seed)
+
+
+def _zero_mean(layout: Layout, latent_size: int, seed: int) -> Codec:
+    """A node's ``constant-mean``: it sends nothing, so it needs no mean (its copy decodes to zeros;
+    only the server decodes)."""
+    return ConstantMeanCodec(layout, {n: torch.zeros(s) for n, s in layout.shapes.items()})
+
+
+@dataclass(frozen=True)
+class CodecDescriptor:
+    """One codec: its facts (``spec``, common/codec_specs.py) and its builders.
+
+    ``build``: the server's codec from :func:`make_codec`'s keyword arguments (``layout`` already
+    taken from ``trained`` when absent; a codec that does not train an autoencoder gets one).
+    ``node_copy(layout, latent_size, seed)``: the copy a node builds from the round's instruction to
+    encode with; None when the server broadcasts it instead (the encoder or the basis:
+    autoencoder/broadcast.py).
+    """
+
+    spec: CodecSpec
+    build: Callable[..., Codec]
+    node_copy: Callable[[Layout, int, int], Codec] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def broadcast(self) -> bool:
+        return self.node_copy is None
+
+
+#: name -> descriptor, one per spec of common/codec_specs.py, in ``--codec``'s order
+CODEC_REGISTRY: dict[str, CodecDescriptor] = {
+    d.name: d
+    for d in (
+        CodecDescriptor(CODEC_SPECS["ae"], _build_ae),
+        CodecDescriptor(
+            CODEC_SPECS["identity"], _build_identity, lambda layout, k, seed: IdentityCodec(layout)
+        ),
+        CodecDescriptor(CODEC_SPECS["constant-mean"], _build_constant_mean, _zero_mean),
+        CodecDescriptor(CODEC_SPECS["random-projection"], _build_random_projection, RandomProjectionCodec),
+        CodecDescriptor(CODEC_SPECS["pca"], _build_pca),
+    )
+}
+CODECS = tuple(CODEC_REGISTRY)
+
+
 def make_codec(
     name: str,
     *,
@@ -271,34 +358,13 @@ def make_codec(
     the ``ae`` latent size of ``trained``) and ``seed``; ``pca`` is fitted on ``samples: (n, D)`` with
     ``latent_size`` directions (:func:`fit_pca`).
     """
-    if name not in CODECS:
+    descriptor = CODEC_REGISTRY.get(name)
+    if descriptor is None:
         raise FedloraError(f"unknown codec '{name}'; choose one of {', '.join(CODECS)}")
     if layout is None and trained is not None:
         layout = trained.layout
-    if name == "ae":
-        if trained is None:
-            raise FedloraError("codec 'ae' needs a trained autoencoder")
-        if layout != trained.layout:
-            raise FedloraError("codec 'ae': the layout differs from the autoencoder's")
-        return AeCodec(trained)
-    if layout is None:
+    if layout is None and not descriptor.spec.trains_autoencoder:
         raise FedloraError(f"codec '{name}' needs a layout")
-    if name == "identity":
-        return IdentityCodec(layout)
-    if name == "pca":
-        if samples is None or latent_size is None:
-            raise FedloraError(
-                "codec 'pca' is fitted: it needs samples (public increments) and a latent size"
-            )
-        return fit_pca(layout, samples, latent_size)
-    if name == "constant-mean":
-        if mean is None and trained is None:
-            raise FedloraError("codec 'constant-mean' needs a mean (or a trained autoencoder's prior)")
-        if mean is None:
-            mean = trained.layout.from_images(trained.mean.cpu())
-        return ConstantMeanCodec(layout, mean)
-    if latent_size is None:
-        if trained is None:
-            raise FedloraError("codec 'random-projection' needs a latent size (or a trained autoencoder)")
-        latent_size = math.prod(trained.latent_shape)
-    return RandomProjectionCodec(layout, latent_size, seed)
+    return descriptor.build(
+        layout=layout, trained=trained, mean=mean, latent_size=latent_size, seed=seed, samples=samples
+    )

@@ -1,6 +1,6 @@
 """A client's local optimisation: non-private AdamW or SGD on the mean loss (``none``,
-common/tasks/training.py), or sample-level DP steps with one of client/dp/optimizers (``prism``, ``dp-adamw``, ``ffa``,
-``sparta``) through client/dp/engine.py."""
+common/tasks/training.py), or sample-level DP steps with one of client/dp/optimizers (its descriptor in
+client/dp/optimizers/registry.py builds it) through client/dp/engine.py."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import torch
 from torch import nn
 
 from client.dp.engine import DpSteps, dp_train
-from client.dp.optimizers import make_dp_optimizer
+from client.dp.optimizers import dp_optimizer
 from client.dp.sample_plan import SamplePlan
-from common.config import FACTOR_OPTIMIZERS, SPARTA_OPTIMIZERS, RunConfig
+from common.config import RunConfig
 from common.models.lora import lora_layers
-from common.sparta import selection_steps
 from common.tasks import Task
 from common.tasks.training import train_steps
 
@@ -52,14 +51,8 @@ def local_update(
         )
     if plan is None:
         raise ValueError(f"local optimizer {kind} needs a sample-level noise plan")
-    options = {}
-    if kind in FACTOR_OPTIMIZERS:
-        options = {"rule": cfg.client_optimizer}
-    elif kind == "prism":
-        options = {"floor": cfg.prism_floor}
-    elif kind in SPARTA_OPTIMIZERS:
-        options = {"keep": cfg.sparta_keep, "selection": selection_steps(cfg.sparta_selection, steps)}
-    optimizer = make_dp_optimizer(kind, lora_layers(model), lr, **options)
+    descriptor = dp_optimizer(kind)
+    optimizer = descriptor.factory(lora_layers(model), lr, **descriptor.options(cfg, steps))
     dp_plan = DpSteps(
         steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch_size, plan.expected_batch
     )

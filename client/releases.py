@@ -55,12 +55,9 @@ def release_gaussian(
     if not cfg.adaptive_clip:
         return sent, {}
     plan = plan_noise(cfg)
-    # the count's share is sized like the update's: σ_b/sqrt(m) against z_Δ·C/sqrt(m)
-    share = (
-        ins.noise_std * plan.count_std / (plan.update_sigma * bound)
-        if plan.threat_model == "distributed"
-        else 0.0
-    )
+    # the count's share is sized like the update's: σ_b/sqrt(m) against z_Δ·C/sqrt(m) (distributed
+    # noise); no share where the client adds no update noise (central: the server noises the count)
+    share = ins.noise_std * plan.count_std / (plan.update_sigma * bound) if ins.noise_std else 0.0
     sent[CLIP_BIT] = add_noise({CLIP_BIT: torch.tensor([float(norm <= bound)])}, share)[CLIP_BIT]
     return sent, {"clip": bound}
 

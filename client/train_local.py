@@ -16,18 +16,17 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 from safetensors.torch import save_file
 from torch import nn
 
-from client.dp.optimizers.sparta import check_rows
-from client.dp.optimizers.sparta_base import check_base_rows
-from client.dp.optimizers.wishart import projection_shape
+from client.dp.optimizers import dp_optimizer
 from client.dp.sample_plan import SAMPLE_ACCOUNTANT, SamplePlan, plan_sample_noise
 from client.local_update import local_update
-from common.config import MECHANISMS, SPARTA_OPTIMIZERS, RunConfig
+from common.config import MECHANISMS, RunConfig
 from common.data.federated import FederatedSplit
 from common.errors import FedloraError
 from common.models import adapter_state
@@ -44,35 +43,57 @@ from common.tasks.base import Task
 LEDGER_FILE = "sample-ledger.sqlite"
 #: mechanisms train-local runs: those without a client-level release (fedavg: non-private AdamW)
 LOCAL_MECHANISMS = tuple(m for m, (_, release) in MECHANISMS.items() if release == "none")
-#: the options train-local takes (``simulate``'s names and meanings), with its own defaults
+#: the options train-local takes (``simulate``'s names and meanings)
+LOCAL_OPTIONS = (
+    "model",
+    "dataset",
+    "sample_epsilon",
+    "sample_noise_multiplier",
+    "delta",
+    "local_steps",
+    "batch_size",
+    "microbatch",
+    "sample_clip",
+    "lr",
+    "client_optimizer",
+    "rank",
+    "lora_alpha",
+    "lora_init",
+    "targets",
+    "pooling",
+    "head_init",
+    "prism_floor",
+    "sparta_keep",
+    "sparta_selection",
+    "max_train_examples",
+    "eval_examples",
+    "num_clients",
+    "partition",
+    "dirichlet_alpha",
+    "max_length",
+    "seed",
+    "device",
+)
+#: train-local's own defaults, only where they differ from :class:`RunConfig`'s (one client trained
+#: centrally on its whole split, not a federation); every other option keeps its declared default
 LOCAL_DEFAULTS: dict[str, object] = {
     "model": "minilm-l6",
-    "dataset": "rotten-tomatoes",
     "sample_epsilon": 3.0,
-    "sample_noise_multiplier": 0.0,
-    "delta": 1e-5,
     "local_steps": 100,
     "batch_size": 32,
-    "microbatch": 0,
-    "sample_clip": 1.0,
     "lr": 1e-3,
-    "client_optimizer": "adamw",
-    "rank": 8,
-    "lora_alpha": 16.0,
-    "lora_init": None,  # by mechanism (RunConfig.init_kind)
-    "targets": "",
-    "pooling": "cls",
-    "head_init": "random",
-    "prism_floor": "clamp",
-    "sparta_keep": 0.2,
-    "sparta_selection": 0.1,
-    "max_train_examples": 2000,
+    "lora_init": None,  # unset: by mechanism (RunConfig.init_kind), no "(default ...)" in --help
     "eval_examples": 500,
-    **{"num_clients": 1, "partition": "iid", "dirichlet_alpha": 1.0},  # SHARD_OPTIONS, with --node
-    "max_length": 64,
-    "seed": 0,
-    "device": "auto",
+    "num_clients": 1,  # with "partition" (SHARD_OPTIONS): one node, the whole split (--node picks one)
+    "partition": "iid",
 }
+
+
+def local_defaults(options: Sequence[str] = LOCAL_OPTIONS) -> dict[str, object]:
+    """The effective default of each of ``options`` (all of train-local's by default):
+    :data:`LOCAL_DEFAULTS`, else the one :class:`RunConfig` declares."""
+    declared = {f.name: f.default for f in fields(RunConfig)}
+    return {name: LOCAL_DEFAULTS.get(name, declared[name]) for name in options}
 
 
 #: the options that pick one node's shard of a federation's split (``--node``)
@@ -81,7 +102,7 @@ SHARD_OPTIONS = ("num_clients", "partition", "dirichlet_alpha")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(
-        parser, only=[*LOCAL_DEFAULTS, "mechanism"], defaults=LOCAL_DEFAULTS, required=["mechanism"]
+        parser, only=[*LOCAL_OPTIONS, "mechanism"], defaults=local_defaults(), required=["mechanism"]
     )
     add = parser.add_argument
     add("--charge-every", type=int, default=25, help="steps per ledger row")
@@ -106,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_of(args: argparse.Namespace) -> RunConfig:
     """One client's training with the given options (by default one node with the whole training
     split); ``--sample-noise-multiplier`` replaces the ``--sample-epsilon`` calibration."""
-    values = {"num_clients": 1, "partition": "iid"}
+    values = local_defaults(SHARD_OPTIONS)  # callers without the shard options (bench compare)
     values.update({k: v for k, v in config_values(args).items() if v is not None})
     if values["mechanism"] not in LOCAL_MECHANISMS:
         raise FedloraError(
@@ -187,8 +208,7 @@ def train_local(
         "examples_per_second": round(cfg.local_steps * cfg.batch_size / max(train_seconds, 1e-9), 2),
         "lora_norm": lora_norm(model),
         **({"dense_norm": global_norm(deltas)} if deltas else {}),  # wishart, sparta-base
-        **({"sparta": _sparta(cfg, stats)} if kind in SPARTA_OPTIMIZERS else {}),
-        **({"prism_floor": cfg.prism_floor} if kind == "prism" else {}),
+        **(dp_optimizer(kind).report(cfg, stats) if plan else {}),  # e.g. prism's floor, sparta's rows
         "privacy": _privacy(plan, privacy, cfg.delta, validation, stats.get("assumptions")),
         "seconds": round(time.time() - start, 1),
     }
@@ -209,16 +229,13 @@ def open_local(cfg: RunConfig) -> tuple[ModelBundle, FederatedSplit, Task]:
 
 def local_plan(cfg: RunConfig, model: nn.Module, examples: int) -> SamplePlan | None:
     """The sample-level noise plan for ``cfg``'s local steps over ``examples`` examples (None:
-    non-private); checks SPARTA's row count against ``model``'s LoRA factors."""
+    non-private); the optimizer's descriptor checks ``model`` (SPARTA's row count) and gives the
+    accountant's projection (wishart)."""
     if cfg.optimizer_kind == "none":
         return None
-    if cfg.optimizer_kind == "sparta":
-        check_rows(lora_layers(model), cfg.sparta_keep)
-    if cfg.optimizer_kind == "sparta-base":
-        check_base_rows(lora_layers(model), cfg.sparta_keep)
-    projection = None
-    if cfg.optimizer_kind == "wishart":
-        projection = projection_shape(lora_layers(model), cfg.max_length)
+    descriptor, layers = dp_optimizer(cfg.optimizer_kind), lora_layers(model)
+    descriptor.check_model(layers, cfg)
+    projection = descriptor.projection(layers, cfg)
     return plan_sample_noise(
         examples,
         cfg.batch_size,
@@ -271,12 +288,6 @@ def _split_validation(pool: Sequence[int], count: int, seed: int) -> tuple[list[
     kept = sorted(int(i) for i in order[count:])
     held = sorted(int(i) for i in order[:count])
     return [pool[i] for i in kept], [pool[i] for i in held]
-
-
-def _sparta(cfg: RunConfig, stats: dict) -> dict:
-    where = "base" if cfg.optimizer_kind == "sparta-base" else "lora"
-    keys = ("selection_steps", "kept_coordinates", f"{where}_coordinates")
-    return {"keep": cfg.sparta_keep, "rows_of": where, **{k: stats[k] for k in keys}}
 
 
 def _privacy(plan, report: dict, delta: float, validation: int, assumptions: dict | None = None) -> dict:

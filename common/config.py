@@ -1,4 +1,5 @@
-"""Run configuration: one dataclass, named presets, and the flat key/value form Flower uses.
+"""Run configuration: one dataclass and the flat key/value form Flower uses (named presets:
+:mod:`common.presets`).
 
 Flower's ``run_config`` is flat (``num-clients = 4``); :func:`from_flat` / :func:`to_flat` map it to
 :class:`RunConfig` (dashes <-> underscores). Every value is validated once, in :meth:`RunConfig.check`.
@@ -10,34 +11,25 @@ import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 
+from common.codec_specs import CODEC_SPECS, CodecSpec, find_codec
 from common.errors import FedloraError
+from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec, find_local_optimizer
+from common.privacy.threat import THREATS
 from common.sparta import kept_rows, selection_steps
 
 #: mechanism preset -> (local optimizer, client-level release)
 MECHANISMS: dict[str, tuple[str, str]] = {
     "fedavg": ("none", "none"),
     "dp-fedavg": ("none", "gaussian"),
-    "prism": ("prism", "none"),
-    "dp-adamw": ("dp-adamw", "none"),
-    "ffa": ("ffa", "none"),
-    "sparta": ("sparta", "none"),
-    "sparta-base": ("sparta-base", "none"),
-    "wishart": ("wishart", "none"),
+    # each built-in DP local optimizer, without a release (common/local_optimizers.py)
+    **{name: (name, "none") for name, spec in LOCAL_OPTIMIZERS.items() if spec.private},
     "dr-encoder": ("none", "dr-encoder"),
 }
-#: sample-level local optimizers (client/dp/optimizers registers the DP ones under these names)
-LOCAL_OPTIMIZERS = ("none", "prism", "dp-adamw", "ffa", "sparta", "sparta-base", "wishart")
-#: local optimizers whose update is not LoRA factors (train-local only, never in a federation)
-LOCAL_ONLY = ("sparta-base", "wishart")
 #: the frozen base model's precision (common/models/precision.py)
 PRECISIONS = ("auto", "fp32", "bf16")
-#: the factor-space DP optimizers, whose update rule --client-optimizer picks (the others have their own)
-FACTOR_OPTIMIZERS = ("dp-adamw", "ffa")
-#: the SPARTA optimizers (rows of the LoRA factors, or of the base weights)
-SPARTA_OPTIMIZERS = ("sparta", "sparta-base")
 RELEASES = ("none", "gaussian", "dr-encoder")
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
-CODECS = ("ae", "identity", "constant-mean", "random-projection", "pca")
+CODECS = tuple(CODEC_SPECS)  # common/codec_specs.py
 AE_SIZES = ("tiny", "tiny-64", "paper", "paper-best")
 AE_NORMALISATIONS = ("none", "image", "factor")
 AE_LATENTS = ("raw", "homogeneous")
@@ -48,7 +40,7 @@ ENCODE_SITES = ("client", "server")
 INCREMENT_FORMS = ("raw", "horizontal")  # client/increment.py implements them
 LORA_INITS = ("balanced", "peft")  # common/models/lora_init.py
 PRISM_FLOORS = ("clamp", "ridge")
-THREAT_MODELS = ("local", "distributed", "central")
+THREAT_MODELS = tuple(THREATS)
 PARTITIONS = ("dirichlet", "iid", "natural")
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi")  # server/optimizers.py
 CLIENT_OPTIMIZERS = ("adamw", "sgd")  # client/local_update.py
@@ -457,11 +449,22 @@ class RunConfig:
     def public_prior(self) -> bool:
         """Whether the dr-encoder codec is fitted on the server's public increments (pca, or ae on the
         public prior) rather than on the clients' statistics."""
-        return self.codec == "pca" or (self.codec == "ae" and self.ae_prior == "public")
+        spec = self.codec_spec
+        return spec.fitted_on_public or (spec.trains_autoencoder and self.ae_prior == "public")
+
+    @property
+    def codec_spec(self) -> CodecSpec:
+        """What the rules and the server ask about ``codec`` (common/codec_specs.py)."""
+        return find_codec(self.codec)
 
     @property
     def optimizer_kind(self) -> str:
         return self.local_optimizer or MECHANISMS[self.mechanism][0]
+
+    @property
+    def optimizer_spec(self) -> LocalOptimizerSpec:
+        """What the rules and the client ask about :attr:`optimizer_kind` (common/local_optimizers.py)."""
+        return find_local_optimizer(self.optimizer_kind)
 
     @property
     def private(self) -> bool:
@@ -481,7 +484,7 @@ class RunConfig:
 
     @property
     def init_kind(self) -> str:
-        return self.lora_init or ("peft" if self.optimizer_kind in ("none", *LOCAL_ONLY) else "balanced")
+        return self.lora_init or self.optimizer_spec.lora_init
 
     @property
     def target_modules(self) -> list[str] | None:
@@ -491,7 +494,7 @@ class RunConfig:
     def check_federated(self) -> RunConfig:
         """:meth:`check`, and refuse what cannot run in a federation (one line)."""
         self.check()
-        if self.optimizer_kind in LOCAL_ONLY:
+        if self.optimizer_spec.merges_base:
             raise FedloraError(
                 f"{self.optimizer_kind} merges a dense update into the base weights at every step; "
                 "federations exchange LoRA factors: run it with fedlora train-local"
@@ -525,19 +528,20 @@ class RunConfig:
     def _check_relations(self) -> None:
         if self.partition_by and self.partition != "natural":
             raise FedloraError("--partition-by needs --partition natural (one client per user)")
-        if self.optimizer_kind == "prism" and self.init_kind == "peft":
-            raise FedloraError("PRISM needs full-rank LoRA factors: use --lora-init balanced")
-        if self.optimizer_kind in LOCAL_ONLY and self.precision == "bf16":
+        local = self.optimizer_spec
+        if local.full_rank and self.init_kind == "peft":
+            raise FedloraError(f"{local.label} needs full-rank LoRA factors: use --lora-init balanced")
+        if local.merges_base and self.precision == "bf16":
             raise FedloraError(
                 f"{self.optimizer_kind} merges a dense update into the base weights: it needs --precision "
                 "fp32 (auto picks it)"
             )
-        if self.optimizer_kind in LOCAL_ONLY and (self.init_kind != "peft" or self.lora_dropout > 0):
+        if local.merges_base and (self.init_kind != "peft" or self.lora_dropout > 0):
             raise FedloraError(
                 f"{self.optimizer_kind} taps the gradient through B = 0 on the undropped input: "
                 "use --lora-init peft, --lora-dropout 0"
             )
-        if self.client_optimizer == "sgd" and self.optimizer_kind not in ("none", *FACTOR_OPTIMIZERS):
+        if self.client_optimizer == "sgd" and not local.update_rule:
             raise FedloraError(
                 f"--client-optimizer sgd is an update rule for non-private steps, dp-adamw and ffa; "
                 f"{self.optimizer_kind} has its own: use --client-optimizer adamw"
@@ -548,7 +552,7 @@ class RunConfig:
                 f"local optimizer {self.optimizer_kind} needs exactly one of --sample-epsilon and "
                 "--sample-noise-multiplier (> 0)"
             )
-        if self.optimizer_kind in SPARTA_OPTIMIZERS:
+        if local.row_selection:
             if self.sparta_keep >= 1:
                 kept_rows(
                     self.sparta_keep, int(self.sparta_keep)
@@ -587,7 +591,7 @@ class RunConfig:
             raise FedloraError(f"a {release} release needs --noise-multiplier or --target-epsilon")
         if self.adaptive_clip and release != "gaussian":
             raise FedloraError("--adaptive-clip supports the gaussian release (--mechanism dp-fedavg)")
-        if self.adaptive_clip and self.threat_model == "local":
+        if self.adaptive_clip and THREATS[self.threat_model].each_reply_private:
             raise FedloraError(
                 "--adaptive-clip needs --threat-model central or distributed (a noised count over the cohort)"
             )
@@ -605,22 +609,23 @@ class RunConfig:
                 f"the dr-encoder release runs its statistics round with non-private local steps; "
                 f"it cannot be combined with the sample-level optimizer {self.optimizer_kind}"
             )
-        if self.ae_prior == "public" and self.codec != "ae":
+        if self.ae_prior == "public" and not self.codec_spec.trains_autoencoder:
             raise FedloraError(
                 f"--ae-prior public trains the ae codec; --codec {self.codec} has no autoencoder"
             )
         if self.ae_prior == "public" and self.public_fraction <= 0:
             raise FedloraError("--ae-prior public needs public data: set --public-fraction in (0, 0.5]")
-        if self.codec == "pca" and not self.public_subspace:
+        if self.codec_spec.needs_public_subspace and not self.public_subspace:
             raise FedloraError(
-                "--codec pca needs --public-subspace K (its latent size) and --public-fraction (its public data)"
+                f"--codec {self.codec} needs --public-subspace K (its latent size) and --public-fraction "
+                "(its public data)"
             )
-        if self.encode_at == "server" and self.threat_model != "central":
+        if self.encode_at == "server" and not THREATS[self.threat_model].clear_replies:
             raise FedloraError(
                 "--encode-at server needs --threat-model central: only a trusted server may see a "
                 "client's raw increment"
             )
-        if self.decode_order == "decode-first" and self.threat_model != "local":
+        if self.decode_order == "decode-first" and not THREATS[self.threat_model].each_reply_private:
             raise FedloraError(
                 "--decode-order decode-first needs --threat-model local: under distributed or central "
                 "noise a single client's latent is not a private release"
@@ -629,162 +634,6 @@ class RunConfig:
 
 #: ``--help`` text of every option (from the declarations)
 HELP: dict[str, str] = {f.name: f.metadata["help"] for f in fields(RunConfig)}
-
-
-#: Cross-device (issue 16): 1,000 clients with ~8 records each, ~100 per round; the head starts from
-#: label descriptions (``minilm-rt-xdev``, and under DP the ``default`` preset).
-_XDEV: dict[str, object] = {
-    "model": "minilm-l6",
-    "dataset": "rotten-tomatoes",
-    "pooling": "mean",
-    "head_init": "zero-shot",
-    "partition": "iid",
-    "num_clients": 1000,
-    "sample_rate": 0.1,
-    "rounds": 30,
-    "local_steps": 1,
-    "batch_size": 8,
-    "client_optimizer": "sgd",
-    "lr": 1.0,
-    "server_optimizer": "adam",
-    "server_lr": 1e-2,
-    "max_train_examples": 0,
-    "eval_examples": 1000,
-    "eval_every": 5,
-    "delta": 1e-6,
-}
-
-
-PRESETS: dict[str, dict[str, object]] = {
-    # Four nodes, no DP: a few seconds a round on a 2-core CPU; the head starts untrained.
-    "small": {
-        "model": "minilm-l6",
-        "dataset": "rotten-tomatoes",
-        "partition": "iid",
-        "num_clients": 4,
-        "sample_rate": 0.5,
-        "rounds": 5,
-        "local_steps": 20,
-        "batch_size": 16,
-        "lr": 1e-3,
-        "eval_examples": 500,
-    },
-    # The causal LM through a verbalizer (zero-shot is already ~0.78, so it needs more steps).
-    "smollm2-rt": {
-        "model": "smollm2-135m",
-        "dataset": "rotten-tomatoes",
-        "partition": "iid",
-        "num_clients": 2,
-        "rounds": 5,
-        "local_steps": 20,
-        "lr": 3e-4,
-        "eval_examples": 500,
-    },
-    "minilm-rt": {
-        "model": "minilm-l6",
-        "dataset": "rotten-tomatoes",
-        "rounds": 5,
-        "local_steps": 20,
-        "batch_size": 16,
-        "lr": 1e-3,
-        "eval_examples": 500,
-    },
-    "minilm-bbc": {
-        "model": "minilm-l6",
-        "dataset": "bbc-news",
-        "rounds": 5,
-        "local_steps": 20,
-        "batch_size": 16,
-        "lr": 1e-3,
-        "max_length": 128,
-    },
-    "minilm-rt-xdev": _XDEV,
-    # `make run` and `fedlora simulate` without --preset: the cross-device federation above, private.
-    # Client-level DP (central noise, the server trusted), epsilon 8 (PLD) at delta 1e-6, add/remove one
-    # client, over 15 rounds of ~100 clients: learns visibly in under 3 minutes on a 2-core CPU.
-    "default": {
-        **_XDEV,
-        "mechanism": "dp-fedavg",
-        "threat_model": "central",
-        "target_epsilon": 8.0,
-        "clip": 0.5,
-        "rounds": 15,
-    },
-    "minilm-bbc-xdev": {
-        "model": "minilm-l6",
-        "dataset": "bbc-news",
-        "pooling": "mean",
-        "head_init": "zero-shot",
-        "partition": "iid",
-        "num_clients": 400,
-        "sample_rate": 0.25,
-        "rounds": 30,
-        "local_steps": 1,
-        "batch_size": 4,
-        "client_optimizer": "sgd",
-        "lr": 1.0,
-        "server_optimizer": "adam",
-        "server_lr": 1e-2,
-        "eval_every": 5,
-        "max_train_examples": 0,
-        "max_length": 128,
-        "eval_examples": 445,
-        "delta": 1e-6,
-    },
-    # Cross-silo (issue 18): 4 nodes with ~2,500 records each (the whole train split, label skew),
-    # every node every round, each under its own sample-level budget (no client-level release). A
-    # round is one DP-SGD step of ffa per node (expected batch 128); the server applies Adam to the
-    # mean of the noisy steps (post-processing), so the federation is one DP optimizer over all nodes'
-    # data and label skew cannot pull it apart. The summary prints each node's epsilon.
-    "minilm-rt-silo": {
-        "model": "minilm-l6",
-        "dataset": "rotten-tomatoes",
-        "pooling": "mean",
-        "head_init": "zero-shot",
-        "partition": "dirichlet",
-        "num_clients": 4,
-        "sample_rate": 1.0,
-        "rounds": 100,
-        "local_steps": 1,
-        "batch_size": 128,
-        "mechanism": "ffa",
-        "client_optimizer": "sgd",
-        "lr": 1.0,
-        "server_optimizer": "adam",
-        "server_lr": 3e-2,
-        "server_tau": 1e-6,
-        "sample_epsilon": 3.0,
-        "delta": 1e-5,
-        "max_train_examples": 0,
-        "eval_examples": 1000,
-        "eval_every": 25,
-    },
-    # GPU-sized; on a CPU pass --rounds 5 (a round of 100 SmolLM2 clients takes minutes there).
-    "smollm2-rt-xdev": {
-        "model": "smollm2-135m",
-        "dataset": "rotten-tomatoes",
-        "partition": "iid",
-        "num_clients": 1000,
-        "sample_rate": 0.1,
-        "rounds": 40,
-        "local_steps": 2,
-        "batch_size": 8,
-        "lr": 3e-4,
-        "max_train_examples": 0,
-        "eval_examples": 1000,
-        "delta": 1e-6,
-    },
-    "smollm2-news": {"model": "smollm2-135m", "dataset": "news-articles", "eval_examples": 50},
-    "smollm2-boolq": {"model": "smollm2-135m", "dataset": "boolq", "max_length": 128},
-}
-
-
-def preset(name: str, **overrides: object) -> RunConfig:
-    """The named preset with ``overrides`` applied (``None`` values are ignored)."""
-    if name not in PRESETS:
-        raise FedloraError(f"unknown preset '{name}'; available: {', '.join(PRESETS)}")
-    values = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
-    return RunConfig(**values)
 
 
 def to_flat(cfg: RunConfig) -> dict[str, object]:
@@ -797,6 +646,8 @@ def from_flat(flat: dict[str, object]) -> RunConfig:
 
     An empty string means "the preset's value" (pyproject.toml must list every key for Flower's
     ``--run-config`` overrides, and lists them as "")."""
+    from common.presets import preset  # common.presets imports this module
+
     flat = dict(flat)
     base = str(flat.pop("preset", "default"))
     known = {f.name: f.type for f in fields(RunConfig)}
@@ -826,13 +677,9 @@ def _parse_bool(value: object) -> bool:
 
 
 __all__ = [
-    "LOCAL_ONLY",
     "PRECISIONS",
-    "PRESETS",
-    "SPARTA_OPTIMIZERS",
     "RunConfig",
     "field",
     "from_flat",
-    "preset",
     "to_flat",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from common.config import LOCAL_ONLY, RunConfig
+from common.config import RunConfig
 from common.data import FederatedSplit, federated_split
 from common.data.files import Columns
 from common.device import resolve_device
@@ -63,7 +63,7 @@ def open_model(cfg: RunConfig, split: FederatedSplit) -> ModelBundle:
 def base_precision(cfg: RunConfig, device) -> str:
     """The frozen base's precision for ``cfg`` on ``device``: fp32 for the local optimizers that merge a
     dense update into the base weights (sparta-base, wishart), else ``--precision`` resolved."""
-    return "fp32" if cfg.optimizer_kind in LOCAL_ONLY else resolve_precision(cfg.precision, device)
+    return "fp32" if cfg.optimizer_spec.merges_base else resolve_precision(cfg.precision, device)
 
 
 def initial_adapter(cfg: RunConfig, bundle: ModelBundle, split: FederatedSplit) -> AdapterState:

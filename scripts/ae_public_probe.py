@@ -17,7 +17,7 @@ from autoencoder.layout import Layout, is_factor
 from autoencoder.synthetic import empirical_stats
 from autoencoder.train import TrainConfig, train_autoencoder
 from autoencoder.uformer import AeConfig
-from common.config import preset
+from common.presets import preset
 from server.bench.codec import errors
 from server.evaluation import Evaluator
 from server.public_prior import public_increments

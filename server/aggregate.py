@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from common.models import AdapterState
 from common.privacy.release import add_noise, clip
+from common.privacy.threat import ThreatModel
 
 
 def weighted_mean(increments: Sequence[AdapterState], weights: Sequence[float]) -> AdapterState:
@@ -25,7 +26,7 @@ def apply_increment(state: AdapterState, increment: AdapterState, lr: float) -> 
 
 
 def private_mean(
-    increments: Sequence[AdapterState], threat_model: str, sigma: float, bound: float, expected: float
+    increments: Sequence[AdapterState], threat: ThreatModel, sigma: float, bound: float, expected: float
 ) -> AdapterState:
     """Mean of clipped client-level releases (DP-FedAvg, McMahan et al. 2018).
 
@@ -35,11 +36,11 @@ def private_mean(
     released mean by at most C / (p·N) whatever the others did. Under ``central`` noise the server
     clips every reply to ``bound`` = C itself: the sensitivity must not rest on the clients' clip.
     """
-    if threat_model == "local":
+    if threat.each_reply_private:
         return weighted_mean(increments, [1.0] * len(increments))
-    if threat_model == "central":
+    if threat.clear_replies:
         increments = [clip(inc, bound)[0] for inc in increments]
     total = {name: sum(inc[name] for inc in increments) for name in increments[0]}
-    if threat_model == "central":
+    if threat.clear_replies:
         total = add_noise(total, sigma * bound)
     return {name: t / expected for name, t in total.items()}

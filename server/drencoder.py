@@ -113,8 +113,8 @@ class ServerCodec:
             coded = [encode_update(self.codec, r) for r in replies]
         if order == "decode-first":
             decoded = [decode_update(self.codec, c) for c in coded]
-            return private_mean(decoded, plan.threat_model, plan.server_sigma, plan.clip, expected)
-        mean = private_mean(coded, plan.threat_model, plan.server_sigma, plan.clip, expected)
+            return private_mean(decoded, plan.threat, plan.server_sigma, plan.clip, expected)
+        mean = private_mean(coded, plan.threat, plan.server_sigma, plan.clip, expected)
         return decode_update(self.codec, mean)
 
 
@@ -142,7 +142,7 @@ def prepare_codec(
     and public split) before round 1 and broadcast like an encoder."""
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     factors = {k: s for k, s in shapes.items() if is_factor(k)}
-    if cfg.codec == "pca":
+    if cfg.codec_spec.fitted_on_public:  # pca: a basis of public increments
         codec, info = _public_codec(cfg, Layout.from_shapes(factors, 1), state, run_dir, evaluator, echo)
         return _announce(cfg, codec, codec.version, shapes, info, pca_payload(codec), echo)
     ae_config = AE_CONFIGS[cfg.ae_size]()
@@ -156,7 +156,7 @@ def prepare_codec(
         else:
             trained, version, info = fit_public_ae(cfg, ae_config, layout, state, run_dir, evaluator, 1, echo)
             log_record({"round": STATS_ROUND, "phase": "autoencoder", **info})
-        codec = make_codec("ae", trained=trained)
+        codec = make_codec(cfg.codec, trained=trained)
         return _announce(cfg, codec, version, shapes, info, encoder_payload(trained, version), echo)
     stats_path = run_dir / STATS_FILE
     if stats_path.exists():
@@ -168,9 +168,9 @@ def prepare_codec(
             ledger.settle(run_id, STATS_ROUND, "applied", replied=len(stats_list))
         log_record({"round": STATS_ROUND, "phase": "stats", **info})
     encoder = None
-    if cfg.codec == "ae":
+    if cfg.codec_spec.trains_autoencoder:
         trained, version = _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo)
-        codec = make_codec("ae", trained=trained)
+        codec = make_codec(cfg.codec, trained=trained)
         encoder = encoder_payload(trained, version)
     else:
         mean, _ = prior_moments(stats_list, layout.shapes)
@@ -250,17 +250,18 @@ def refresh_public_codec(
     layout = coder.codec.layout
     path = run_dir / PCA_FILE
     if fitted is None:
-        fitted = load_basis(path, layout)[1] if cfg.codec == "pca" else latest_public_ae(run_dir)[0]
+        public_basis = cfg.codec_spec.fitted_on_public
+        fitted = load_basis(path, layout)[1] if public_basis else latest_public_ae(run_dir)[0]
     due = refit_round(cfg, rnd)
     if fitted >= due:
         return coder, fitted
-    if cfg.codec == "pca":
+    if cfg.codec_spec.fitted_on_public:
         codec = fit_public_basis(evaluator, cfg, state, layout, path, rnd)
         version, payload = codec.version, pca_payload(codec)
     else:
         ae_config = AE_CONFIGS[cfg.ae_size]()
         trained, version, _ = fit_public_ae(cfg, ae_config, layout, state, run_dir, evaluator, rnd, echo)
-        codec, payload = make_codec("ae", trained=trained), encoder_payload(trained, version)
+        codec, payload = make_codec(cfg.codec, trained=trained), encoder_payload(trained, version)
     echo(f"round {rnd}: codec {cfg.codec} refitted on {cfg.public_increments} public increments ({version})")
     return ServerCodec(codec, version, cfg.seed, payload, cfg.encode_at), rnd
 

@@ -87,8 +87,9 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
     handles = RunHandles(out.path, ledger, run_id, out.log, echo, evaluator)
     prepared = release.prepare(grid, nodes, state, handles)
     subspace = None
-    if cfg.public_subspace and not (cfg.release_kind == "dr-encoder" and cfg.codec == "pca"):
-        # (the pca codec's release already lies in its public subspace)
+    in_subspace = cfg.release_kind == "dr-encoder" and cfg.codec_spec.needs_public_subspace
+    if cfg.public_subspace and not in_subspace:
+        # (a codec whose latent is the public subspace, pca, releases within it already)
         layout = Layout.from_shapes(shapes, 1)
         subspace = PublicSubspace(cfg, evaluator, layout, out.path)
     rng = os_sampler()  # never from cfg.seed, never checkpointed: the sample must stay secret

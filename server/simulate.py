@@ -9,10 +9,11 @@ from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
 
-from common.config import PRESETS, RunConfig, preset, to_flat
+from common.config import RunConfig, to_flat
 from common.errors import FedloraError
 from common.options import add_config_arguments as add_options
 from common.options import config_values
+from common.presets import PRESETS, preset
 from common.timing import reset, totals
 from server.inprocess import InProcessGrid, load_component
 from server.run_dir import default_run_dir, write_json

@@ -142,7 +142,7 @@ def _audit_federation(tmp_path, monkeypatch, **run) -> tuple[dict, dict, dict, l
     [accepted reply or InvalidReply], and the partitions the real ClientApp was asked to train."""
     import client.app
     import server.round
-    from common.config import preset
+    from common.presets import preset
     from common.wire import InvalidReply
     from server.audit.client import audit_run
     from tests.harness import TINY
@@ -265,7 +265,7 @@ def test_audit_mia_plan_is_independent_of_the_inclusion_vector(tmp_path, monkeyp
     """The noise plan (N, hence q and σ) is made for the real examples + every canary: the same for
     two seeds whose inclusion vectors differ in size (9 and 3 of 10 canaries included)."""
     import server.audit.mia as mia
-    from client.train_local import LOCAL_DEFAULTS
+    from client.train_local import local_defaults
     from common.config import RunConfig
 
     planned, real_plan = [], mia.local_plan
@@ -276,7 +276,7 @@ def test_audit_mia_plan_is_independent_of_the_inclusion_vector(tmp_path, monkeyp
 
     monkeypatch.setattr(mia, "local_plan", plan)
     monkeypatch.setattr(mia, "train_one", lambda *args, **kwargs: {})  # the plan is all this test needs
-    base = {k: v for k, v in LOCAL_DEFAULTS.items() if v is not None}
+    base = {k: v for k, v in local_defaults().items() if v is not None}
     cfg = RunConfig(
         **{
             **base,

@@ -132,7 +132,7 @@ def test_start_state_from_a_run_checkpoint(tmp_path):
     """``--start-from``: a run directory or its checkpoint; another LoRA shape is refused in one line."""
     import torch
 
-    from common.config import preset
+    from common.presets import preset
     from server.bench.codec import start_state
     from server.checkpoint import CHECKPOINT_FILE, LoopState, save
     from server.evaluation import Evaluator

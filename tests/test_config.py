@@ -1,16 +1,12 @@
-"""Run configuration: presets validate, the Flower flat form round-trips, bad values are refused."""
+"""Run configuration: the Flower flat form round-trips, bad values are refused (presets: test_presets.py)."""
 
 from dataclasses import fields
 
 import pytest
 
-from common.config import HELP, PRESETS, RunConfig, from_flat, preset, to_flat
+from common.config import HELP, RunConfig, from_flat, to_flat
 from common.errors import FedloraError
-
-
-@pytest.mark.parametrize("name", sorted(PRESETS))
-def test_presets_are_valid(name):
-    preset(name).check()
+from common.presets import preset
 
 
 def test_flat_roundtrip():

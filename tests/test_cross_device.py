@@ -12,15 +12,17 @@ import torch
 from safetensors.torch import load_file
 
 from client.node.policy import NodePolicy
-from common.config import PRESETS, SERVER_OPTIMIZERS, preset
+from common.config import SERVER_OPTIMIZERS
 from common.errors import FedloraError
 from common.models.head_init import descriptions, head_features
+from common.presets import PRESETS, preset
 from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import combined_noise_multiplier
 from common.privacy.calibration import events_epsilon
 from common.privacy.ledger import Ledger
 from common.privacy.plan import plan_noise
 from common.privacy.report import title
+from common.privacy.threat import THREATS
 from common.wire import CLIP_BIT
 from server import optimizers
 from server.aggregate import private_mean
@@ -77,7 +79,9 @@ def test_noise_cohort_gives_the_mean_the_noise_of_the_larger_cohort():
     plan = plan_noise(cfg)
     assert plan.cohort_scale == pytest.approx(2 / 50) and plan.simulated_sigma == pytest.approx(0.8 * 2 / 50)
     zeros = [{"x": torch.zeros(200_000)} for _ in range(2)]
-    mean = private_mean(zeros, "central", plan.update_sigma * plan.cohort_scale, 0.5, cfg.expected_cohort)
+    mean = private_mean(
+        zeros, THREATS["central"], plan.update_sigma * plan.cohort_scale, 0.5, cfg.expected_cohort
+    )
     assert float(mean["x"].std()) == pytest.approx(0.8 * 0.5 / 50, rel=0.01)
     # local noise: each client's std scales by sqrt(K/K'), so the mean of K carries σC/sqrt(K')
     local = plan_noise(cfg.replace(threat_model="local"))

@@ -15,8 +15,8 @@ import torch
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 
 from client.app import release_reply
-from common.config import preset
 from common.errors import FedloraError
+from common.presets import preset
 from common.wire import DATA_SOURCE, TrainInstruction, data_source, parse_train_reply, train_reply
 from server.model_card import model_card
 from server.releases import make_release

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from client.releases import release_gaussian
-from common.config import preset
+from common.presets import preset
 from common.privacy.ledger import Ledger
 from common.privacy.plan import plan_noise
 from common.privacy.threat import CLIENT_LEVEL

@@ -17,8 +17,8 @@ from autoencoder.synthetic import GRANULARITIES, pack_stats, unpack_stats
 from autoencoder.train import LATENT_MODES
 from client.drencoder.gradstats import privatise
 from common import config
-from common.config import preset
 from common.errors import FedloraError
+from common.presets import preset
 from common.privacy.ledger import Ledger
 from common.privacy.plan import NoisePlan
 from common.wire import InvalidReply, TrainInstruction, parse_stats_reply, stats_reply

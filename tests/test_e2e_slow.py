@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import preset
+from common.presets import preset
 from server.simulate import simulate
 
 ROOT = Path(__file__).parents[1]

@@ -13,7 +13,7 @@ from flwr.app.error import Error
 from flwr.app.message import make_message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
-from common.config import preset
+from common.presets import preset
 from common.wire import train_reply
 from server.exchange import exchange
 from server.releases import make_release

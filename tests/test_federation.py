@@ -10,10 +10,11 @@ from peft import PeftModel
 from safetensors import safe_open
 from transformers import AutoModelForSequenceClassification
 
-from common.config import preset, to_flat
+from common.config import to_flat
 from common.errors import FedloraError
 from common.models import adapter_state
 from common.models.registry import MODELS
+from common.presets import preset
 from common.privacy.ledger import Ledger
 from common.wire import from_record, train_reply
 from server.checkpoint import CHECKPOINT_FILE

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from numpy.lib import format as npy
 
 from common import wire
-from common.config import preset
+from common.presets import preset
 from common.privacy.plan import NoisePlan
 from common.wire import (
     SCHEMA,

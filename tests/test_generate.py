@@ -85,7 +85,7 @@ def test_bad_generation_settings_are_one_line(smollm2_adapter, capsys):
 
 
 def test_a_language_model_runs_card_shows_two_samples_and_its_perplexities(tmp_path):
-    from common.config import preset
+    from common.presets import preset
     from server.simulate import simulate
 
     cfg = preset(

@@ -16,8 +16,9 @@ from client.node import sdk
 from client.node.policy import NodePolicy
 from client.node.shard import node_shard
 from client.node.state import client_ledger
-from common.config import preset, to_flat
+from common.config import to_flat
 from common.errors import FedloraError
+from common.presets import preset
 from common.wire import TrainInstruction
 from server.inprocess import load_component
 from tests.conftest import run_cli

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from common.config import preset
 from common.data import dirichlet_partition, federated_split, iid_partition, train_test_split
 from common.data.dedup import text_groups
 from common.errors import FedloraError
+from common.presets import preset
 
 
 def _check_cover(parts, n):

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from common.config import preset
 from common.models import LoraSpec, adapter_shapes, load_adapter_state, load_model
 from common.models.portable import SIDECAR, load_adapter
 from common.models.registry import MODELS, resolve_model
+from common.presets import preset
 from server import checkpoint
 from server.model_card import model_card
 from server.simulate import simulate

@@ -14,10 +14,11 @@ from client.dp import engine
 from client.dp.engine import DpSteps, dp_train
 from client.dp.optimizers import make_dp_optimizer
 from client.node.shard import node_shard
-from common.config import preset, to_flat
+from common.config import to_flat
 from common.errors import FedloraError
 from common.models.lora import lora_layers
 from common.models.precision import resolve_precision
+from common.presets import preset
 from common.privacy.release import global_norm
 from common.wire import TrainInstruction
 from server.inprocess import load_component

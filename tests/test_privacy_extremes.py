@@ -217,8 +217,8 @@ def test_pld_answers_every_sigma(sigma, growth, p, count, delta):
 def test_a_refusal_prints_its_two_numbers_apart():
     """A budget refusal never reads "0.001 > 0.001": the digits grow until the two differ."""
     from client.node.policy import NodePolicy, planned_client_epsilon
-    from common.config import preset
     from common.errors import FedloraError
+    from common.presets import preset
     from common.privacy.report import apart
 
     assert apart(0.0010004, 0.001) == ("0.0010004", "0.001")

@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import load_file
 
 from autoencoder.layout import Layout
-from common.config import preset
 from common.errors import FedloraError
 from common.models import adapter_shapes
-from server import checkpoint, public_prior
+from common.presets import preset
+from server import checkpoint, drencoder, public_prior
 from server.evaluation import Evaluator
 from server.public_prior import BASIS_FILE, PublicSubspace
 from server.simulate import simulate
@@ -36,7 +36,10 @@ def test_bad_public_subspace_options_are_one_line(changes, message):
 def test_a_subspace_larger_than_the_factor_entries_is_one_line_before_any_public_increment(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(public_prior, "public_increments", lambda *a: pytest.fail("computed increments"))
+    fail = lambda *a: pytest.fail("computed increments")  # noqa: E731
+    # both names: server.drencoder binds public_increments at its import, which may happen here
+    monkeypatch.setattr(public_prior, "public_increments", fail)
+    monkeypatch.setattr(drencoder, "public_increments", fail)
     big = dict(public_fraction=0.25, public_subspace=10**7, public_increments=10**7)
     cfg = preset("minilm-rt", **TINY, **big, threat_model="central", noise_multiplier=1.0, clip=1.0)
     with pytest.raises(FedloraError, match=r"--public-subspace 10000000 exceeds the [\d,]+ LoRA-factor"):

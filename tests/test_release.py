@@ -6,13 +6,14 @@ import math
 import pytest
 import torch
 
-from common.config import preset
 from common.errors import FedloraError
+from common.presets import preset
 from common.privacy.accountants import Event
 from common.privacy.calibration import epsilon_for
 from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import NoisePlan, budget_stop, plan_noise
 from common.privacy.release import add_noise, clip, clip_and_noise, global_norm
+from common.privacy.threat import THREATS
 from server.aggregate import private_mean
 
 
@@ -79,12 +80,12 @@ def test_any_applied_round_carries_at_least_sigma():
 
 def test_private_mean_per_threat_model():
     incs = [_state(s) for s in range(3)]
-    local = private_mean(incs, "local", 1.0, 1.0, expected=6.0)
+    local = private_mean(incs, THREATS["local"], 1.0, 1.0, expected=6.0)
     assert torch.allclose(local["a"], sum(i["a"] for i in incs) / 3, atol=1e-6)  # mean of replies
-    dist = private_mean(incs, "distributed", 1.0, 1.0, expected=6.0)
+    dist = private_mean(incs, THREATS["distributed"], 1.0, 1.0, expected=6.0)
     assert torch.allclose(dist["a"], sum(i["a"] for i in incs) / 6, atol=1e-6)  # fixed denominator p·N
     zeros = [{"a": torch.zeros(100_000)}] * 2
-    central = private_mean(zeros, "central", 2.0, 0.5, expected=4.0)["a"]
+    central = private_mean(zeros, THREATS["central"], 2.0, 0.5, expected=4.0)["a"]
     assert central.std().item() == pytest.approx(2.0 * 0.5 / 4.0, rel=0.02)  # server noise σC / (p·N)
 
 
@@ -124,7 +125,7 @@ def test_central_mean_clips_again_on_the_server():
     round-off allowance) is clipped to C before it enters the sum."""
     over = {"a": torch.zeros(10)}
     over["a"][0] = 0.5 * (1 + 5e-5)
-    mean = private_mean([over], "central", 1e-12, 0.5, expected=1.0)
+    mean = private_mean([over], THREATS["central"], 1e-12, 0.5, expected=1.0)
     assert global_norm(mean) == pytest.approx(0.5, rel=1e-9)
 
 

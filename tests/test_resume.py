@@ -139,8 +139,8 @@ def test_a_run_stored_before_an_option_existed_resumes_at_its_default(tmp_path):
     default, so resuming at the default is the same run, and at another value it is not."""
     from dataclasses import asdict
 
-    from common.config import preset
     from common.errors import FedloraError
+    from common.presets import preset
     from server.run_dir import RunDir, fingerprint
 
     cfg = preset("minilm-rt-xdev", out_dir=str(tmp_path))

@@ -25,10 +25,10 @@ from client.node import sdk
 from client.node.policy import NodePolicy, planned_client_epsilon
 from client.node.shard import load_own_shard, node_shard
 from client.node.state import sample_ledger
-from common.config import preset
 from common.data.owner import read_jsonl
 from common.errors import FedloraError
 from common.models import adapter_state
+from common.presets import preset
 from common.privacy.ledger import Charge
 from common.wire import TrainInstruction
 from server.inprocess import load_component

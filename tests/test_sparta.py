@@ -13,10 +13,11 @@ import torch
 from client.dp.engine import DpSteps, dp_train
 from client.dp.grad_sample import GradSampler
 from client.dp.optimizers.sparta import SpartaDp
-from common.config import RunConfig, preset
+from common.config import RunConfig
 from common.errors import FedloraError
 from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
+from common.presets import preset
 from common.privacy.ledger import Ledger
 from common.sparta import kept_rows, selection_steps
 from server.simulate import simulate

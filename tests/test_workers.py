@@ -13,7 +13,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from common.config import preset
+from common.presets import preset
 from common.privacy.ledger import Ledger
 from server.checkpoint import CHECKPOINT_FILE
 from server.simulate import simulate

@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from client.train_local import LOCAL_DEFAULTS, LOCAL_MECHANISMS, SHARD_OPTIONS, config_of, train_local
+from client.train_local import LOCAL_MECHANISMS, SHARD_OPTIONS, config_of, local_defaults, train_local
 from common.errors import FedloraError
 from common.options import add_config_arguments
 
@@ -45,7 +45,7 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    shared = {k: v for k, v in LOCAL_DEFAULTS.items() if k not in TUNED and k not in SHARD_OPTIONS}
+    shared = {k: v for k, v in local_defaults().items() if k not in TUNED and k not in SHARD_OPTIONS}
     add_config_arguments(parser, only=list(shared), defaults=shared)
     add = parser.add_argument
     add("--methods", default="prism,dp-adamw,ffa,fedavg", help="comma-separated train-local mechanisms")

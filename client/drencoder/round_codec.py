@@ -1,9 +1,10 @@
 """The codec a ``dr-encoder`` train round asks for, built from the round's instruction.
 
-``ae`` and ``pca``: the broadcast (autoencoder/broadcast.py: the encoder, or the public basis),
-rebuilt once per version and process; ``identity`` and ``random-projection``: from the layout (and latent size and seed);
-``constant-mean``: sends nothing, so the client needs no mean (its copy decodes to zeros; only the
-server decodes).
+A broadcast codec (``ae``, ``pca``: autoencoder/broadcast.py, the encoder or the public basis) is
+rebuilt once per version and process; the others are the node's copy its descriptor builds
+(autoencoder/codecs.py ``CodecDescriptor.node_copy``): ``identity`` and ``random-projection`` from the
+layout (and latent size and seed); ``constant-mean`` sends nothing, so the client needs no mean (its
+copy decodes to zeros; only the server decodes).
 
 The server sends the encoder to a node until that node has answered a round with it; the node keeps
 it in memory and in its encoder cache (``encoders/<version>.safetensors`` under the node's state
@@ -22,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from autoencoder.broadcast import codec_from_payload
-from autoencoder.codecs import Codec, ConstantMeanCodec, IdentityCodec, RandomProjectionCodec
+from autoencoder.codecs import CODEC_REGISTRY, Codec
 from autoencoder.layout import Layout
 from common.errors import FedloraError
 from common.wire import TrainInstruction
@@ -36,14 +37,11 @@ def round_codec(ins: TrainInstruction, device: torch.device, cache_dir: Path | N
     ``cache_dir``: where this node keeps encoders it has received."""
     cfg, content = ins.codec, ins.records
     name, layout = str(cfg["codec"]), Layout.from_json(str(cfg["layout"]))
-    if name == "identity":
-        return IdentityCodec(layout)
-    if name == "random-projection":
-        return RandomProjectionCodec(layout, int(cfg["latent-size"]), int(cfg["codec-seed"]))
-    if name == "constant-mean":
-        return ConstantMeanCodec(layout, {n: torch.zeros(s) for n, s in layout.shapes.items()})
-    if name not in ("ae", "pca"):
+    descriptor = CODEC_REGISTRY.get(name)
+    if descriptor is None:
         raise FedloraError(f"unknown codec '{name}'")
+    if not descriptor.broadcast:
+        return descriptor.node_copy(layout, int(cfg["latent-size"]), int(cfg["codec-seed"]))
     version = str(cfg["ae-version"])
     received = "encoder" in content and "encoder-meta" in content
     if received or version not in _ENCODERS:

@@ -31,6 +31,7 @@ from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
 from common.privacy.plan import plan_noise, uncovered
 from common.privacy.report import apart
+from common.privacy.threat import THREATS
 
 TOLERANCE = 1e-6  # relative: a calibrated plan lands on its target up to round-off
 
@@ -134,21 +135,20 @@ class NodePolicy:
         if trust == "server" or cfg.release_kind == "none":
             return ""
         setting = f"this node trusts {'no one' if trust == 'none' else 'a secure aggregate only'}"
+        threat = THREATS[cfg.threat_model]
         if cfg.encode_at == "server":
             seen = "the raw, unclipped update (--encode-at server)"
         elif cfg.clip_only:
             seen = "the clipped update with no noise (clip-only diagnostic)"
-        elif cfg.threat_model == "central":
-            seen = "the clipped update with no noise (central noise: the server adds it)"
-        elif cfg.threat_model == "distributed":
-            if trust == "aggregate":
-                return (
-                    f"{setting}; distributed noise needs secure aggregation, which this federation does "
-                    "not offer (the server would see each reply with noise std sigma*C/sqrt(m))"
-                )
-            seen = "each reply with noise std sigma*C/sqrt(m), a share of the noise (distributed noise)"
-        else:
+        elif threat.trust == "none":  # the node adds all of its noise itself
             return ""
+        elif threat.trust == trust:  # "aggregate": only a secure sum would keep the shares hidden
+            return (
+                f"{setting}; {threat.name} noise needs secure aggregation, which this federation does "
+                f"not offer (the server would see {threat.server_sees})"
+            )
+        else:
+            seen = threat.server_sees
         return f"{setting}; the server would see {seen} (trust = server, fedlora node --trust server)"
 
     def _check_mechanism(self, cfg: RunConfig) -> None:

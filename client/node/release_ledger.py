@@ -35,9 +35,7 @@ from common.privacy.plan import STATS_ROUND, NoisePlan
 def release_event(plan: NoisePlan, noise_std: float, clip: float) -> Event:
     """One client-level release as the node charges it: ``noise_std`` (the std the node added to an
     update clipped to ``clip``) at p = 1 under local noise, else the plan's (σ, p)."""
-    if plan.threat_model == "local":
-        return Event(noise_std / clip, 1.0)
-    return plan.event
+    return plan.threat.node_event(plan.event, noise_std, clip)
 
 
 class ReleaseLedger:

@@ -16,7 +16,6 @@ the noise a K'-client round would, and the ε is valid for that deployment, not 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -27,7 +26,7 @@ from common.privacy.adaptive_clip import default_count_std, update_noise_multipl
 from common.privacy.calibration import calibrate_sigma, events_epsilon
 from common.privacy.ledger import Ledger
 from common.privacy.report import apart
-from common.privacy.threat import CLIENT_LEVEL, Guarantee
+from common.privacy.threat import THREATS, Guarantee, ThreatModel
 
 #: accountants whose larger ε every budget decision uses
 BUDGET_ACCOUNTANTS = ("gdp", "pld")
@@ -79,12 +78,15 @@ class NoisePlan:
     @property
     def simulated_sigma(self) -> float:
         """The noise multiplier this run's releases carry (below σ in a what-if noise-cohort run)."""
-        scale = math.sqrt(self.cohort_scale) if self.threat_model == "local" else self.cohort_scale
-        return self.sigma * scale
+        return self.threat.simulated_sigma(self.sigma, self.cohort_scale)
+
+    @property
+    def threat(self) -> ThreatModel:
+        return THREATS[self.threat_model]
 
     @property
     def guarantee(self) -> Guarantee:
-        return CLIENT_LEVEL[self.threat_model]
+        return self.threat.guarantee
 
     def shares(self, sampled: int) -> int:
         """m = min(min-replies, K): the replies a distributed-noise share is sized for."""
@@ -92,12 +94,9 @@ class NoisePlan:
 
     def client_std(self, sampled: int, clip: float = 0.0) -> float:
         """Noise std one of ``sampled`` clients adds to its increment clipped to ``clip`` (0: C)."""
-        clip = clip or self.clip
-        if self.threat_model == "local":
-            return self.update_sigma * clip * math.sqrt(self.cohort_scale)
-        if self.threat_model == "distributed":
-            return self.update_sigma * clip / math.sqrt(self.shares(sampled)) * self.cohort_scale
-        return 0.0  # central: the server adds it
+        return self.threat.client_std(
+            self.update_sigma, clip or self.clip, self.shares(sampled), self.cohort_scale
+        )
 
     @property
     def server_sigma(self) -> float:
@@ -107,18 +106,12 @@ class NoisePlan:
 
     def count_stds(self, sampled: int) -> tuple[float, float]:
         """Adaptive clipping: noise std (each client's share, the server's) on the unclipped count."""
-        std = self.count_std * self.cohort_scale
-        if self.threat_model == "distributed":
-            return std / math.sqrt(self.shares(sampled)), 0.0
-        return 0.0, std
+        return self.threat.count_share(self.count_std * self.cohort_scale, self.shares(sampled))
 
     def released_sigma(self, sampled: int, replied: int) -> float:
         """Noise multiplier of the update in the sum of ``replied`` releases (z_Δ with adaptive
         clipping, scaled in a what-if run); at least the planned one once replied ≥ m."""
-        sigma = self.server_sigma
-        if self.threat_model == "distributed":
-            return sigma * math.sqrt(replied / self.shares(sampled))
-        return sigma
+        return self.threat.released_sigma(self.server_sigma, replied, self.shares(sampled))
 
     def planned_epsilon(self, rounds: int) -> float:
         """The larger ε of :data:`BUDGET_ACCOUNTANTS` after the prior events and ``rounds`` rounds,
@@ -163,7 +156,7 @@ def plan_noise(cfg: RunConfig) -> NoisePlan | None:
     the target under both accountants. Cached per configuration (a node checks it every round)."""
     if cfg.release_kind == "none":
         return None
-    p = cfg.sample_rate if CLIENT_LEVEL[cfg.threat_model].amplified else 1.0
+    p = cfg.sample_rate if THREATS[cfg.threat_model].guarantee.amplified else 1.0
     prior = statistics_events(cfg)
     sigma, calibrated = cfg.noise_multiplier, False
     if cfg.clip_only:

@@ -7,7 +7,12 @@ optimizers each state these in every summary, ledger report and privacy.json.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the accountants import numpy: common/config.py imports this module
+    from common.privacy.accountants import Event
 
 
 @dataclass(frozen=True)
@@ -27,35 +32,129 @@ class Guarantee:
         return f"{self.adjacency}; against {self.observer}"
 
 
-#: client-level release, by threat model
-CLIENT_LEVEL: dict[str, Guarantee] = {
+class ThreatModel:
+    """Where a client-level release's noise is added, and so what each observer sees of one client.
+
+    One subclass per threat model (:data:`THREATS`); callers ask it, never compare its name.
+    ``guarantee``: the ε's adjacency and observer; ``server_sees``: one client's reply as the server
+    receives it; ``trust``: the least a node must trust (client/node/policy.py ``TRUST``) to take part
+    with less noise than it adds itself. Stds are in units of the update (σ·C); ``m`` is the number
+    of replies a distributed share is sized for (common/privacy/plan.py ``NoisePlan.shares``).
+    """
+
+    name: str = ""
+    guarantee: Guarantee
+    server_sees: str = ""
+    trust: str = "server"
+    each_reply_private: bool = False  # every reply carries the whole noise on its own
+    clear_replies: bool = False  # the server receives clipped replies without noise (it adds the noise)
+
+    def client_std(self, update_sigma: float, clip: float, m: int, cohort_scale: float) -> float:
+        """Noise std one client adds to its update clipped to ``clip`` (0: the server adds it)."""
+        return 0.0
+
+    def count_share(self, std: float, m: int) -> tuple[float, float]:
+        """Adaptive clipping's count noise std ``std`` split as (each client's, the server's)."""
+        return 0.0, std
+
+    def released_sigma(self, server_sigma: float, replied: int, m: int) -> float:
+        """Noise multiplier of the update in the sum of ``replied`` releases."""
+        return server_sigma
+
+    def simulated_sigma(self, sigma: float, cohort_scale: float) -> float:
+        """σ as a what-if run's releases carry it: the sum's noise std scales by K/K'."""
+        return sigma * cohort_scale
+
+    def node_event(self, planned: Event, noise_std: float, clip: float) -> Event:
+        """The event a node charges for one release: the run's plan, unless it added it all itself."""
+        return planned
+
+    def noise_note(self, min_replies: int, sigma: float) -> str:
+        """A line the server prints when the run starts, if this noise needs explaining."""
+        return ""
+
+    def __repr__(self) -> str:
+        return f"ThreatModel({self.name})"
+
+
+class LocalNoise(ThreatModel):
+    name = "local"
     # The server sees who replied, so add/remove of a client is not hidden from it: one client's
     # update replaced by zero (sensitivity C) is the relation the noise covers. Replacing one
     # client's data by any other (sensitivity 2C) is the epsilon of sigma / 2.
-    "local": Guarantee(
+    guarantee = Guarantee(
         "zero-out adjacency (one client's update replaced by zero; participation is visible)",
         "everyone, the server included",
         amplified=False,
         relation="zero-out",
-    ),
+    )
+    server_sees = "each reply with the whole noise, std sigma*C (local noise)"
+    trust = "none"
+    each_reply_private = True
+
+    def client_std(self, update_sigma: float, clip: float, m: int, cohort_scale: float) -> float:
+        # the mean of K replies of std s has std s/sqrt(K): a K'-cohort's mean needs s*sqrt(K/K')
+        return update_sigma * clip * math.sqrt(cohort_scale)
+
+    def simulated_sigma(self, sigma: float, cohort_scale: float) -> float:
+        return sigma * math.sqrt(cohort_scale)
+
+    def node_event(self, planned: Event, noise_std: float, clip: float) -> Event:
+        from common.privacy.accountants import Event
+
+        return Event(noise_std / clip, 1.0)  # as added, at p = 1: the server saw it was sampled
+
+
+class DistributedNoise(ThreatModel):
+    name = "distributed"
     # The sum of r replies carries noise variance r*sigma^2*C^2/m, so its energy tells an observer of
     # the aggregate how many replied, hence (at small N) whether a given client took part: sampling
     # cannot be used (p = 1) and only replacing one client's update by zero is hidden.
-    "distributed": Guarantee(
+    guarantee = Guarantee(
         "zero-out adjacency (one client's update replaced by zero; the number of replies is visible "
         "in the aggregate's noise, so participation is not hidden)",
         "an observer of the aggregate only (the global adapter): the server itself sees each reply "
         "with noise std sigma*C/sqrt(m) (no secure aggregation)",
         amplified=False,
         relation="zero-out",
-    ),
-    "central": Guarantee(
+    )
+    server_sees = "each reply with noise std sigma*C/sqrt(m), a share of the noise (distributed noise)"
+    trust = "aggregate"
+
+    def client_std(self, update_sigma: float, clip: float, m: int, cohort_scale: float) -> float:
+        return update_sigma * clip / math.sqrt(m) * cohort_scale
+
+    def count_share(self, std: float, m: int) -> tuple[float, float]:
+        return std / math.sqrt(m), 0.0
+
+    def released_sigma(self, server_sigma: float, replied: int, m: int) -> float:
+        return server_sigma * math.sqrt(replied / m)  # r shares of variance sigma^2/m each
+
+    def noise_note(self, min_replies: int, sigma: float) -> str:
+        return (
+            f"distributed noise: each of the K sampled clients adds std sigma*C/sqrt(m), m = min(min-replies "
+            f"{min_replies}, K), so any applied round carries sigma >= {sigma:.4g}; "
+            "the server sees each reply with that std (no secure aggregation)"
+        )
+
+
+class CentralNoise(ThreatModel):
+    name = "central"
+    guarantee = Guarantee(
         "add/remove one client",
         "everyone but the server (trusted: it sees who was sampled and every reply: clipped, or the "
         "raw unclipped increment under --encode-at server)",
         amplified=True,
-    ),
-}
+    )
+    server_sees = "the clipped update with no noise (central noise: the server adds it)"
+    clear_replies = True
+
+
+#: every client-level threat model, by name (``--threat-model``)
+THREATS: dict[str, ThreatModel] = {t.name: t() for t in (LocalNoise, DistributedNoise, CentralNoise)}
+
+#: client-level release guarantee, by threat model
+CLIENT_LEVEL: dict[str, Guarantee] = {name: t.guarantee for name, t in THREATS.items()}
 
 #: sample-level local optimizers (every noisy step, hence the adapter, is covered)
 SAMPLE_LEVEL = Guarantee(
@@ -74,4 +173,15 @@ def what_if_label(validity: str) -> str:
     return f"WHAT-IF, {validity}: " if validity else ""
 
 
-__all__ = ["ALWAYS_VISIBLE", "CLIENT_LEVEL", "SAMPLE_LEVEL", "Guarantee", "what_if_label"]
+__all__ = [
+    "ALWAYS_VISIBLE",
+    "CLIENT_LEVEL",
+    "SAMPLE_LEVEL",
+    "THREATS",
+    "CentralNoise",
+    "DistributedNoise",
+    "Guarantee",
+    "LocalNoise",
+    "ThreatModel",
+    "what_if_label",
+]

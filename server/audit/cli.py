@@ -12,8 +12,10 @@ import json
 import time
 from pathlib import Path
 
-from common.config import RunConfig, preset
+from common.config import RunConfig
 from common.errors import FedloraError
+from common.local_optimizers import LOCAL_OPTIMIZERS
+from common.presets import preset
 from common.privacy.audit import MIN_CANARIES, MIN_MODELS
 
 #: the audited arms: name -> RunConfig overrides (the no-noise arm must lose, the others must hold)
@@ -31,7 +33,8 @@ MIA_ARMS: dict[str, dict[str, object]] = {
     "no noise (non-private AdamW)": {"mechanism": "fedavg"},
     **{
         f"{m} ε=3": {"mechanism": m, "sample_epsilon": 3.0}
-        for m in ("prism", "dp-adamw", "ffa", "sparta", "wishart")
+        for m, spec in LOCAL_OPTIMIZERS.items()
+        if spec.private and spec.audited
     },
 }
 #: --quick: 20 real clients, every client every round, 3 rounds (≈ 5 minutes on 2 cores)
@@ -136,9 +139,9 @@ def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig
 
 
 def _mia_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
-    from client.train_local import LOCAL_DEFAULTS
+    from client.train_local import local_defaults
 
-    defaults = {k: v for k, v in LOCAL_DEFAULTS.items() if v is not None}  # one node, the whole split
+    defaults = {k: v for k, v in local_defaults().items() if v is not None}  # one node, the whole split
     base = {**defaults, **(QUICK_MIA if args.quick else {}), "seed": args.seed}
     base.update(model=args.model, dataset=args.dataset)
     given = (("max_train_examples", args.examples), ("local_steps", args.steps), ("lr", args.lr))

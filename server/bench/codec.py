@@ -53,7 +53,7 @@ import torch
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from autoencoder.codecs import CODECS, AeCodec, RandomProjectionCodec, fit_pca
+from autoencoder.codecs import CODEC_REGISTRY, CODECS, AeCodec, RandomProjectionCodec, fit_pca
 from autoencoder.coded import decode_update, encode_update
 from autoencoder.layout import Layout
 from autoencoder.synthetic import empirical_stats, prior_moments
@@ -195,8 +195,8 @@ def build_coders(
             echo,
             evaluator,
         )[0]
-        for name in sorted(CODECS, key=lambda n: n != "ae")
-        if name != "pca"
+        for name in sorted(CODECS, key=lambda n: not CODEC_REGISTRY[n].spec.trains_autoencoder)
+        if not CODEC_REGISTRY[name].spec.fitted_on_public
     }
     coders["random-projection"] = cached_projection(coders["random-projection"])
     if cfg.public_fraction > 0 and evaluator is not None:
@@ -281,7 +281,7 @@ def order_errors(
     decoded = [decode_update(coder.codec, c) for c in coded]
     per_client = [errors(layout, d, t) for d, t in zip(decoded, truths, strict=True)]
     mean = weighted_mean(truths, [1.0] * n)
-    first = private_mean(decoded, plan.threat_model, plan.sigma, plan.clip, float(n))
+    first = private_mean(decoded, plan.threat, plan.sigma, plan.clip, float(n))
     return {
         "client": {k: sum(e[k] for e in per_client) / n for k in ("cosine", "rel_l2")},
         "decode-then-aggregate": errors(layout, first, mean),

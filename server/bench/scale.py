@@ -187,7 +187,7 @@ def client_flops(preset: str, cohort: int) -> float:
 
     from client.local_update import local_update
     from client.node.shard import node_shard
-    from common.config import preset as make_preset
+    from common.presets import preset as make_preset
 
     cfg = make_preset(preset, local_steps=1, precision="fp32").check()
     _, _, shard = node_shard({"partition-id": 0, "num-partitions": cfg.num_clients}, cfg)

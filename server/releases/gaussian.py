@@ -31,12 +31,8 @@ class GaussianRelease(Release):
 
     def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
         plan = self.plan
-        if plan.threat_model == "distributed":
-            run.echo(
-                f"distributed noise: each of the K sampled clients adds std sigma*C/sqrt(m), m = min(min-replies "
-                f"{self.cfg.min_replies}, K), so any applied round carries sigma >= {plan.sigma:.4g}; "
-                "the server sees each reply with that std (no secure aggregation)"
-            )
+        if note := plan.threat.noise_note(self.cfg.min_replies, plan.sigma):
+            run.echo(note)
         if self.cfg.adaptive_clip:
             run.echo(
                 f"adaptive clipping: C starts at {self.cfg.clip:g}, target quantile {self.cfg.target_quantile:g}, "
@@ -57,9 +53,9 @@ class GaussianRelease(Release):
 
     def check(self, increment: AdapterState) -> None:
         update, _ = split_clip_bit(increment)
-        if self.plan.threat_model == "central" and global_norm(update) > self.clip * (1 + CLIP_SLACK):
+        if self.plan.threat.clear_replies and global_norm(update) > self.clip * (1 + CLIP_SLACK):
             raise InvalidReply(f"increment norm {global_norm(update):.4g} exceeds the clip {self.clip:g}")
-        if self.cfg.adaptive_clip and self.plan.threat_model == "central":
+        if self.cfg.adaptive_clip and self.plan.threat.clear_replies:
             bit = float(increment[CLIP_BIT][0])
             if bit not in (0.0, 1.0):
                 raise InvalidReply(f"clip-bit must be 0 or 1 under central noise, got {bit:.4g}")
@@ -76,7 +72,7 @@ class GaussianRelease(Release):
     def mean(self, increments: Sequence[AdapterState]) -> AdapterState:
         """The DP-FedAvg mean of the clipped, noised releases (the server's noise: central only)."""
         plan = self.plan
-        return private_mean(increments, plan.threat_model, plan.server_sigma, self.clip, self.expected_count)
+        return private_mean(increments, plan.threat, plan.server_sigma, self.clip, self.expected_count)
 
     def _move_clip(self, bits: Sequence[torch.Tensor | None], sampled: int) -> None:
         """C ← C·exp(−η(b̄ − γ)) from the noised count of unclipped replies (Andrew et al. 2021)."""

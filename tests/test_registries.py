@@ -1,0 +1,452 @@
+"""The registries of named choices: every registered local optimizer and codec keeps its descriptor's
+word (contract tests), a new local optimizer needs no edit outside its own files (a toy one, defined and
+registered here, runs train-local end to end), and no code outside the registries compares a registered
+name (an AST grep over server/, client/, common/ and autoencoder/).
+
+A registry is a small table of descriptors that the generic code asks (PEFT's ``LoraVariant`` is the
+model): threat models in common/privacy/threat.py (``THREATS``: what each observer sees); local optimizers in common/local_optimizers.py (facts the run configuration checks) and
+client/dp/optimizers/registry.py (factory, options, model checks, report); codecs in
+common/codec_specs.py (facts) and autoencoder/codecs.py (builders). Extend :data:`NAMED` and
+:data:`REGISTRY_FILES` for another registry (threat models: common/privacy/threat.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from autoencoder.codecs import CODEC_REGISTRY, CODECS, Codec, make_codec
+from autoencoder.layout import Layout
+from autoencoder.train import TrainConfig, train_autoencoder
+from autoencoder.uformer import AeConfig
+from client.dp.engine import DpSteps, dp_train
+from client.dp.optimizers import DP_OPTIMIZERS, OptimizerDescriptor, make_dp_optimizer, register, unregister
+from common import config
+from common.codec_specs import CODEC_SPECS
+from common.config import MECHANISMS, RunConfig
+from common.errors import FedloraError
+from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec
+from common.models.dense_delta import dense_deltas
+from common.models.lora import lora_layers
+from common.models.lora_init import apply_lora_init
+from common.privacy.threat import THREATS
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("server", "client", "common", "autoencoder")
+
+# -- no string comparison of a registered name outside its registry ---------------------------------------------
+
+#: what each registry names (``none`` is left out: it is the shared "no mechanism" word of the local
+#: optimizer, the release and the codec statistics alike, not a name one of them registers)
+NAMED: dict[str, Callable[[], set[str]]] = {
+    "local optimizer": lambda: set(LOCAL_OPTIMIZERS) - {"none"},
+    "codec": lambda: set(CODEC_SPECS),
+    "threat model": lambda: set(THREATS),
+}
+#: the only files that may compare (or list) those names: the registries themselves
+REGISTRY_FILES = frozenset(
+    {
+        "common/local_optimizers.py",
+        "client/dp/optimizers/registry.py",
+        "common/codec_specs.py",
+        "autoencoder/codecs.py",
+        "common/privacy/threat.py",
+    }
+)
+#: (file, name) -> why a comparison there is not one of a registered name
+HOMONYMS: dict[tuple[str, str], str] = {
+    ("common/privacy/cli.py", "wishart"): "--accountant wishart, the accountant of the same name",
+}
+
+
+def _strings(node: ast.AST) -> Iterator[str]:
+    """The string constants ``node`` is or, for a literal tuple, list, set or dict, holds."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value
+    elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+        for element in node.elts:
+            yield from _strings(element) if isinstance(element, ast.Constant) else ()
+    elif isinstance(node, ast.Dict):
+        for key in node.keys:
+            yield from _strings(key) if isinstance(key, ast.Constant) else ()
+
+
+def compared_strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """``(line, string)`` for every string constant a comparison or a ``case`` tests against:
+    ``x == "a"``, ``"a" != x``, ``x is "a"``, ``x in ("a", "b")``, ``case "a":``. ``"a" in record`` is
+    a key lookup in a record, not a name comparison, and is not reported."""
+    equality = (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for op, left, right in zip(node.ops, operands[:-1], operands[1:], strict=True):
+                if isinstance(op, equality):
+                    sides = (left, right)
+                elif isinstance(op, ast.In | ast.NotIn):
+                    sides = (right,) if not isinstance(right, ast.Constant) else ()
+                else:
+                    continue
+                for side in sides:
+                    yield from ((node.lineno, s) for s in _strings(side))
+        elif isinstance(node, ast.MatchValue):
+            yield from ((node.lineno, s) for s in _strings(node.value))
+
+
+def name_comparisons(root: Path = REPO) -> list[str]:
+    """``file:line: compares the <registry> name 'x'`` outside :data:`REGISTRY_FILES`."""
+    names = {name: kind for kind, listed in NAMED.items() for name in listed()}
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in REGISTRY_FILES:
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=rel)
+            for line, value in sorted(set(compared_strings(tree))):
+                if value in names and (rel, value) not in HOMONYMS:
+                    found.append(f"{rel}:{line}: compares the {names[value]} name '{value}'")
+    return found
+
+
+def test_no_name_is_compared_outside_its_registry():
+    if found := name_comparisons():
+        pytest.fail(
+            "ask the descriptor (cfg.optimizer_spec, cfg.codec_spec, DP_OPTIMIZERS, CODEC_REGISTRY, "
+            "THREATS / plan.threat) "
+            "instead of comparing a name:\n" + "\n".join(found),
+            pytrace=False,
+        )
+
+
+def test_the_registry_files_exist():
+    assert all((REPO / f).is_file() for f in REGISTRY_FILES)
+    assert all((REPO / f).is_file() for f, _ in HOMONYMS)
+
+
+def test_the_grep_sees_every_form_of_comparison(tmp_path):
+    (tmp_path / "client").mkdir()
+    (tmp_path / "client" / "mod.py").write_text(
+        "def f(kind, codec, result):\n"
+        '    if kind == "prism" or "pca" != codec:\n'  # 2
+        "        pass\n"
+        '    if kind in ("sparta", "sparta-base") or codec not in {"ae"}:\n'  # 4
+        "        pass\n"
+        "    match kind:\n"
+        '        case "wishart":\n'  # 7
+        "            pass\n"
+        '    if "sparta" in result or kind == "none" or kind == "prismatic":\n'  # 9: none of these
+        "        pass\n"
+    )
+    assert name_comparisons(tmp_path) == [
+        "client/mod.py:2: compares the codec name 'pca'",
+        "client/mod.py:2: compares the local optimizer name 'prism'",
+        "client/mod.py:4: compares the codec name 'ae'",
+        "client/mod.py:4: compares the local optimizer name 'sparta'",
+        "client/mod.py:4: compares the local optimizer name 'sparta-base'",
+        "client/mod.py:7: compares the local optimizer name 'wishart'",
+    ]
+
+
+# -- the local optimizers' contract -------------------------------------------------------------------------------
+
+
+class _LmTask:
+    """Per-example mean next-token NLL on fixed token lists (no tokenizer needed)."""
+
+    metric = "loss"
+
+    def collate(self, examples, device):
+        width = max(len(e["ids"]) for e in examples)
+        ids = torch.zeros(len(examples), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, e in enumerate(examples):
+            ids[i, : len(e["ids"])] = torch.tensor(e["ids"])
+            mask[i, : len(e["ids"])] = 1
+        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+
+    def per_example_loss(self, model, batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logp = logits[:, :-1].log_softmax(-1)
+        tgt, keep = batch["input_ids"][:, 1:], batch["attention_mask"][:, 1:].bool()
+        picked = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        return -(picked * keep).sum(1) / keep.sum(1).clamp(min=1)
+
+
+STEPS = 3  # SPARTA selects rows in the first, then trains
+
+
+def _examples(n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"ids": rng.integers(1, 500, size=int(rng.integers(3, 8))).tolist()} for _ in range(n)]
+
+
+def _config(name: str, **changes) -> RunConfig:
+    values = dict(local_optimizer=name, sample_noise_multiplier=0.5, local_steps=STEPS, max_length=16)
+    return RunConfig(**{**values, **changes})
+
+
+def _factors(model) -> dict[str, torch.Tensor]:
+    return {k: p.detach().clone() for k, p in model.named_parameters() if ".lora_" in k}
+
+
+def _bases(model) -> dict[str, torch.Tensor]:
+    return {k: layer.get_base_layer().weight.detach().clone() for k, layer in lora_layers(model).items()}
+
+
+def check_optimizer_contract(name: str, model) -> None:
+    """What ``name``'s descriptor declares holds: the configuration's rules, the factory on the model
+    its init gives, one engine run (three DP steps) and where the update lands."""
+    descriptor = DP_OPTIMIZERS[name]
+    spec = descriptor.spec
+    assert descriptor.name == name and LOCAL_OPTIMIZERS[name] is spec and spec.private
+    cfg = _config(name).check()
+    assert cfg.optimizer_spec is spec and cfg.init_kind == spec.lora_init
+    # the configuration's rules, from the facts
+    other_init = "balanced" if spec.lora_init == "peft" else "peft"
+    refused = spec.merges_base or (spec.full_rank and other_init == "peft")
+    _assert_check(_config(name, lora_init=other_init), refused)
+    if spec.full_rank:
+        _assert_check(_config(name, lora_init="peft"), True, "full-rank")
+    _assert_check(_config(name, client_optimizer="sgd"), not spec.update_rule, "--client-optimizer sgd")
+    _assert_check(_config(name, precision="bf16"), spec.merges_base, "--precision fp32")
+    if spec.merges_base:
+        with pytest.raises(FedloraError, match="federations exchange LoRA factors"):
+            cfg.check_federated()
+    else:
+        cfg.check_federated()
+    _assert_check(_config(name, sparta_selection=0.9), spec.row_selection, "sparta needs")
+    # the factory refuses the other init's factors where the rules do
+    layers = lora_layers(model)
+    if refused:
+        apply_lora_init(model, other_init, seed=0, scale=0.3)
+        with pytest.raises(FedloraError):
+            descriptor.factory(layers, 1e-2, **descriptor.options(cfg, STEPS))
+        for layer in layers.values():  # back to PEFT's B = 0 (as attach_lora leaves it)
+            torch.nn.init.zeros_(layer.lora_B["default"].weight)
+    apply_lora_init(model, cfg.init_kind, seed=0, scale=0.3)
+    descriptor.check_model(layers, cfg)
+    projection = descriptor.projection(layers, cfg)
+    assert projection is None or (len(projection) == 3 and all(int(v) >= 1 for v in projection))
+    # one engine run
+    factors, bases = _factors(model), _bases(model)
+    optimizer = make_dp_optimizer(name, layers, 1e-2, **descriptor.options(cfg, STEPS))
+    plan = DpSteps(steps=STEPS, sample_rate=1.0, clip=1.0, noise_multiplier=0.5)
+    rngs = (np.random.default_rng(0), torch.Generator().manual_seed(0))
+    stats = dp_train(
+        model, _LmTask(), _examples(), optimizer, plan, lr=1e-2, device=torch.device("cpu"), rngs=rngs
+    )
+    assert stats["steps"] == STEPS
+    after, deltas = _factors(model), dense_deltas(model)
+    assert all(torch.isfinite(v).all() for v in [*after.values(), *deltas.values()])
+    if spec.merges_base:  # a dense update in the base weights; LoRA's B = 0 only tapped the gradient
+        assert deltas and any(d.abs().max() > 0 for d in deltas.values())
+        assert all(torch.equal(after[k], factors[k]) for k in factors)
+    else:  # LoRA factors only
+        assert not deltas and all(torch.equal(w, bases[k]) for k, w in _bases(model).items())
+        assert any(not torch.equal(after[k], factors[k]) for k in factors)
+    report = descriptor.report(cfg, stats)
+    assert isinstance(report, dict) and ("sparta" in report) == spec.row_selection
+    if spec.row_selection:
+        assert report["sparta"]["selection_steps"] == descriptor.options(cfg, STEPS)["selection"]
+
+
+def _assert_check(cfg: RunConfig, refused: bool, match: str | None = None) -> None:
+    if refused:
+        with pytest.raises(FedloraError, match=match):
+            cfg.check()
+    else:
+        cfg.check()
+
+
+def test_the_two_halves_of_each_optimizer_agree():
+    assert set(DP_OPTIMIZERS) == {n for n, s in LOCAL_OPTIMIZERS.items() if s.private}
+    assert not LOCAL_OPTIMIZERS["none"].private and LOCAL_OPTIMIZERS["none"].update_rule
+    assert all(isinstance(d, OptimizerDescriptor) for d in DP_OPTIMIZERS.values())
+    assert all(MECHANISMS[n] == (n, "none") for n in DP_OPTIMIZERS)
+    assert config.LOCAL_OPTIMIZERS is LOCAL_OPTIMIZERS  # the choices of --local-optimizer
+
+
+def test_the_audit_lists_the_audited_optimizers():
+    from server.audit.cli import MIA_ARMS
+
+    audited = {n for n, s in LOCAL_OPTIMIZERS.items() if s.private and s.audited}
+    assert {arm["mechanism"] for arm in MIA_ARMS.values()} - {"fedavg"} == audited
+
+
+@pytest.mark.parametrize("name", list(DP_OPTIMIZERS))
+def test_local_optimizer_contract(name, tiny_llama):
+    check_optimizer_contract(name, tiny_llama)
+
+
+# -- a toy local optimizer, registered from here --------------------------------------------------------------
+
+
+class ToyNoisySgd:
+    """DP-SGD in factor space, in a few lines: clip each example's ``(∂lora_B, ∂lora_A)`` (the engine
+    clips globally), add ``N(0, σ²C²)`` to the sum, divide by the expected batch, take an SGD step."""
+
+    name = "toy-sgd"
+
+    def __init__(self, layers, lr: float) -> None:
+        self.lr = lr
+        self.weights = {
+            k: (layer.lora_B["default"].weight, layer.lora_A["default"].weight) for k, layer in layers.items()
+        }
+        self.roots = {k: math.sqrt(layer.scaling["default"]) for k, layer in layers.items()}
+        self.sums: dict[str, list[torch.Tensor]] = {}
+
+    def begin(self) -> None:
+        self.sums = {k: [torch.zeros_like(b), torch.zeros_like(a)] for k, (b, a) in self.weights.items()}
+
+    def _grads(self, name, gA, gB):  # paper factors -> PEFT weights (common/models/lora.py)
+        return self.roots[name] * gA, self.roots[name] * gB.mT
+
+    def sq_norms(self, grads):
+        return sum(
+            g.square().sum(dim=(1, 2)) for k, (gA, gB) in grads.items() for g in self._grads(k, gA, gB)
+        )
+
+    def accumulate(self, grads, alpha) -> None:
+        for k, (gA, gB) in grads.items():
+            for acc, g in zip(self.sums[k], self._grads(k, gA, gB), strict=True):
+                acc += torch.einsum("b,b...->...", alpha.to(g.dtype), g)
+
+    def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
+        with torch.no_grad():
+            for k, weights in self.weights.items():
+                for w, acc in zip(weights, self.sums[k], strict=True):
+                    noise = torch.randn(acc.shape, generator=generator, dtype=acc.dtype, device=acc.device)
+                    w -= self.lr * (acc + noise_std * noise) / denom
+
+
+TOY = "toy-sgd"
+
+
+@pytest.fixture()
+def toy():
+    """The toy optimizer registered (one call: its spec and its descriptor), unregistered after."""
+    with pytest.raises(FedloraError, match="unknown local-optimizer"):
+        _config(TOY).check()
+    register(OptimizerDescriptor(LocalOptimizerSpec(TOY), ToyNoisySgd))
+    yield
+    unregister(TOY)
+    assert TOY not in LOCAL_OPTIMIZERS and TOY not in DP_OPTIMIZERS
+
+
+def test_a_new_optimizer_needs_no_edit_outside_its_own_files(toy, tiny_llama, tmp_path):
+    """Adding a local optimizer touches at most 3 files: its module, one spec in
+    common/local_optimizers.py and one descriptor in client/dp/optimizers/registry.py. Here all three
+    are this file: no other file names it, yet the configuration's choices, ``make_dp_optimizer``,
+    the contract and train-local end to end pick it up."""
+    from client.train_local import train_local
+
+    naming = {
+        p.relative_to(REPO).as_posix()
+        for package in (*PACKAGES, "tests", "scripts", "docs")
+        for p in (REPO / package).rglob("*")
+        if p.suffix in (".py", ".md", ".toml") and TOY in p.read_text(encoding="utf-8")
+    }
+    assert naming == {"tests/test_registries.py"}  # <= 3 files
+    assert TOY in config.LOCAL_OPTIMIZERS and isinstance(
+        make_dp_optimizer(TOY, lora_layers(tiny_llama), 1e-2), ToyNoisySgd
+    )
+    check_optimizer_contract(TOY, tiny_llama)
+    cfg = RunConfig(
+        model="minilm-l6",
+        dataset="rotten-tomatoes",
+        local_optimizer=TOY,
+        sample_noise_multiplier=1.0,
+        local_steps=2,
+        batch_size=4,
+        lr=1e-2,
+        max_train_examples=32,
+        eval_examples=8,
+        max_length=16,
+        num_clients=1,
+        partition="iid",
+    ).check()
+    result = train_local(cfg, tmp_path / "run")
+    assert result["mechanism"] == TOY and result["init"] == "balanced" and result["steps"] == 2
+    assert result["privacy"]["epsilon"] > 0 and math.isfinite(result["lora_norm"])
+    assert "dense_norm" not in result  # a LoRA update
+    assert (tmp_path / "run" / "adapter.safetensors").is_file()
+
+
+# -- the codecs' contract ------------------------------------------------------------------------------------------
+
+SHAPES = {"l0.q.A": (7, 3), "l0.q.B": (13, 3), "l1.v.A": (12, 2), "l1.v.B": (9, 2)}
+K = 3  # a public-subspace codec's latent size
+
+
+@pytest.fixture(scope="module")
+def trained():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    stats = {k: (torch.randn(s, generator=g) * 0.05, torch.full(s, 0.01)) for k, s in SHAPES.items()}
+    layout = Layout.from_shapes(SHAPES, AeConfig.tiny().downsample)
+    return train_autoencoder(AeConfig.tiny(), layout, [stats], TrainConfig(steps=1, lr=1e-2, samples=1))
+
+
+def _increment(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(s, generator=g) * 0.05 for k, s in SHAPES.items()}
+
+
+def _codec_inputs(name: str, trained) -> dict:
+    """What ``name``'s facts say building it takes."""
+    spec = CODEC_SPECS[name]
+    if spec.trains_autoencoder:
+        return {"trained": trained}
+    inputs = {"layout": trained.layout, "mean": _increment(9), "latent_size": 5, "seed": 1}
+    if spec.fitted_on_public:
+        samples = torch.stack([trained.layout.to_vector(_increment(i)) for i in range(6)])
+        inputs.update(samples=samples, latent_size=K)
+    return inputs
+
+
+def test_the_two_halves_of_each_codec_agree():
+    assert CODECS == config.CODECS == tuple(CODEC_SPECS)
+    assert all(CODEC_REGISTRY[n].spec is CODEC_SPECS[n] for n in CODECS)
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_codec_contract(name, trained):
+    descriptor, spec = CODEC_REGISTRY[name], CODEC_SPECS[name]
+    inputs = _codec_inputs(name, trained)
+    codec = make_codec(name, **inputs)
+    assert isinstance(codec, Codec) and codec.name == name
+    state = _increment(1)
+    z = codec.encode(state)
+    assert z.shape == (codec.latent_size,) and z.dtype == torch.float32
+    out = codec.decode(z)
+    assert {k: tuple(v.shape) for k, v in out.items()} == SHAPES
+    assert all(torch.isfinite(v).all() for v in out.values())
+    # building it takes what the facts say, and no more
+    if spec.trains_autoencoder:
+        with pytest.raises(FedloraError):
+            make_codec(name, layout=trained.layout, latent_size=5, seed=1, mean=_increment(9))
+    if spec.fitted_on_public:
+        with pytest.raises(FedloraError):
+            make_codec(name, **{**inputs, "samples": None})
+    if spec.needs_public_subspace:
+        assert codec.latent_size == K
+    # a node's copy encodes as the server's codec, unless the codec is broadcast
+    if not descriptor.broadcast:
+        node = descriptor.node_copy(codec.layout, codec.latent_size, 1)
+        assert node.name == name and torch.equal(node.encode(state), z)
+    # the run configuration's rules
+    dr = dict(
+        mechanism="dr-encoder", noise_multiplier=1.0, codec=name, public_fraction=0.1, public_increments=8
+    )
+    _assert_check(RunConfig(**dr), spec.needs_public_subspace, "--public-subspace K")
+    cfg = RunConfig(**dr, public_subspace=K).check()
+    assert cfg.codec_spec is spec and cfg.public_prior == spec.fitted_on_public
+    _assert_check(RunConfig(**dr, public_subspace=K, ae_prior="public"), not spec.trains_autoencoder)
+    if spec.trains_autoencoder:
+        assert RunConfig(**dr, ae_prior="public").check().public_prior
