@@ -96,10 +96,10 @@ def _kill_when_training(node, stop: threading.Event) -> None:
         time.sleep(0.2)
 
 
-def _federate_losing_a_node(tmp_path: Path, nodes: int, rounds: int):
+def _federate_losing_a_node(tmp_path: Path, nodes: int, rounds: int, restart: bool = False):
     """``deploy`` with ``nodes`` SuperNodes, node-1 SIGKILLed in round 1; the result and its lines."""
     run = (DP_RUN[0].replace("rounds=2", f"rounds={rounds}") + " min-replies=1",)
-    opts = _opts(tmp_path, nodes=nodes, run_config=run)
+    opts = _opts(tmp_path, nodes=nodes, run_config=run, restart_nodes=restart)
     flat = resolve_run_config(opts.run_config, nodes, opts.work_dir.resolve())
     lines: list[str] = []
     dep = prepare(opts, echo=lines.append)
@@ -283,6 +283,19 @@ def test_deployment_file_round_trips_and_resume_starts_a_fresh_superlink_state(t
     (dep.work_dir / DEPLOYMENT_FILE).write_text("{")
     with pytest.raises(FedloraError, match="unreadable"):
         deploy.load_deployment(dep.work_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_restarted_supernode_joins_the_rounds_after_it(tmp_path):
+    """--restart-nodes: node-1, SIGKILLed in round 1, is started again on its partition and state
+    dir; round 1 goes on without it, and round 2 samples (p = 1) and hears from both nodes."""
+    result, victim, lines = _federate_losing_a_node(tmp_path, nodes=2, rounds=2, restart=True)
+    _check_survivors(result, victim, lines, nodes=2, rounds=2)
+    assert any(ln.startswith("[deploy] restarted node-1") for ln in lines)
+    trained = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    second = next(r for r in trained if r.get("phase") == "train" and r["round"] == 2)
+    assert (second["sampled"], second["replied"]) == (2, 2)
 
 
 # --- helpers -------------------------------------------------------------------------------------
