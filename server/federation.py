@@ -1,7 +1,12 @@
 """The ServerApp's run loop over a Flower ``Grid``: sample, charge, run the round (server/round.py,
 with the run's release from server/releases), evaluate, checkpoint, settle.
 
-Kept independent of how the grid is provided (in-process, Flower simulation or a real SuperLink).
+:func:`run_federation` reads as setup (:func:`_setup`: run directory, noise plan, ledger, evaluator,
+release, server optimizer, the resumed or initial state, nodes, the release's preparation, the public
+subspace), one :func:`_round` per round, then :func:`_finish` (final evaluation, summary); the three
+share one :class:`FederationRun`. Kept independent of how the grid is provided (in-process, Flower
+simulation or a real SuperLink).
+
 Crash safety (docs/privacy.md, "Crash safety"): a round's client-level charge is committed to the
 ledger before its instructions go out; its result is applied, checkpointed, then the charge is
 settled. A restart with ``resume`` continues after the last charged round: a round that was charged
@@ -13,15 +18,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from flwr.serverapp import Grid
 from tqdm.auto import tqdm
 
 from autoencoder.layout import Layout
 from common.config import RunConfig
 from common.errors import FedloraError
-from common.models import adapter_shapes
+from common.models import AdapterState, adapter_shapes
 from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, what_if
 from common.privacy.report import write_report
@@ -32,13 +40,68 @@ from server.evaluation import Evaluator
 from server.model_card import model_card
 from server.optimizers import ServerOptimizer, ServerOptimizerSpec
 from server.public_prior import PublicSubspace
-from server.releases import RunHandles, make_release
+from server.releases import Release, RunHandles, make_release
 from server.round import RoundRecord, run_round
 from server.run_dir import RunDir
 from server.sampling import os_sampler, poisson_sample
 from server.summary import data_used, format_summary, metrics_lines
 
 log = logging.getLogger("fedlora.server")
+
+
+@dataclass
+class FederationRun:
+    """One run of the round loop: what :func:`_setup` builds, and where the loop stands.
+
+    grid: the Flower grid the rounds go through.
+    cfg: the run's configuration.
+    echo: writes a console line.
+    start: ``time.monotonic()`` when the run started (the summary's wall time).
+    out: the run directory (metrics, checkpoint, ledger, adapter, summary).
+    plan: the client-level noise plan; None without a client-level release.
+    ledger: the client-level ledger; None without a client-level guarantee.
+    evaluator: the server's model, public split and held-out evaluation.
+    shapes: name -> shape of the adapter's tensors.
+    optimizer: the server optimizer (its moments and step count are checkpointed).
+    release: the run's client-level release (its state is checkpointed).
+    state: the global adapter state (replaced by every round that runs).
+    loop: where the loop stands (counters, metrics, the last round's record; checkpointed).
+    first: the first round to run (after the last finished one, on resume).
+    nodes: the node ids connected at the start (their count is the summary's ``num_clients``).
+    prepared: what the release's preparation reported (in the summary under the release's name).
+    subspace: the public subspace each aggregate is projected onto; None without one.
+    rng: the client sampler: OS entropy, never ``cfg.seed``, never checkpointed (the sample is secret).
+    stopped: why the budget stopped the run early; None while it was not.
+    """
+
+    grid: Grid
+    cfg: RunConfig
+    echo: Callable[[str], None]
+    start: float
+    out: RunDir
+    plan: NoisePlan | None
+    ledger: Ledger | None
+    evaluator: Evaluator
+    shapes: dict[str, tuple[int, ...]]
+    optimizer: ServerOptimizer
+    release: Release
+    state: AdapterState = field(default_factory=dict)
+    loop: LoopState = field(default_factory=LoopState)
+    first: int = 1
+    nodes: list[int] = field(default_factory=list)
+    prepared: dict = field(default_factory=dict)
+    subspace: PublicSubspace | None = None
+    rng: np.random.Generator | None = None
+    stopped: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.out.run_id
+
+    @property
+    def metric(self) -> str:
+        """The held-out metric's name (the task's)."""
+        return self.evaluator.task.metric
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
@@ -55,114 +118,175 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
 
 def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -> dict:
     """Run (or, with ``cfg.resume``, continue) ``cfg.rounds`` rounds; returns the summary dict."""
+    run = _setup(grid, cfg, run_dir, echo)
+    for rnd in tqdm(range(run.first, cfg.rounds + 1), desc="rounds", disable=None):
+        if not _round(run, rnd):
+            break  # the budget stopped the run
+    return _finish(run)
+
+
+def _setup(grid: Grid, cfg: RunConfig, run_dir: Path, echo: Callable[[str], None]) -> FederationRun:
+    """Everything before round ``first``: a new run directory (or the one to resume), its ledger,
+    state and metrics reconciled after a crash, the nodes connected and the release prepared."""
     start = time.monotonic()
     out = RunDir(run_dir, cfg)  # refuses an existing run, or a resume with another configuration
     plan = plan_noise(cfg)
-    run_id = out.run_id
-    ledger = _open_ledger(out, cfg, plan, run_id) if cfg.resume else None  # a bad ledger fails fast
+    ledger = _open_ledger(out, cfg, plan) if cfg.resume else None  # a bad ledger fails fast
     evaluator = Evaluator(cfg)  # validates model, data and split before anything is written
     out.create()
-    ledger = ledger or _open_ledger(out, cfg, plan, run_id)
-    shapes = adapter_shapes(evaluator.bundle.model)
-    metric = evaluator.task.metric
-    optimizer = ServerOptimizer(
-        ServerOptimizerSpec(
-            cfg.server_optimizer, cfg.server_lr, cfg.server_momentum, cfg.server_beta2, cfg.server_tau
-        )
+    ledger = ledger or _open_ledger(out, cfg, plan)
+    spec = ServerOptimizerSpec(
+        cfg.server_optimizer, cfg.server_lr, cfg.server_momentum, cfg.server_beta2, cfg.server_tau
     )
-    release = make_release(cfg, plan)
+    run = FederationRun(
+        grid=grid,
+        cfg=cfg,
+        echo=echo,
+        start=start,
+        out=out,
+        plan=plan,
+        ledger=ledger,
+        evaluator=evaluator,
+        shapes=adapter_shapes(evaluator.bundle.model),
+        optimizer=ServerOptimizer(spec),
+        release=make_release(cfg, plan),
+    )
+    _resume_or_begin(run)
+    run.first = _reconcile(run) + 1
+    run.nodes = wait_for_nodes(grid, cfg.min_nodes or cfg.num_clients, cfg.round_timeout)
+    handles = RunHandles(out.path, ledger, run.run_id, out.log, echo, evaluator)
+    run.prepared = run.release.prepare(grid, run.nodes, run.state, handles)
+    run.subspace = _public_subspace(run)
+    run.rng = os_sampler()  # never from cfg.seed, never checkpointed: the sample must stay secret
+    return run
+
+
+def _resume_or_begin(run: FederationRun) -> None:
+    """``run.state`` and ``run.loop`` from the checkpoint (resume; the server optimizer and the
+    release restored with them), or the initial adapter, evaluated (and logged as round 0)."""
+    cfg, out, evaluator = run.cfg, run.out, run.evaluator
     if cfg.resume and out.checkpoint_path.exists():
-        state, loop, moments = checkpoint.load(out.checkpoint_path, shapes)
-        optimizer.load_state(moments, loop.optimizer_steps)
-        release.restore(loop.release)
-        echo(f"resuming {run_dir} after round {loop.round}")
-    else:
-        state, loop = evaluator.initial_state(), LoopState()
-        loop.before = loop.after = evaluator(state)
-        if not cfg.resume or not out.logged_rounds():
-            out.log({"round": 0, "phase": "initial", **loop.before})
-        echo(f"round 0: held-out {metric} {loop.before[metric]:.4f} (untrained adapter)")
-    first = _reconcile(out, ledger, run_id, loop, echo) + 1
-    nodes = wait_for_nodes(grid, cfg.min_nodes or cfg.num_clients, cfg.round_timeout)
-    handles = RunHandles(out.path, ledger, run_id, out.log, echo, evaluator)
-    prepared = release.prepare(grid, nodes, state, handles)
-    subspace = None
+        run.state, run.loop, moments = checkpoint.load(out.checkpoint_path, run.shapes)
+        run.optimizer.load_state(moments, run.loop.optimizer_steps)
+        run.release.restore(run.loop.release)
+        run.echo(f"resuming {out.path} after round {run.loop.round}")
+        return
+    run.state, run.loop = evaluator.initial_state(), LoopState()
+    run.loop.before = run.loop.after = evaluator(run.state)
+    if not cfg.resume or not out.logged_rounds():
+        out.log({"round": 0, "phase": "initial", **run.loop.before})
+    run.echo(f"round 0: held-out {run.metric} {run.loop.before[run.metric]:.4f} (untrained adapter)")
+
+
+def _public_subspace(run: FederationRun) -> PublicSubspace | None:
+    """The public subspace aggregates are projected onto (``--public-subspace``), if any."""
+    cfg = run.cfg
     in_subspace = cfg.release_kind == "dr-encoder" and cfg.codec_spec.needs_public_subspace
-    if cfg.public_subspace and not in_subspace:
-        # (a codec whose latent is the public subspace, pca, releases within it already)
-        layout = Layout.from_shapes(shapes, 1)
-        subspace = PublicSubspace(cfg, evaluator, layout, out.path)
-    rng = os_sampler()  # never from cfg.seed, never checkpointed: the sample must stay secret
-    stopped = None
-    for rnd in tqdm(range(first, cfg.rounds + 1), desc="rounds", disable=None):
-        if ledger and (stopped := budget_stop(ledger, plan)):
-            out.log({"round": rnd, "phase": "stopped", "reason": stopped})
-            echo(f"round {rnd}: not run: {stopped}")
-            break
-        t0, clip = time.monotonic(), release.clip
-        # the nodes online now: a lost node leaves, a restarted one (a new id) joins
-        sampled = poisson_sample(sorted(grid.get_node_ids()), cfg.sample_rate, rng)
-        if ledger:  # committed before any instruction (and so any release) goes out
-            ledger.charge(_charge(cfg, plan, run_id, rnd, len(sampled), release.clip))
-        if sampled:
-            release.before_round(rnd, state, echo)
-            if subspace:
-                subspace.refresh(rnd, state, echo)
-            post = subspace.project if subspace else None
-            state, result = run_round(grid, release, cfg, rnd, sampled, state, shapes, optimizer, post)
-        else:
-            result = RoundRecord.skipped(rnd)
-        loop.count(result)
-        evaluated = result.applied and (rnd % cfg.eval_every == 0 or rnd == cfg.rounds)
-        if evaluated:
-            loop.after = evaluator(state)
-        loop.stale = (loop.stale or result.applied) and not evaluated
-        record = result.to_json()
-        if ledger:
-            row = ledger.row(run_id, rnd)
-            record.update({k: row[k] for k in ("sigma", "mu", "eps_gdp", "eps_tight")})
-        if cfg.adaptive_clip:
-            record.update(clip=clip, next_clip=release.clip)
-        record.update(seconds=round(time.monotonic() - t0, 3), **({} if loop.stale else loop.after))
-        loop.round, loop.record = rnd, record
-        loop.release, loop.optimizer_steps = release.state(), optimizer.steps
-        checkpoint.save(out.checkpoint_path, state, loop, optimizer.state_tensors())
-        if ledger:
-            status = "applied" if result.applied or result.phase == "skipped" else "withheld"
-            ledger.settle(run_id, rnd, status, replied=result.replied)
-        out.log(record)
-        echo(_round_line(record, metric, ledger))
-    if loop.stale:  # stopped by the budget between evaluations
-        loop.after, loop.stale = evaluator(state), False
-    summary = _summary(cfg, out, evaluator, state, loop, ledger, plan, len(nodes), stopped, start)
-    if prepared:
-        summary[release.name.replace("-", "_")] = prepared
-        out.write_summary(summary)
-    echo(format_summary(summary))
+    if not cfg.public_subspace or in_subspace:
+        return None  # (a codec whose latent is the public subspace, pca, releases within it already)
+    return PublicSubspace(cfg, run.evaluator, Layout.from_shapes(run.shapes, 1), run.out.path)
+
+
+def _round(run: FederationRun, rnd: int) -> bool:
+    """Round ``rnd``: sample, charge, run, evaluate, checkpoint, settle, log; False (and nothing run)
+    when the client-level budget stops the run before it."""
+    if run.ledger and (stopped := budget_stop(run.ledger, run.plan)):
+        run.stopped = stopped
+        run.out.log({"round": rnd, "phase": "stopped", "reason": stopped})
+        run.echo(f"round {rnd}: not run: {stopped}")
+        return False
+    t0, clip = time.monotonic(), run.release.clip
+    # the nodes online now: a lost node leaves, a restarted one (a new id) joins
+    sampled = poisson_sample(sorted(run.grid.get_node_ids()), run.cfg.sample_rate, run.rng)
+    if run.ledger:  # committed before any instruction (and so any release) goes out
+        run.ledger.charge(_charge(run, rnd, len(sampled)))
+    result = _train(run, rnd, sampled)
+    run.loop.count(result)
+    evaluated = result.applied and (rnd % run.cfg.eval_every == 0 or rnd == run.cfg.rounds)
+    if evaluated:
+        run.loop.after = run.evaluator(run.state)
+    run.loop.stale = (run.loop.stale or result.applied) and not evaluated
+    record = _record(run, rnd, result, clip, t0)
+    _commit(run, rnd, result, record)
+    return True
+
+
+def _train(run: FederationRun, rnd: int, sampled: list[int]) -> RoundRecord:
+    """Round ``rnd`` with the ``sampled`` nodes (skipped when nobody was); moves ``run.state`` on."""
+    if not sampled:
+        return RoundRecord.skipped(rnd)
+    run.release.before_round(rnd, run.state, run.echo)
+    if run.subspace:
+        run.subspace.refresh(rnd, run.state, run.echo)
+    post = run.subspace.project if run.subspace else None
+    run.state, result = run_round(
+        run.grid, run.release, run.cfg, rnd, sampled, run.state, run.shapes, run.optimizer, post
+    )
+    return result
+
+
+def _record(run: FederationRun, rnd: int, result: RoundRecord, clip: float, t0: float) -> dict:
+    """The round's metrics line: its result, its privacy charge, the clip before and after it (under
+    adaptive clipping), the seconds since ``t0`` and the held-out metrics (unless stale)."""
+    record = result.to_json()
+    if run.ledger:
+        row = run.ledger.row(run.run_id, rnd)
+        record.update({k: row[k] for k in ("sigma", "mu", "eps_gdp", "eps_tight")})
+    if run.cfg.adaptive_clip:
+        record.update(clip=clip, next_clip=run.release.clip)
+    record.update(seconds=round(time.monotonic() - t0, 3), **({} if run.loop.stale else run.loop.after))
+    return record
+
+
+def _commit(run: FederationRun, rnd: int, result: RoundRecord, record: dict) -> None:
+    """Checkpoint round ``rnd``, then settle its charge, then log and echo its metrics line."""
+    loop = run.loop
+    loop.round, loop.record = rnd, record
+    loop.release, loop.optimizer_steps = run.release.state(), run.optimizer.steps
+    checkpoint.save(run.out.checkpoint_path, run.state, loop, run.optimizer.state_tensors())
+    if run.ledger:
+        status = "applied" if result.applied or result.phase == "skipped" else "withheld"
+        run.ledger.settle(run.run_id, rnd, status, replied=result.replied)
+    run.out.log(record)
+    run.echo(_round_line(record, run.metric, run.ledger))
+
+
+def _finish(run: FederationRun) -> dict:
+    """After the last round: the final evaluation (if the adapter changed since the last one), the
+    summary written and echoed (with the adapter and its model card); returns the summary dict."""
+    if run.loop.stale:  # stopped by the budget between evaluations
+        run.loop.after, run.loop.stale = run.evaluator(run.state), False
+    summary = _summary(run)
+    if run.prepared:
+        summary[run.release.name.replace("-", "_")] = run.prepared
+        run.out.write_summary(summary)
+    run.echo(format_summary(summary))
     return summary
 
 
-def _charge(cfg: RunConfig, plan: NoisePlan, run_id: str, rnd: int, sampled: int, clip: float) -> Charge:
+def _charge(run: FederationRun, rnd: int, sampled: int) -> Charge:
+    """Round ``rnd``'s client-level charge: ``sampled`` nodes at the release's current clip."""
+    cfg, plan = run.cfg, run.plan
     return Charge(
-        run=run_id,
+        run=run.run_id,
         round=rnd,
         sigma=plan.sigma,
         p=plan.p,
         count=1,
         sample_rate=cfg.sample_rate,
         sampled=sampled,
-        clip=clip,
+        clip=run.release.clip,
         threat_model=plan.threat_model,
         mechanism=cfg.mechanism,
     )
 
 
-def _open_ledger(out: RunDir, cfg: RunConfig, plan: NoisePlan | None, run_id: str) -> Ledger | None:
+def _open_ledger(out: RunDir, cfg: RunConfig, plan: NoisePlan | None) -> Ledger | None:
     """The run's client-level ledger: created with a new run, reopened (and checked) on resume;
     none without a client-level guarantee (no release, or the clip-only diagnostic)."""
     if plan is None or not plan.private:
         return None
-    owner = f"run {run_id}"
+    owner = f"run {out.run_id}"
     if cfg.resume and out.ledger_path.exists():
         return Ledger.open(out.ledger_path, "client-level", owner)
     validity, whom = what_if(plan), population(plan) if plan.noise_cohort else ""
@@ -171,9 +295,10 @@ def _open_ledger(out: RunDir, cfg: RunConfig, plan: NoisePlan | None, run_id: st
     )
 
 
-def _reconcile(out: RunDir, ledger: Ledger | None, run_id: str, loop: LoopState, echo) -> int:
+def _reconcile(run: FederationRun) -> int:
     """Bring the ledger and metrics in line with the checkpoint after a crash; returns the last
     round that is finished (committed, or charged and interrupted)."""
+    out, ledger, run_id, loop = run.out, run.ledger, run.run_id, run.loop
     last = loop.round
     if loop.record and loop.round not in out.logged_rounds():
         out.log(loop.record)  # the crash fell between checkpoint and metrics line
@@ -186,7 +311,7 @@ def _reconcile(out: RunDir, ledger: Ledger | None, run_id: str, loop: LoopState,
             ledger.settle(run_id, row["round"], "interrupted" if interrupted else "applied")
             if interrupted:
                 out.log({"round": row["round"], "phase": "interrupted", "sampled": row["sampled"]})
-                echo(f"round {row['round']}: interrupted by a crash; its privacy charge stands")
+                run.echo(f"round {row['round']}: interrupted by a crash; its privacy charge stands")
     return last
 
 
@@ -208,13 +333,16 @@ def _round_line(record: dict, metric: str, ledger: Ledger | None) -> str:
     return line
 
 
-def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped, start) -> dict:
+def _summary(run: FederationRun) -> dict:
+    """The run summary (written to the run directory), with the adapter saved beside it and its
+    model card."""
+    cfg, out, evaluator, loop, ledger = run.cfg, run.out, run.evaluator, run.loop, run.ledger
     summary = {
         "model": cfg.model,
         "dataset": cfg.dataset,
         "mechanism": cfg.mechanism,
         "metric": evaluator.task.metric,
-        "num_clients": num_nodes,
+        "num_clients": len(run.nodes),
         "sample_rate": cfg.sample_rate,
         "rounds_completed": loop.completed,
         "rounds_skipped": loop.skipped,
@@ -223,14 +351,14 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
         **data_used(metrics_lines(out.metrics_path)),  # own data, partitions, refusals (model card)
         "dataset_rows": len(evaluator.split.corpus),
         "dataset_classes": len(evaluator.split.corpus.label_names),
-        "stopped": stopped,
+        "stopped": run.stopped,
         "before": loop.before,
         "after": loop.after,
         "eval_examples": len(evaluator.examples),
         "bytes_down_per_round": loop.bytes_down / max(loop.completed, 1),
         "bytes_up_per_round": loop.bytes_up / max(loop.completed, 1),
-        **statement(cfg, plan, ledger.report() if ledger else None),
-        "wall_time_s": round(time.monotonic() - start, 1),
+        **statement(cfg, run.plan, ledger.report() if ledger else None),
+        "wall_time_s": round(time.monotonic() - run.start, 1),
         "adapter": str(out.adapter_path),
         "metrics_file": str(out.metrics_path),
     }
@@ -242,7 +370,7 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
             rounds_interrupted=interrupted,
             client_privacy={
                 **{k: totals[k] for k in ("mu", "eps_gdp", "eps_tight", "epsilon", "delta", "what_if")},
-                "relation": plan.guarantee.relation,
+                "relation": run.plan.guarantee.relation,
             },
             ledger=str(ledger.path),
             privacy_report=[str(report_json), str(report_png)],
@@ -252,10 +380,10 @@ def _summary(cfg, out, evaluator, state, loop, ledger, plan, num_nodes, stopped,
         summary["node_privacy"] = nodes
     bundle = evaluator.bundle
     head = bundle.model.base_model.model.num_labels if bundle.kind == "seq-cls" else None
-    card = model_card(cfg, summary, head, evaluator.samples(state))
-    out.save_adapter(bundle, state, cfg.pooling, card)
+    card = model_card(cfg, summary, head, evaluator.samples(run.state))
+    out.save_adapter(bundle, run.state, cfg.pooling, card)
     out.write_summary(summary)
     return summary
 
 
-__all__ = ["run_federation", "wait_for_nodes"]
+__all__ = ["FederationRun", "run_federation", "wait_for_nodes"]
