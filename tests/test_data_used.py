@@ -22,28 +22,12 @@ from server.model_card import model_card
 from server.releases import make_release
 from server.round import run_round
 from server.summary import data_used, format_summary
-from tests.harness import TINY, federate, message_identity, records
+from tests.harness import TINY, card_summary, federate, message_identity, records
 
 SHAPES = {"l.A": (4, 2), "l.B": (3, 2)}
 EXPECTED = {"mechanism": "fedavg", "release": "none", "noise-std": 0.0}
 REFUSAL = "this node joins only dp-adamw runs; this run is fedavg"
 ABSOLUTE = re.compile(r"(?<![\w.~-])/[^\s'\"/)]+/")  # a POSIX path from the root, e.g. /tmp/x/...
-
-
-def _summary(**data) -> dict:
-    return {
-        "num_clients": 4,
-        "rounds_completed": 2,
-        "dataset": "rotten-tomatoes",
-        "metric": "accuracy",
-        "before": {"accuracy": 0.5},
-        "after": {"accuracy": 0.75},
-        "eval_examples": 100,
-        "privacy": "none (no client-level release)",
-        "sample_privacy": "none (no sample-level)",
-        "not_covered": ["who was sampled"],
-        **data,
-    }
 
 
 def _paragraph(card: str) -> str:
@@ -151,7 +135,7 @@ def test_a_round_counts_own_data_and_refusals_per_node_and_the_card_says_so():
         "rejections": [],
         "nodes_silent": 0,
     }
-    training = _paragraph(model_card(cfg, _summary(**counts), 2))
+    training = _paragraph(model_card(cfg, card_summary(**counts), 2))
     assert (
         f"4 nodes sampled; 2 trained on their own data files, 0 on their iid partition of rotten-tomatoes; "
         f"2 refused the run (node policy: {REFUSAL})." in training
@@ -159,7 +143,7 @@ def test_a_round_counts_own_data_and_refusals_per_node_and_the_card_says_so():
     assert "(iid partition of rotten-tomatoes)" not in training  # not what the nodes trained on
     console = format_summary(
         {
-            **_summary(**counts),
+            **card_summary(**counts),
             "model": "minilm-l6",
             "mechanism": "fedavg",
             "rounds_skipped": 0,
@@ -183,7 +167,7 @@ def _retag(reply: Message, rnd: int) -> Message:
 
 def test_a_card_for_two_own_two_refused_of_four_says_so():
     cfg = preset("minilm-rt", mechanism="fedavg", partition="iid")
-    summary = _summary(
+    summary = card_summary(
         nodes_sampled=4,
         nodes_own_data=2,
         nodes_partition_data=0,
@@ -211,7 +195,7 @@ def test_a_plain_simulations_card_reads_as_before():
         f"LoRA rank {cfg.rank}, seed {cfg.seed}.\n"
     )
     plain = dict(nodes_sampled=4, nodes_partition_data=4, nodes_own_data=0, refusals=[], rejections=[])
-    for summary in (_summary(), _summary(**plain)):
+    for summary in (card_summary(), card_summary(**plain)):
         training = _paragraph(model_card(cfg, summary, 2))
         assert training.startswith(before) and "Data actually used" not in training
 
@@ -223,7 +207,7 @@ def test_a_file_datasets_card_names_its_base_name_and_real_partition_and_no_path
     cfg = preset(
         "minilm-rt", mechanism="fedavg", dataset=str(dataset), partition="natural", partition_by="user_id"
     )
-    summary = _summary(
+    summary = card_summary(
         dataset=str(dataset),
         dataset_rows=1234,
         dataset_classes=3,
@@ -267,7 +251,7 @@ def test_reasons_are_one_line_without_paths():
         1,
     )
     cfg = preset("minilm-rt", mechanism="fedavg", partition="iid")
-    training = _paragraph(model_card(cfg, _summary(**counts), 2))
+    training = _paragraph(model_card(cfg, card_summary(**counts), 2))
     assert (
         "1 answered with an error (mine.jsonl: no training examples after tokenisation; crashed)" in training
     )

@@ -23,28 +23,7 @@ from common.privacy.ledger import Ledger
 from common.runtime import open_split
 from common.tasks.base import by_length
 from tests.conftest import run_cli
-
-
-class _LmTask:
-    """Per-example mean next-token NLL on fixed token lists (no tokenizer needed)."""
-
-    metric = "loss"
-
-    def collate(self, examples, device):
-        width = max(len(e["ids"]) for e in examples)
-        ids = torch.zeros(len(examples), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, e in enumerate(examples):
-            ids[i, : len(e["ids"])] = torch.tensor(e["ids"])
-            mask[i, : len(e["ids"])] = 1
-        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-
-    def per_example_loss(self, model, batch):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logp = logits[:, :-1].log_softmax(-1)
-        tgt, keep = batch["input_ids"][:, 1:], batch["attention_mask"][:, 1:].bool()
-        picked = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-        return -(picked * keep).sum(1) / keep.sum(1).clamp(min=1)
+from tests.harness import LmTask
 
 
 def _examples(n=12, seed=0):
@@ -80,7 +59,7 @@ def test_poisson_batch_rate_and_empty():
 
 def test_prism_step_keeps_rank_balance_and_descends(tiny_llama):
     apply_lora_init(tiny_llama, "balanced", seed=0, scale=0.3)
-    task, data = _LmTask(), _examples()
+    task, data = LmTask(), _examples()
     batch = task.collate(data, torch.device("cpu"))
     with torch.no_grad():
         before = float(task.per_example_loss(tiny_llama, batch).mean())
@@ -99,7 +78,7 @@ def test_prism_step_keeps_rank_balance_and_descends(tiny_llama):
 def test_clipped_sum_is_gauge_invariant_and_bounded(tiny_llama):
     """α_i and the intrinsic clipped sum depend on Z only: (AR, BR^-T) gives the same (PRISM Eq. 16)."""
     apply_lora_init(tiny_llama, "balanced", seed=1, scale=0.3)
-    task, data = _LmTask(), _examples(6)
+    task, data = LmTask(), _examples(6)
     layers = lora_layers(tiny_llama)
     opt = PrismDp(layers, lr=0.0)
 
@@ -155,7 +134,7 @@ def test_empty_poisson_batches_release_noise_without_crashing(name, tiny_llama, 
     opt = make_dp_optimizer(name, lora_layers(tiny_llama), 1e-2)
     plan = DpSteps(steps=3, sample_rate=1e-9, clip=1.0, noise_multiplier=1.0)
     with caplog.at_level(logging.WARNING, logger="fedlora.client"):
-        stats = dp_train(tiny_llama, _LmTask(), _examples(), opt, plan, lr=1e-2, device=torch.device("cpu"))
+        stats = dp_train(tiny_llama, LmTask(), _examples(), opt, plan, lr=1e-2, device=torch.device("cpu"))
     assert stats["empty-batches"] == 3 and stats["examples-used"] == 0
     assert "3 of 3 steps drew no examples" in caplog.text
     moved = any(not torch.equal(get_factors(v)[0], before[k][0]) for k, v in lora_layers(tiny_llama).items())
@@ -312,7 +291,7 @@ def test_the_noised_sum_is_divided_by_the_planned_expected_batch(tiny_llama):
     """q·N for the N the noise was planned for (an audit plans for every canary), not q times the
     examples trained on, so the step does not reveal how many canaries were included."""
     apply_lora_init(tiny_llama, "balanced", seed=0, scale=0.3)
-    task, data = _LmTask(), _examples(6)
+    task, data = LmTask(), _examples(6)
     opt = make_dp_optimizer("dp-adamw", lora_layers(tiny_llama), 0.0)
     seen = []
     step = opt.step

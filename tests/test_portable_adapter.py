@@ -18,7 +18,7 @@ from common.presets import preset
 from server import checkpoint
 from server.model_card import model_card
 from server.simulate import simulate
-from tests.harness import TINY
+from tests.harness import TINY, card_summary
 
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -94,27 +94,14 @@ def test_the_model_card_states_the_runs_guarantee(private_run):
     assert "--pooling mean" in card
 
 
-def _summary(privacy: str, sample: str) -> dict:
-    return {
-        "num_clients": 4,
-        "rounds_completed": 2,
-        "dataset": "rotten-tomatoes",
-        "metric": "accuracy",
-        "before": {"accuracy": 0.5},
-        "after": {"accuracy": 0.75},
-        "eval_examples": 100,
-        "privacy": privacy,
-        "sample_privacy": sample,
-        "not_covered": ["who was sampled"],
-    }
-
-
 def test_a_non_private_card_says_so_and_a_causal_lm_card_loads_a_causal_lm():
     cfg = preset("smollm2-rt")
-    card = model_card(cfg, _summary("none (no client-level release)", "none (no sample-level)"), None)
+    card = model_card(cfg, card_summary(), None)
     assert "**Not private.**" in card
     assert "AutoModelForCausalLM" in card and "num_labels" not in card
     assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card and "dequantised" in card
     sample = "sample-level (prism, target epsilon 3 (pld) per node at delta 1e-05; ...)"
-    card = model_card(cfg, _summary("none (no client-level release)", sample), None)
+    card = model_card(
+        cfg, card_summary(privacy="none (no client-level release)", sample_privacy=sample), None
+    )
     assert "Not private" not in card and sample in card

@@ -36,6 +36,7 @@ from common.models.dense_delta import dense_deltas
 from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
 from common.privacy.threat import THREATS
+from tests.harness import LmTask
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("server", "client", "common", "autoencoder")
@@ -156,28 +157,6 @@ def test_the_grep_sees_every_form_of_comparison(tmp_path):
 # -- the local optimizers' contract -------------------------------------------------------------------------------
 
 
-class _LmTask:
-    """Per-example mean next-token NLL on fixed token lists (no tokenizer needed)."""
-
-    metric = "loss"
-
-    def collate(self, examples, device):
-        width = max(len(e["ids"]) for e in examples)
-        ids = torch.zeros(len(examples), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, e in enumerate(examples):
-            ids[i, : len(e["ids"])] = torch.tensor(e["ids"])
-            mask[i, : len(e["ids"])] = 1
-        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-
-    def per_example_loss(self, model, batch):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logp = logits[:, :-1].log_softmax(-1)
-        tgt, keep = batch["input_ids"][:, 1:], batch["attention_mask"][:, 1:].bool()
-        picked = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-        return -(picked * keep).sum(1) / keep.sum(1).clamp(min=1)
-
-
 STEPS = 3  # SPARTA selects rows in the first, then trains
 
 
@@ -239,7 +218,7 @@ def check_optimizer_contract(name: str, model) -> None:
     plan = DpSteps(steps=STEPS, sample_rate=1.0, clip=1.0, noise_multiplier=0.5)
     rngs = (np.random.default_rng(0), torch.Generator().manual_seed(0))
     stats = dp_train(
-        model, _LmTask(), _examples(), optimizer, plan, lr=1e-2, device=torch.device("cpu"), rngs=rngs
+        model, LmTask(), _examples(), optimizer, plan, lr=1e-2, device=torch.device("cpu"), rngs=rngs
     )
     assert stats["steps"] == STEPS
     after, deltas = _factors(model), dense_deltas(model)
