@@ -8,8 +8,10 @@ import json
 
 import pytest
 
+from client.node import sdk
 from common.data.federated import federated_split
 from common.data.files import Columns, load_file_corpus
+from common.data.owner import read_jsonl
 from common.errors import FedloraError
 from tests.conftest import run_cli
 
@@ -76,3 +78,21 @@ def test_partition_by_needs_the_natural_partition(tmp_path, capsys):
     args = ["simulate", "--preset", "small", "--dataset", str(path), "--partition-by", "user"]
     assert run_cli([*args, "--out", str(tmp_path / "r")]) == 2
     assert "--partition-by needs --partition natural" in capsys.readouterr().err
+
+
+def test_a_text_file_of_lines_is_a_language_modelling_dataset_here_and_through_the_sdk(tmp_path):
+    """A node's own plain text (issue 33): one text per non-blank line, no labels; the SDK writes
+    the node's JSONL with label 0, which a language-modelling run (shakespeare) accepts."""
+    lines = tmp_path / "lines.txt"
+    lines.write_text("To be, or not to be.\n\n  That is the question.  \n", encoding="utf-8")
+    corpus = load_file_corpus(str(lines))
+    assert (corpus.task, corpus.texts, corpus.label_names) == (
+        "lm",
+        ("To be, or not to be.", "That is the question."),
+        (),
+    )
+    out = sdk.prepare_data(lines, tmp_path / "node" / "data.jsonl", dataset="shakespeare")
+    assert read_jsonl(out).texts == corpus.texts and set(read_jsonl(out).labels) == {0}
+    (tmp_path / "blank.txt").write_text("\n \n", encoding="utf-8")
+    with pytest.raises(FedloraError, match="no rows"):
+        sdk.load_data(tmp_path / "blank.txt")

@@ -128,7 +128,8 @@ def _label_space(dataset: str | None, text_column: str = TEXT, label_column: str
 def _file_columns(
     path: str | os.PathLike, names: Sequence[str], text_column: str, label_column: str
 ) -> tuple[list, list]:
-    """``(texts, labels)`` of a CSV, Parquet or JSONL file with named columns; a CSV label (always a
+    """``(texts, labels)`` of a CSV, Parquet or JSONL file with named columns, or of a ``.txt`` file
+    (one text per non-blank line, label 0: a language-modelling dataset); a CSV label (always a
     string) that is not one of ``names`` but a whole number becomes that class index."""
     from common.data.files import read_rows
 
@@ -137,6 +138,8 @@ def _file_columns(
     rows = read_rows(path)
     if not rows:
         raise FedloraError(f"{path}: no rows")
+    if str(path).lower().endswith(".txt"):  # plain text, one text per line: language modelling (label 0)
+        return [r["text"] for r in rows], [0] * len(rows)
     for i, row in enumerate(rows, start=1):
         for column in (text_column, label_column):
             if column not in row:

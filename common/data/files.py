@@ -25,7 +25,7 @@ from common.data.corpora import DATASETS, Corpus
 from common.data.owner import json_lines
 from common.errors import FedloraError
 
-SUFFIXES = (".csv", ".jsonl", ".parquet")
+SUFFIXES = (".csv", ".jsonl", ".parquet", ".txt")  # .txt: one text per non-blank line (language modelling)
 SPLITS = ("train", "test")  # the file names (without suffix) of a dataset directory
 DIRECTORY_FORM = "one train.<csv|jsonl|parquet> and one test.<csv|jsonl|parquet> file"
 
@@ -145,8 +145,8 @@ def _label_names(values: tuple[str, ...], columns: Columns, name: str) -> tuple[
 
 
 def read_rows(path: str | Path) -> list[dict]:
-    """The rows of the CSV, JSONL or Parquet file ``path`` (by its suffix) as dicts of column values
-    (CSV values are strings). An unreadable file or a JSONL line that is not an object is a one-line
+    """The rows of the CSV, JSONL, Parquet or plain-text file ``path`` (by its suffix) as dicts of
+    column values (CSV values are strings; a ``.txt`` line is ``{"text": line}``). An unreadable file or a JSONL line that is not an object is a one-line
     error."""
     path = Path(path)
     suffix = path.suffix.lower()
@@ -158,6 +158,12 @@ def read_rows(path: str | Path) -> list[dict]:
                 return list(csv.DictReader(fh))
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
             raise FedloraError(f"cannot read data file {path}: {exc}") from None
+    if suffix == ".txt":  # plain text: each non-blank line is a text of the column "text", no label
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise FedloraError(f"cannot read data file {path}: {exc}") from None
+        return [{"text": line.strip()} for line in lines if line.strip()]
     if suffix == ".jsonl":
         rows = []
         for where, row in json_lines(path):
