@@ -22,8 +22,8 @@ from common.privacy.ledger import Ledger
 from common.sparta import kept_rows, selection_steps
 from server.simulate import simulate
 from tests.conftest import run_cli
-from tests.harness import TINY, records
-from tests.test_local_dp import FAST_LOCAL, _examples, _LmTask
+from tests.harness import TINY, LmTask, records
+from tests.test_local_dp import FAST_LOCAL, _examples
 
 CPU = torch.device("cpu")
 
@@ -53,7 +53,7 @@ def test_selection_keeps_the_rows_with_most_clipped_gradient_mass(tiny_llama):
     """Noise 0, rate 1: every selection step releases |clipped sum| / N, so the kept rows are the
     top rows of that matrix (lora_B rows, lora_A columns), and nothing moves while selecting."""
     apply_lora_init(tiny_llama, "balanced", seed=0, scale=0.3)
-    task, data, clip = _LmTask(), _examples(10), 0.05
+    task, data, clip = LmTask(), _examples(10), 0.05
     before = {k: (b.detach().clone(), a.detach().clone()) for k, (b, a) in _peft_weights(tiny_llama).items()}
     expected = _clipped_sum_by_autograd(tiny_llama, task, data, clip)
     opt = SpartaDp(lora_layers(tiny_llama), 1e-2, keep=3, selection=2)
@@ -77,7 +77,7 @@ def test_selection_keeps_the_rows_with_most_clipped_gradient_mass(tiny_llama):
 
 def test_training_clips_and_noises_the_kept_rows_only(tiny_llama):
     apply_lora_init(tiny_llama, "balanced", seed=0, scale=0.3)
-    task, data = _LmTask(), _examples(12)
+    task, data = LmTask(), _examples(12)
     opt = SpartaDp(lora_layers(tiny_llama), 1e-2, keep=0.25, selection=1)
     rngs = (np.random.default_rng(1), torch.Generator().manual_seed(1))
     dp_train(tiny_llama, task, data, opt, DpSteps(1, 0.5, 1.0, 1.0), lr=1e-2, device=CPU, rngs=rngs)
@@ -115,11 +115,11 @@ def test_selection_freezes_a_dense_head(tiny_llama):
     opt = SpartaDp(lora_layers(tiny_llama), 1e-2, keep=0.5, selection=2)
     rngs = (np.random.default_rng(0), torch.Generator().manual_seed(0))
     dp_train(
-        tiny_llama, _LmTask(), _examples(6), opt, DpSteps(2, 0.5, 1.0, 1.0), lr=1e-2, device=CPU, rngs=rngs
+        tiny_llama, LmTask(), _examples(6), opt, DpSteps(2, 0.5, 1.0, 1.0), lr=1e-2, device=CPU, rngs=rngs
     )
     assert torch.equal(head.weight, before)
     dp_train(
-        tiny_llama, _LmTask(), _examples(6), opt, DpSteps(1, 0.5, 1.0, 1.0), lr=1e-2, device=CPU, rngs=rngs
+        tiny_llama, LmTask(), _examples(6), opt, DpSteps(1, 0.5, 1.0, 1.0), lr=1e-2, device=CPU, rngs=rngs
     )
     assert not torch.equal(head.weight, before)  # trained in full after selection, as SPARTA's head
 
