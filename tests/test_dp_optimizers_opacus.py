@@ -266,6 +266,7 @@ def test_sgd_rule_steps_like_opacus_dp_sgd(tiny_llama, smollm2_tokenizer, freeze
     assert all(torch.equal(before[k], after[k]) for k in before if k not in want)  # nothing else moved
 
 
+@pytest.mark.heavy
 def test_classifier_head_global_clip_matches_opacus(minilm, monkeypatch):
     """LoRA factors and a dense classifier head clipped together, one norm per example."""
     model = copy.deepcopy(minilm.model).to(torch.float64)

@@ -22,7 +22,7 @@ from common.presets import preset
 from common.privacy.ledger import Ledger
 from common.privacy.plan import NoisePlan
 from common.wire import InvalidReply, TrainInstruction, parse_stats_reply, stats_reply
-from server.drencoder import AE_CONFIGS, AE_FILE, ServerCodec, ae_latent_size
+from server.drencoder import AE_CONFIGS, AE_FILE, ServerCodec, ae_latent_size, fit_public_ae
 from tests.harness import TINY, federate, message_identity, records
 
 pytestmark = pytest.mark.integration
@@ -182,6 +182,19 @@ def test_ae_latent_size_matches_the_model():
     layout = Layout.from_shapes({"m.A": (40, 4), "m.B": (24, 4)}, multiple=cfg.downsample)
     H, W = layout.height, layout.width
     assert ae_latent_size(cfg, layout) == layout.num_images * math.prod(Uformer(cfg).latent_shape(H, W))
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_the_server_autoencoder_runs_on_the_device_the_run_names(tmp_path, monkeypatch, device):
+    """--device goes through common.device.resolve_device like the rest of the server: a CUDA device
+    on a machine without CUDA fails with one line before any work (it used to fall back to the CPU for
+    ``cuda:N`` and crash inside torch for ``cuda``)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = preset("minilm-rt", **DR, device=device).check()
+    layout = Layout.from_shapes({"m.A": (40, 4), "m.B": (24, 4)}, multiple=AE_CONFIGS["tiny"]().downsample)
+    with pytest.raises(FedloraError, match=f"device '{device}' requested but CUDA is not available"):
+        fit_public_ae(cfg, AE_CONFIGS["tiny"](), layout, {}, tmp_path, object(), 1, print)
+    assert not any(tmp_path.iterdir())
 
 
 # -- one federation end to end ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ a score taken in train mode changes from call to call), and leaves that mode as 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from common.tasks.classifier import ClassifierTask
@@ -10,6 +11,7 @@ from common.tasks.classifier import ClassifierTask
 TEXTS = ["a gorgeous, witty film", "dull.", "it never quite finds its footing", "ok then, fine"] * 8
 
 
+@pytest.mark.heavy
 def test_classifier_scores_are_deterministic_in_train_mode(minilm):
     model, tokenizer = minilm.model, minilm.tokenizer
     task = ClassifierTask(tokenizer, 32)

@@ -755,6 +755,7 @@ def run_stats_parser(case: Case) -> None:
 # -- the properties ------------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 @fuzz_settings(4000)
 @given(cases([PLAIN, CODED], TRAIN_MUTATIONS))
@@ -762,6 +763,7 @@ def test_train_validator_rejects_malformed_replies_and_nothing_else(case):
     run_train_parser(case)
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 @fuzz_settings(2000)
 @given(cases([STATS_MATRIX, STATS_COLUMN], STATS_MUTATIONS))
@@ -792,6 +794,7 @@ def _release(kind: str, clip: float):
     return make_release(preset("minilm-rt", mechanism=mechanism, noise_multiplier=1.0), plan)
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 @fuzz_settings(2500)
 @given(
@@ -872,6 +875,7 @@ class Reasons(logging.Handler):
             self.rejections.append(message)
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 @fuzz_settings(1000)
 @given(

@@ -17,6 +17,8 @@ from common.models.lora import LoraSpec, adapter_state, attach_lora, lora_layers
 from common.models.portable import save_adapter
 from common.models.registry import MODELS
 
+pytestmark = pytest.mark.heavy  # SmolLM2-135M: generation and a language-model federation
+
 PROMPT = "To be, or not to be, that is"
 
 

@@ -67,6 +67,7 @@ def test_causal_lm_sequences_with_padding(tiny_llama, smollm2_tokenizer):
     assert g_a.shape == (3, m, r) and g_b.shape == (3, layer.lora_A["default"].weight.shape[1], r)
 
 
+@pytest.mark.heavy
 def test_classifier_head_and_lora(minilm):
     model = minilm.model
     randomize_lora(model)

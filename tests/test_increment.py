@@ -82,6 +82,7 @@ def test_unknown_form():
         increment(local, start, "balanced")
 
 
+@pytest.mark.heavy
 def test_client_app_sends_the_configured_form(tmp_path):
     """The real ClientApp (one in-process node, 2 local steps): a horizontal run's reply is horizontal."""
     from common.config import to_flat

@@ -57,6 +57,7 @@ def test_poisson_batch_rate_and_empty():
     assert len(poisson_batch(10, 1e-9, rng)) == 0
 
 
+@pytest.mark.heavy
 def test_prism_step_keeps_rank_balance_and_descends(tiny_llama):
     apply_lora_init(tiny_llama, "balanced", seed=0, scale=0.3)
     task, data = LmTask(), _examples()
@@ -197,6 +198,7 @@ FAST_LOCAL = [
 ]
 
 
+@pytest.mark.heavy
 def test_train_local_reports_accuracy_and_sample_level_epsilon(tmp_path, capsys):
     out = tmp_path / "run"
     code = run_cli(
@@ -223,6 +225,7 @@ def test_train_local_reports_accuracy_and_sample_level_epsilon(tmp_path, capsys)
     assert (out / "adapter.safetensors").is_file() and (out / "result.json").is_file()
 
 
+@pytest.mark.heavy
 def test_train_local_node_trains_its_shard_and_keeps_the_federations_test_set(tmp_path, capsys):
     """``--node K --num-clients N``: node K's shard of the federation's split, scored on its test set."""
     shard = ["--num-clients", "3", "--partition", "dirichlet", "--dirichlet-alpha", "0.5", "--node", "2"]

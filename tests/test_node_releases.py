@@ -50,6 +50,7 @@ def _ask(app, cfg, node: dict, rnd: int, state, run_id: int = 42) -> Message:
     return app(msg, ctx)
 
 
+@pytest.mark.heavy
 def test_a_replayed_or_unplanned_round_is_refused_never_noised_again(tmp_path, own_data):
     """The audit's sequence against a 2-round plan: rounds 1, 1, 1, 2, 3, 50 give one release for
     round 1 and one for round 2; the repeats and the rounds past the plan are refused."""
@@ -150,6 +151,7 @@ def test_fedlora_node_takes_trust(tmp_path, own_data, capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_simulation_nodes_keep_a_release_ledger(tmp_path):
     cfg = preset("minilm-rt", **{**TINY, "rounds": 2}, mechanism="dp-fedavg", noise_multiplier=1.0)
     cfg = cfg.replace(sample_rate=1.0, out_dir=str(tmp_path / "run")).check()

@@ -42,6 +42,7 @@ def test_a_three_class_csv_reads_its_labels_and_users(tmp_path):
     assert len(set().union(*owners)) == 10
 
 
+@pytest.mark.integration
 def test_a_three_class_csv_federates_and_the_card_names_the_file(tmp_path):
     path = _csv(tmp_path / "own.csv")
     out = tmp_path / "run"

@@ -44,6 +44,7 @@ def test_a_packaged_models_hub_id_resolves_to_the_packaged_weights_offline():
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") is MODELS["smollm2-135m"]
 
 
+@pytest.mark.integration
 def test_the_adapter_config_names_the_hub_id_and_no_local_path(private_run):
     adapter = private_run / "adapter"
     config = json.loads((adapter / "adapter_config.json").read_text())
@@ -63,6 +64,7 @@ def test_the_adapter_config_names_the_hub_id_and_no_local_path(private_run):
     }
 
 
+@pytest.mark.integration
 def test_a_copied_adapter_loads_offline_and_computes_what_the_run_trained(private_run, tmp_path):
     moved = tmp_path / "elsewhere" / "adapter"
     shutil.copytree(private_run / "adapter", moved)  # nothing rewritten, only moved
@@ -81,6 +83,7 @@ def test_a_copied_adapter_loads_offline_and_computes_what_the_run_trained(privat
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.integration
 def test_the_model_card_states_the_runs_guarantee(private_run):
     card = (private_run / "adapter" / "README.md").read_text()
     summary = json.loads((private_run / "summary.json").read_text())

@@ -54,6 +54,7 @@ def test_the_frozen_base_is_bf16_and_every_trainable_fp32():
         preset("minilm-rt", **TINY, precision="bf16", mechanism="dp-adamw", local_optimizer="wishart").check()
 
 
+@pytest.mark.heavy
 def test_per_example_contributions_are_clipped_in_fp32_under_bf16(monkeypatch):
     """Sample-level: each example's joint gradient (LoRA factors and head) reaches the clip in fp32,
     and its clip coefficient brings exactly that vector, the one summed, to norm ≤ C."""
@@ -83,6 +84,7 @@ def test_per_example_contributions_are_clipped_in_fp32_under_bf16(monkeypatch):
     assert SAMPLE_CLIP * 0.5 < max(seen) <= SAMPLE_CLIP * (1 + 1e-5)
 
 
+@pytest.mark.heavy
 def test_a_client_level_release_is_clipped_in_fp32_under_bf16(tmp_path):
     """Client-level: the reply of a bf16 client (central noise: the client adds none) is fp32 and
     within C."""
@@ -101,6 +103,7 @@ def test_a_client_level_release_is_clipped_in_fp32_under_bf16(tmp_path):
     assert CLIP * 0.5 < global_norm(sent) <= CLIP * (1 + 1e-6)
 
 
+@pytest.mark.integration
 def test_bf16_runs_are_reproducible(tmp_path):
     def run(name):
         cfg = preset(

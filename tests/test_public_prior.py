@@ -33,6 +33,7 @@ def test_bad_public_subspace_options_are_one_line(changes, message):
         preset("minilm-rt", **TINY, **changes).check()
 
 
+@pytest.mark.heavy
 def test_a_subspace_larger_than_the_factor_entries_is_one_line_before_any_public_increment(
     tmp_path, monkeypatch
 ):
@@ -41,7 +42,8 @@ def test_a_subspace_larger_than_the_factor_entries_is_one_line_before_any_public
     monkeypatch.setattr(public_prior, "public_increments", fail)
     monkeypatch.setattr(drencoder, "public_increments", fail)
     big = dict(public_fraction=0.25, public_subspace=10**7, public_increments=10**7)
-    cfg = preset("minilm-rt", **TINY, **big, threat_model="central", noise_multiplier=1.0, clip=1.0)
+    refused = dict(threat_model="central", noise_multiplier=1.0, clip=1.0, workers=1)  # no worker processes
+    cfg = preset("minilm-rt", **TINY, **big, **refused)
     with pytest.raises(FedloraError, match=r"--public-subspace 10000000 exceeds the [\d,]+ LoRA-factor"):
         simulate(cfg.check(), tmp_path / "r")
     assert not (tmp_path / "r" / BASIS_FILE).exists()
@@ -70,6 +72,7 @@ def _assert_in_span(start, end, factors, basis_file) -> None:
     assert delta.norm() > 0 and outside.norm() < 1e-4 * delta.norm()
 
 
+@pytest.mark.integration
 def test_the_applied_factor_update_lies_in_the_public_subspace(tmp_path):
     run_dir, start, end = _central_run(tmp_path, mechanism="dp-fedavg")
     dense = [k for k in start if "classifier" in k]
@@ -102,6 +105,7 @@ def test_the_basis_is_refitted_every_prior_refresh_rounds_and_reloaded_on_resume
 
 
 @pytest.mark.parametrize("encode_at", ["client", "server"])
+@pytest.mark.integration
 def test_the_pca_codec_release_sends_k_numbers_and_decodes_into_the_public_subspace(tmp_path, encode_at):
     """``dr-encoder --codec pca``: no statistics round, the basis is broadcast like an encoder, each
     reply is a k-number latent (plus the dense head), the applied factor update lies in the basis.
@@ -167,6 +171,7 @@ def _refitted_every_round(tmp_path, **codec):
     return run_dir
 
 
+@pytest.mark.integration
 def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tmp_path):
     from server.drencoder import PCA_FILE
 
@@ -178,6 +183,7 @@ def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tm
     )  # both versions reached the nodes
 
 
+@pytest.mark.heavy
 def test_the_autoencoder_on_the_public_prior_trains_on_the_given_increments():
     """``--ae-prior public``: every training batch is made of the given increments (drawn with
     replacement), the prior's moments are theirs, and the homogeneous latent is calibrated on them."""
@@ -221,6 +227,7 @@ def test_bad_ae_prior_options_are_one_line(changes, message):
         preset("minilm-rt", **TINY, threat_model="central", noise_multiplier=1.0, **changes).check()
 
 
+@pytest.mark.integration
 def test_the_ae_codec_on_the_public_prior_skips_the_statistics_round_and_is_refitted(tmp_path):
     """``dr-encoder --codec ae --ae-prior public``: nothing is sent in the clear, the autoencoder is
     fitted on public increments before round 1 and again every ``prior-refresh`` rounds, and every

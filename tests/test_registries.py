@@ -318,6 +318,7 @@ def toy():
     assert TOY not in LOCAL_OPTIMIZERS and TOY not in DP_OPTIMIZERS
 
 
+@pytest.mark.heavy
 def test_a_new_optimizer_needs_no_edit_outside_its_own_files(toy, tiny_llama, tmp_path):
     """Adding a local optimizer touches at most 3 files: its module, one spec in
     common/local_optimizers.py and one descriptor in client/dp/optimizers/registry.py. Here all three

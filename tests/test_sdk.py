@@ -36,7 +36,6 @@ from tests.conftest import run_cli
 from tests.harness import message_identity
 
 ROOT = Path(__file__).resolve().parents[1]
-README_DRAFT = Path("/tmp/sdk_readme.md")  # until the section is pasted into README.md
 PAIRS = [("A warm, funny film.", 1), ("Tedious and far too long.", 0)] * 6
 RUN = dict(max_train_examples=200, eval_examples=40, local_steps=2, batch_size=8, rounds=1, num_clients=1)
 
@@ -383,6 +382,7 @@ def test_sample_budget_counts_the_ledger_history_across_restarts(tmp_path):
     restarted.close()
 
 
+@pytest.mark.heavy
 def test_sample_budget_counts_a_retried_round_again(tmp_path):
     """A round run again (a retried message, a resumed server) is a new release: the check is the
     whole history plus this round's steps, so a retry that would pass the budget is refused."""
@@ -405,6 +405,7 @@ def test_sample_budget_counts_a_retried_round_again(tmp_path):
     ledger.close()
 
 
+@pytest.mark.heavy
 def test_client_app_refuses_a_retry_that_would_exceed_the_budget(tmp_path, own_data):
     cfg = preset("minilm-rt", **RUN, mechanism="dp-adamw", sample_epsilon=4.0).check()
     node = {"data-path": str(own_data), "state-dir": str(tmp_path / "st"), "sample-epsilon": 4.0}
@@ -479,6 +480,7 @@ def test_data_path_labels_must_fit_the_run_dataset(tmp_path):
         node_shard({"data-path": str(bad)}, cfg)
 
 
+@pytest.mark.heavy
 def test_a_node_trains_on_csv_data_prepared_for_the_runs_own_csv_dataset(tmp_path, own_csv):
     columns = {"text_column": "review", "label_column": "sentiment"}
     data = sdk.prepare_data(
@@ -496,6 +498,7 @@ def test_a_node_trains_on_csv_data_prepared_for_the_runs_own_csv_dataset(tmp_pat
     assert not reply.has_error() and "increment" in reply.content
 
 
+@pytest.mark.heavy
 def test_client_app_trains_on_own_data_and_charges_its_ledger(tmp_path, own_data):
     cfg = preset("minilm-rt", **RUN, mechanism="dp-adamw", sample_epsilon=4.0).check()
     node = {
@@ -532,6 +535,7 @@ def test_client_app_refuses_a_run_against_its_policy(tmp_path, own_data):
     assert sample_ledger(tmp_path / "st", "rotten-tomatoes/0-of-1", 1e-5).rows() == []  # nothing charged
 
 
+@pytest.mark.heavy
 def test_model_path_must_fit_the_run_model(own_data):
     cfg = preset("minilm-rt", **RUN).check()
     node = {"data-path": str(own_data), "model-path": "minilm-l6"}
@@ -552,13 +556,20 @@ def test_model_path_must_fit_the_run_model(own_data):
 
 # --- the README example, end to end ------------------------------------------------------------------
 def readme_example() -> str:
-    """The first ```python block of README.md's "## Client SDK" section (else of the draft)."""
+    """The first ```python block of the "## Client SDK" section of this repository's README.md."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     match = re.search(r"^## Client SDK\n(.*?)(?=^## |\Z)", readme, re.S | re.M)
-    section = match.group(1) if match else README_DRAFT.read_text(encoding="utf-8")
-    block = re.search(r"^```python\n(.*?)^```", section, re.S | re.M)
+    assert match, "README.md has no '## Client SDK' section"
+    block = re.search(r"^```python\n(.*?)^```", match.group(1), re.S | re.M)
     assert block, "no ```python block in the Client SDK section"
     return block.group(1)
+
+
+def test_readme_sdk_example_is_in_the_readme_and_compiles():
+    """What the slow end-to-end test runs is README.md's own example (no file outside the repository)."""
+    source = readme_example()
+    compile(source, "README.md#client-sdk", "exec")
+    assert "sdk.prepare_data(" in source and "sdk.join(" in source
 
 
 def _free_port() -> int:
@@ -659,6 +670,7 @@ def test_readme_sdk_example_joins_a_real_federation(tmp_path):
                 _stop(p)
 
 
+@pytest.mark.heavy
 def test_client_refuses_a_round_that_asks_less_noise_than_the_plan(tmp_path, own_data):
     """Local noise holds against the server: the client adds what the run's plan says (σC), never a
     smaller std a round names."""

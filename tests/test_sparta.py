@@ -140,6 +140,7 @@ def test_plan_arithmetic_follows_the_official_code():
         RunConfig(mechanism="sparta", sample_epsilon=3, sparta_selection=1.0).check()
 
 
+@pytest.mark.heavy
 def test_train_local_sparta_charges_every_step_and_reports_the_kept_rows(tmp_path, capsys):
     out = tmp_path / "run"
     code = run_cli(["train-local", "--mechanism", "sparta", *FAST_LOCAL, "--out", str(out), "--json"])

@@ -131,8 +131,9 @@ def test_planted_copies_land_together_deterministically(corpus, seed, method, pu
     kw = dict(num_clients=3, method=method, seed=seed, test_fraction=test_fraction)
     try:
         split = _federated(corpus, public_fraction=public_fraction, **kw)
-    except FedloraError as exc:  # every test draw was a copy of an earlier text: refused, not emptied
-        assert "no test example left" in str(exc)
+    except FedloraError as exc:  # copies moved whole left a side too small: refused, not emptied
+        # every test draw a copy of an earlier text, or too few training texts for the 3 clients
+        assert "no test example left" in str(exc) or "than training examples" in str(exc)
         return
     again = _federated(corpus, public_fraction=public_fraction, **kw)
     for x, y in zip(

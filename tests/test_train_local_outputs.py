@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import run_cli
 
 TINY_LOCAL = [
@@ -61,6 +63,7 @@ PUBLISHED = {
 }
 
 
+@pytest.mark.heavy
 def test_dp_run_publishes_no_realised_batch_sizes(tmp_path, capsys):
     out = tmp_path / "run"
     code = run_cli(["train-local", "--mechanism", "dp-adamw", *TINY_LOCAL, "--out", str(out)])
@@ -73,6 +76,7 @@ def test_dp_run_publishes_no_realised_batch_sizes(tmp_path, capsys):
     assert "sample-level epsilon" in printed and "empty" not in printed and "examples-used" not in printed
 
 
+@pytest.mark.heavy
 def test_zero_shot_head_and_validation_split(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["--head-init", "zero-shot", "--pooling", "mean", "--validation", "8", "--out", str(out)]

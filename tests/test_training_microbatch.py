@@ -32,6 +32,7 @@ def _grads(model, task, examples, microbatch):
 
 
 @pytest.mark.parametrize("kind", ["classifier", "language-model"])
+@pytest.mark.heavy
 def test_micro_batched_gradient_is_the_whole_batch_gradient(kind, minilm, tiny_llama, smollm2_tokenizer):
     if kind == "classifier":
         model, task = copy.deepcopy(minilm.model), ClassifierTask(minilm.tokenizer, 32)  # fixture untouched

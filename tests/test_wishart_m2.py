@@ -153,6 +153,7 @@ def test_wishart_needs_peft_init_and_never_runs_in_a_federation(capsys):
     assert "federations exchange LoRA factors" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.heavy
 def test_train_local_wishart_claims_the_amplified_epsilon_and_saves_the_dense_update(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["--local-steps", "3", "--batch-size", "8", "--max-train-examples", "64", "--eval-examples", "16"]

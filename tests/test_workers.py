@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 from common.presets import preset
@@ -36,6 +37,7 @@ def _metrics(out) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in lines]
 
 
+@pytest.mark.integration
 def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
     """One worker (the server's process, on one thread as every worker runs) and two workers."""
     one, two = _run(tmp_path, "one", 1), _run(tmp_path, "two", 2)
@@ -46,6 +48,7 @@ def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
     assert split["local-training"] > 0  # the workers' phases come back with their replies
 
 
+@pytest.mark.integration
 def test_one_and_two_workers_charge_the_same_ledger(tmp_path, one_thread):
     dp = dict(mechanism="dp-fedavg", threat_model="central", noise_multiplier=1.0, clip=0.5)
     rows = []
@@ -60,6 +63,7 @@ def test_workers_default_to_the_cores():
     assert resolve_workers(3) == 3 and resolve_workers(0) >= 1
 
 
+@pytest.mark.process
 def test_workers_exit_when_the_server_process_is_killed():
     """A SIGKILLed server sends no stop: its workers notice they are orphans and exit."""
     code = (
