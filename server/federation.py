@@ -44,7 +44,7 @@ from server.releases import Release, RunHandles, make_release
 from server.round import RoundRecord, run_round
 from server.run_dir import RunDir
 from server.sampling import os_sampler, poisson_sample
-from server.summary import data_used, format_summary, metrics_lines
+from server.summary import data_used, format_summary
 
 log = logging.getLogger("fedlora.server")
 
@@ -348,7 +348,7 @@ def _summary(run: FederationRun) -> dict:
         "rounds_skipped": loop.skipped,
         "rounds_withheld": loop.withheld,
         "dropouts": loop.dropouts,
-        **data_used(metrics_lines(out.metrics_path)),  # own data, partitions, refusals (model card)
+        **data_used(out.records()),  # own data, partitions, refusals (model card)
         "dataset_rows": len(evaluator.split.corpus),
         "dataset_classes": len(evaluator.split.corpus.label_names),
         "stopped": run.stopped,

@@ -91,14 +91,26 @@ class RunDir:
             fh.flush()
             os.fsync(fh.fileno())
 
+    def records(self) -> list[dict]:
+        """The metrics lines written so far (a torn last line from a crash is skipped)."""
+        if not self.metrics_path.exists():
+            return []
+        lines = []
+        for text in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                line = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(line, dict):
+                lines.append(line)
+        return lines
+
     def logged_rounds(self) -> set[int]:
         """Rounds that already have a metrics line (a torn last line from a crash is ignored)."""
-        if not self.metrics_path.exists():
-            return set()
         rounds = set()
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+        for line in self.records():
             try:
-                rounds.add(int(json.loads(line)["round"]))
+                rounds.add(int(line["round"]))
             except (ValueError, KeyError, TypeError):
                 continue
         return rounds

@@ -3,10 +3,8 @@ its metrics lines (:func:`data_used`)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 #: reasons kept per kind in a summary (the metrics lines hold every one)
 MAX_REASONS = 10
@@ -35,21 +33,6 @@ def is_error_reply(reason: str) -> bool:
     """Whether a rejected reply's reason is a node's error reply (a refusal or a failure), not a
     reply the server's validation rejected (common/wire.py)."""
     return str(reason).startswith("client error:")
-
-
-def metrics_lines(path: Path) -> list[dict]:
-    """A run's metrics.jsonl lines (a torn last line from a crash is skipped)."""
-    if not Path(path).exists():
-        return []
-    lines = []
-    for text in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            line = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            lines.append(line)
-    return lines
 
 
 def data_used(lines: Iterable[dict]) -> dict:
