@@ -94,8 +94,7 @@ def test_clipped_sum_is_gauge_invariant_and_bounded(tiny_llama):
         opt.accumulate(grads, alpha)
         total = 0.0
         deltas = {}
-        for name, (sA, sB) in opt.sums.items():
-            geo = opt.geo[name]
+        for name, (geo, sA, sB) in opt.per_module().items():
             dA, dB = lift(geo, sA, sB)
             deltas[name] = dA @ geo.B.T + geo.A @ dB.T
             total += float(tangent_sq_norm(geo, dA, dB))

@@ -8,6 +8,13 @@ of raw gradients: per example only the norm is computed; one lift per module and
 Noise ``N(0, σ²C²)`` is added to the **sum** and the result divided by the expected batch size
 (docs/design.md §7.7: the official code divides by the realised Poisson batch).
 
+Batched across modules (issue 36): modules of one shape (and LoRA scaling) are stacked into a group,
+and every per-step product, Gram, eigendecomposition, QR and SVD runs once per group on ``(g, ·, ·)``
+stacks, so a step dispatches a number of ops that does not grow with the model's depth. The one loop
+over modules left draws the noise ``Ω_A``, ``Ω_B`` module by module in the model's order: the same
+stream as an unbatched step on the same generator (tests/test_prism_batched.py). The rank check is
+one host synchronisation per step, before any noise is drawn.
+
 Floors (``floor``): ``"clamp"`` (the official code's eigenvalue floor ``max(w, λ)``) or ``"ridge"``
 (the paper's ``(V + λI)^{-1/2}``); see client/dp/prism/adaptive.py. The default is ``clamp``, the official
 code's choice, kept after one validation run each (ridge 0.732, clamp 0.745 on 1,000 examples, within
@@ -15,6 +22,8 @@ their noise: nothing favours the ridge; docs/prism.md, the grid's notes).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 import torch
 from peft.tuners.lora import LoraLayer
@@ -31,13 +40,43 @@ from client.dp.prism import (
     init_moments,
     lift,
     retract,
-    tangent_noise,
+    shape_noise,
     tangent_sq_norm,
 )
 from client.dp.prism.adaptive import Floor, FloorMode
 from client.dp.prism.tangent import RANK_DEFICIENT
 from common.errors import FedloraError
-from common.models.lora import get_factors, set_factors
+from common.models.lora import get_factors
+
+
+@dataclass
+class _Group:
+    """LoRA modules of one shape: ``names`` in model order, their PEFT weights and adaptive state.
+
+    Paper factors ``A = root·lora_B: (g, m, r)`` and ``B = root·lora_Aᵀ: (g, n, r)``.
+    """
+
+    names: list[str]
+    lora_b: list[torch.nn.Parameter]
+    lora_a: list[torch.nn.Parameter]
+    root: float
+    moments: Moments | None = None
+
+    @torch.no_grad()
+    def factors(self) -> tuple[Tensor, Tensor]:
+        """The group's current factors ``(A: (g, m, r), B: (g, n, r))``, new tensors."""
+        return torch.stack(self.lora_b) * self.root, torch.stack(self.lora_a).mT * self.root
+
+    @torch.no_grad()
+    def write(self, A: Tensor, B: Tensor) -> None:
+        """Store factors ``A: (g, m, r)``, ``B: (g, n, r)`` in the PEFT weights (one foreach copy)."""
+        peft_b, peft_a = (A / self.root).unbind(0), (B / self.root).mT.unbind(0)
+        torch._foreach_copy_([*self.lora_b, *self.lora_a], [*peft_b, *peft_a])
+
+
+def _per_example(geo: Geometry) -> Geometry:
+    """The geometry of ``(g, ·, ·)`` stacked modules, broadcastable over ``(g, b, ·, ·)`` examples."""
+    return Geometry(**{f.name: getattr(geo, f.name).unsqueeze(1) for f in fields(Geometry)})
 
 
 class PrismDp:
@@ -61,7 +100,7 @@ class PrismDp:
         self.layers, self.lr = layers, lr
         self.floor, self.floor_mode, self.floor_factor = floor, floor_mode, floor_factor
         self.betas, self.eps, self.cond_max, self.rcond = betas, eps, cond_max, rcond
-        self.moments: dict[str, Moments] = {}
+        members: dict[tuple, list[str]] = {}
         for name, layer in layers.items():
             A, B = get_factors(layer)
             if not (bool(A.abs().sum() > 0) and bool(B.abs().sum() > 0)):
@@ -69,46 +108,87 @@ class PrismDp:
                     f"PRISM needs full-rank LoRA factors, but module {name} starts at zero "
                     "(PEFT's default init); use the balanced init (--init balanced)"
                 )
-            _require_full_rank(name, geometry(A, B, rcond))
-            self.moments[name] = init_moments(A, B)
+            if not bool(geometry(A, B, rcond).full_rank):
+                raise FedloraError(RANK_DEFICIENT.format(what=f"module {name}"))
             for module in (layer.lora_A["default"], layer.lora_B["default"]):
                 module.weight.requires_grad_(True)  # the engine's hooks need both (FFA may have frozen one)
-        self.geo: dict[str, Geometry] = {}
-        self.sums: dict[str, list[Tensor]] = {}
+            key = (A.shape, B.shape, A.dtype, A.device, layer.scaling["default"])
+            members.setdefault(key, []).append(name)
+        self.groups = [self._group(names) for names in members.values()]
+        self.geo: list[Geometry] = []
+        self.sums: list[list[Tensor]] = []
+        self._stacked: tuple[FactorGrads, list[tuple[Tensor, Tensor]]] | None = None
+
+    def _group(self, names: list[str]) -> _Group:
+        group = _Group(
+            names,
+            [self.layers[n].lora_B["default"].weight for n in names],
+            [self.layers[n].lora_A["default"].weight for n in names],
+            self.layers[names[0]].scaling["default"] ** 0.5,
+        )
+        group.moments = init_moments(*group.factors())
+        return group
 
     def begin(self) -> None:
-        self.geo = {name: geometry(*get_factors(layer), self.rcond) for name, layer in self.layers.items()}
-        for name, geo in self.geo.items():
-            _require_full_rank(name, geo)  # before any noise is drawn (Eq. 19 needs M^{-1/2}, N^{-1/2})
-        self.sums = {name: [torch.zeros_like(g.A), torch.zeros_like(g.B)] for name, g in self.geo.items()}
+        self.geo = [geometry(*g.factors(), self.rcond) for g in self.groups]
+        # Before any noise is drawn (Eq. 19 needs M^{-1/2}, N^{-1/2}); one host sync for all modules.
+        if not bool(torch.stack([geo.full_rank.all() for geo in self.geo]).all()):
+            for group, geo in zip(self.groups, self.geo, strict=True):
+                for name, ok in zip(group.names, geo.full_rank.tolist(), strict=True):
+                    if not ok:
+                        raise FedloraError(RANK_DEFICIENT.format(what=f"module {name}"))
+        self._examples = [_per_example(geo) for geo in self.geo]
+        self.sums = [[torch.zeros_like(geo.A), torch.zeros_like(geo.B)] for geo in self.geo]
+        self._stacked = None
+
+    def _stack(self, grads: FactorGrads) -> list[tuple[Tensor, Tensor]]:
+        """Per group ``(g_A: (g, b, m, r), g_B: (g, b, n, r))``; stacked once for norms and sums."""
+        if self._stacked is None or self._stacked[0] is not grads:
+            stacks = [
+                (torch.stack([grads[n][0] for n in g.names]), torch.stack([grads[n][1] for n in g.names]))
+                for g in self.groups
+            ]
+            self._stacked = (grads, stacks)
+        return self._stacked[1]
 
     def sq_norms(self, grads: FactorGrads) -> Tensor:
         total = 0.0
-        for name, (gA, gB) in grads.items():
-            geo = self.geo[name]
-            total = total + tangent_sq_norm(geo, *lift(geo, gA, gB))  # Eq. 15 on the Eq. 14 lift
+        for geo, (gA, gB) in zip(self._examples, self._stack(grads), strict=True):
+            total = total + tangent_sq_norm(geo, *lift(geo, gA, gB)).sum(0)  # Eq. 15 on the Eq. 14 lift
         return total
 
     def accumulate(self, grads: FactorGrads, alpha: Tensor) -> None:
-        for name, (gA, gB) in grads.items():
-            acc = self.sums[name]
-            acc[0] += torch.einsum("b,bmr->mr", alpha.to(acc[0].dtype), gA.to(acc[0].dtype))
-            acc[1] += torch.einsum("b,bnr->nr", alpha.to(acc[1].dtype), gB.to(acc[1].dtype))
+        for acc, (gA, gB) in zip(self.sums, self._stack(grads), strict=True):
+            acc[0] += torch.einsum("b,gbmr->gmr", alpha.to(acc[0].dtype), gA.to(acc[0].dtype))
+            acc[1] += torch.einsum("b,gbnr->gnr", alpha.to(acc[1].dtype), gB.to(acc[1].dtype))
+
+    def _draws(self, generator: torch.Generator) -> list[tuple[Tensor, Tensor]]:
+        """Standard normal ``(Ω_A, Ω_B)`` per group, drawn module by module in the model's order."""
+        like = {n: geo for group, geo in zip(self.groups, self.geo, strict=True) for n in group.names}
+        draws = {}
+        for name in self.layers:
+            geo = like[name]
+            opts = {"generator": generator, "dtype": geo.A.dtype, "device": geo.A.device}
+            draws[name] = (torch.randn(geo.A.shape[1:], **opts), torch.randn(geo.B.shape[1:], **opts))
+        return [
+            (torch.stack([draws[n][0] for n in g.names]), torch.stack([draws[n][1] for n in g.names]))
+            for g in self.groups
+        ]
 
     def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
         tau = noise_std / denom  # σC/b
-        for name, layer in self.layers.items():
-            geo = self.geo[name]
-            dA, dB = lift(geo, self.sums[name][0] / denom, self.sums[name][1] / denom)
-            if noise_std > 0:
-                xi_a, xi_b = tangent_noise(geo, generator)  # Eq. 19
+        draws = self._draws(generator) if noise_std > 0 else [None] * len(self.groups)
+        for group, geo, (sA, sB), omega in zip(self.groups, self.geo, self.sums, draws, strict=True):
+            dA, dB = lift(geo, sA / denom, sB / denom)
+            if omega is not None:
+                xi_a, xi_b = shape_noise(geo, *omega)  # Eq. 19
                 dA, dB = dA + tau * xi_a, dB + tau * xi_b
             dA, dB = horizontalize(geo, dA, dB)  # before the moments
             lam_a, lam_b = dp_floors(
                 geo, tau, self.floor_mode if noise_std > 0 else "none", self.floor_factor
             )
-            UA, UB, self.moments[name] = adaptive_direction(
-                self.moments[name],
+            UA, UB, group.moments = adaptive_direction(
+                group.moments,
                 dA,
                 dB,
                 lam_a,
@@ -119,11 +199,17 @@ class PrismDp:
                 cond_max=self.cond_max,
             )
             UA, UB = horizontalize(geo, UA, UB)  # before the retraction
-            A, B = retract(geo.A, geo.B, UA, UB, self.lr, align=True)  # Alg. 1 line 14
-            set_factors(layer, A, B)
+            group.write(*retract(geo.A, geo.B, UA, UB, self.lr, align=True))  # Alg. 1 line 14
+        self._stacked = None
 
-
-def _require_full_rank(name: str, geo: Geometry) -> None:
-    """Refuse module ``name`` when ``AᵀA`` or ``BᵀB`` has an eigenvalue ``≤ rcond·max`` (one host sync)."""
-    if not bool(geo.full_rank):
-        raise FedloraError(RANK_DEFICIENT.format(what=f"module {name}"))
+    def per_module(self) -> dict[str, tuple[Geometry, Tensor, Tensor]]:
+        """``{module: (its geometry, clipped sum of g_A: (m, r), of g_B: (n, r))}`` for inspection."""
+        out = {}
+        for group, geo, (sA, sB) in zip(self.groups, self.geo, self.sums, strict=True):
+            for i, name in enumerate(group.names):
+                out[name] = (
+                    Geometry(**{f.name: getattr(geo, f.name)[i] for f in fields(Geometry)}),
+                    sA[i],
+                    sB[i],
+                )
+        return out

@@ -15,7 +15,14 @@ from client.dp.prism.adaptive import (
 from client.dp.prism.geometry import Geometry, as_compute, geometry, psd_eigh
 from client.dp.prism.init import balanced_random_init, spectral_init
 from client.dp.prism.retraction import procrustes_align, retract
-from client.dp.prism.tangent import clip_coefficients, horizontalize, lift, tangent_noise, tangent_sq_norm
+from client.dp.prism.tangent import (
+    clip_coefficients,
+    horizontalize,
+    lift,
+    shape_noise,
+    tangent_noise,
+    tangent_sq_norm,
+)
 
 __all__ = [
     "Geometry",
@@ -34,6 +41,7 @@ __all__ = [
     "procrustes_align",
     "psd_eigh",
     "retract",
+    "shape_noise",
     "spectral_init",
     "tangent_noise",
     "tangent_sq_norm",

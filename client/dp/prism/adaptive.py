@@ -35,10 +35,10 @@ class Moments:
 
 
 def init_moments(A: Tensor, B: Tensor) -> Moments:
-    """Zero moments for factors ``A: (m, r)``, ``B: (n, r)`` (compute dtype, same device)."""
+    """Zero moments for factors ``A: (..., m, r)``, ``B: (..., n, r)`` (compute dtype, same device)."""
     A, B = as_compute(A), as_compute(B)
     r = A.shape[-1]
-    zeros_rr = torch.zeros(r, r, dtype=A.dtype, device=A.device)
+    zeros_rr = torch.zeros(*A.shape[:-2], r, r, dtype=A.dtype, device=A.device)
     return Moments(torch.zeros_like(A), torch.zeros_like(B), zeros_rr, zeros_rr.clone())
 
 
@@ -56,7 +56,8 @@ def noise_second_moments(geo: Geometry, tau: float | Tensor) -> tuple[Tensor, Te
 def dp_floors(
     geo: Geometry, tau: float | Tensor, mode: FloorMode = "scalar", factor: float = 0.5
 ) -> tuple[Tensor, Tensor]:
-    """DP-aware floors ``(λ_A, λ_B)`` as 0-dim tensors (PRISM Eq. 26; docs/design.md §7.4).
+    """DP-aware floors ``(λ_A, λ_B)``: 0-dim tensors, or one per module of a stacked geometry in the
+    ``"geometry"`` mode (PRISM Eq. 26; docs/design.md §7.4).
 
     ``"scalar"`` (official final runs): ``λ_A = λ_B = f τ²``. ``"geometry"`` (official code's reading of
     Eq. 26): ``λ_A = max(f τ², f·tr(E_A)/r)``, same for B, with ``E_A, E_B`` from :func:`noise_second_moments`
@@ -81,13 +82,15 @@ def dp_floors(
 def preconditioner(
     V: Tensor, lam: float | Tensor, floor: Floor = "clamp", eps: float = 1e-8, cond_max: float | None = 1e4
 ) -> Tensor:
-    """Floored inverse square root ``P^{-1/2}: (r, r)`` of the second moment ``V: (r, r)`` with floor ``λ``.
+    """Floored inverse square root ``P^{-1/2}: (..., r, r)`` of the second moment ``V: (..., r, r)`` with
+    floor ``λ`` (a number, or one per matrix: shape ``V.shape[:-2]``).
 
     See the module docstring for ``floor``; ``cond_max=None`` skips the condition-number clamp.
     """
     w, Q = psd_eigh(V)
+    lam = torch.as_tensor(lam, dtype=w.dtype, device=w.device)[..., None]  # one floor per matrix of a batch
     if floor == "clamp":
-        w = torch.maximum(w + eps, torch.as_tensor(lam, dtype=w.dtype, device=w.device))
+        w = torch.maximum(w + eps, lam)
     elif floor == "ridge":
         w = w + eps + lam
     else:

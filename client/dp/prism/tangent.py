@@ -2,6 +2,9 @@
 
 Shapes: ``m`` output rows of ``A``, ``n`` input rows of ``B``, rank ``r``, ``b`` examples.
 No ``m × n`` matrix is formed; costs are ``O((m + n) r² + r³)`` per example or per module.
+Every function also takes a stack of modules of one shape: a :class:`Geometry` of ``(g, m, r)``
+factors with ``(g, m, r)`` arguments, or, per example, the geometry's tensors unsqueezed to
+``(g, 1, ·, ·)`` with ``(g, b, m, r)`` arguments (client/dp/optimizers/prism.py).
 """
 
 from __future__ import annotations
@@ -38,13 +41,9 @@ def lift(geo: Geometry, gA: Tensor, gB: Tensor) -> tuple[Tensor, Tensor]:
 
 def tangent_sq_norm(geo: Geometry, dA: Tensor, dB: Tensor) -> Tensor:
     """``‖dA Bᵀ + A dBᵀ‖_F²`` for any lift (PRISM Eq. 15): ``(b, m, r), (b, n, r)`` → ``(b,)``; unbatched → ``()``."""
-    AtdA = geo.A.mT @ dA
-    BtdB = geo.B.mT @ dB
-    return (
-        torch.einsum("...ij,ij->...", dA.mT @ dA, geo.N)
-        + torch.einsum("...ij,ij->...", dB.mT @ dB, geo.M)
-        + 2.0 * torch.einsum("...ij,...ji->...", AtdA, BtdB)
-    )
+    # ⟨X, Y⟩_F as (X * Y).sum: broadcasts a geometry of modules (g, 1, ·, ·) over examples (g, b, ·, ·).
+    quadratic = (dA.mT @ dA) * geo.N + (dB.mT @ dB) * geo.M + 2.0 * (geo.A.mT @ dA) * (geo.B.mT @ dB).mT
+    return quadratic.sum((-2, -1))
 
 
 def clip_coefficients(sq_norms: Sequence[Tensor], clip: float) -> Tensor:
@@ -64,11 +63,19 @@ def tangent_noise(geo: Geometry, generator: torch.Generator) -> tuple[Tensor, Te
     ``generator`` must live on the factors' device. Raises :class:`FedloraError` unless
     ``geo.full_rank``: the exact inverse square roots are what make the covariance ``P_{A,B}``.
     """
-    if not bool(geo.full_rank):
+    if not bool(geo.full_rank.all()):
         raise FedloraError(RANK_DEFICIENT.format(what="a LoRA module"))
     opts = {"generator": generator, "dtype": geo.A.dtype, "device": geo.A.device}
     OA = torch.randn(geo.A.shape, **opts)
     OB = torch.randn(geo.B.shape, **opts)
+    return shape_noise(geo, OA, OB)
+
+
+def shape_noise(geo: Geometry, OA: Tensor, OB: Tensor) -> tuple[Tensor, Tensor]:
+    """Eq. 19 on given standard normal draws ``Ω_A: (..., m, r)``, ``Ω_B: (..., n, r)`` → ``(Ξ_A, Ξ_B)``.
+
+    No rank check (the caller has made it: :func:`tangent_noise`, or PRISM's step once per batch).
+    """
     # (I − Π_A) keeps the Π_A Ξ Π_B block from being counted twice.
     XiA = (OA - geo.QA @ (geo.QA.mT @ OA)) @ geo.N_invsqrt
     XiB = OB @ geo.M_invsqrt
