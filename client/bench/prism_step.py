@@ -1,4 +1,4 @@
-"""``fedlora bench prism-step``: step time and peak memory of PRISM vs factor-space DP-AdamW.
+"""``fedlora bench prism-step``: step time, peak memory and dispatched ops of PRISM vs factor-space DP-AdamW.
 
 Both optimizers run on one model, batch, sequence length and set of LoRA targets, through the same
 engine (client/dp/engine.py: per-example gradients, global clip, noise, step), interleaved in one
@@ -9,22 +9,34 @@ Memory: on CUDA the step's peak allocated bytes (``torch.cuda.max_memory_allocat
 process's peak resident set during the step (``VmHWM``, reset through ``/proc/self/clear_refs``), and
 ``step_extra`` its excess over the resident set just before the step (model weights excluded; the
 kernel's RSS counters are exact only to tens of pages, so a step that adds nothing reads 0).
+
+Ops: the aten operators one step dispatches (counted by a ``TorchDispatchMode`` below autograd, one
+step after a warm-up step), the device-independent proxy for launch overhead (issue 36: on a GPU a
+step of many tiny kernels is bound by their launches, not by arithmetic). ``ops_per_layer``: how
+many more ops a step dispatches per added decoder layer, from a second count on a copy of the model
+cut to half its layers.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import copy
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from client.dp.engine import DpSteps, dp_train
 from client.dp.optimizers import make_dp_optimizer
 from common.config import RunConfig
+from common.device import resolve_device
 from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
 from common.runtime import open_model, open_split
@@ -55,10 +67,75 @@ def _peak(device: torch.device) -> int:
     return _rss_kb("VmHWM") * 1024
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operators dispatched while active, by name (``counts``) and in all (``total``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """Aten operators dispatched by one call of ``fn``."""
+    with OpCounter() as counter:
+        fn()
+    return counter.total
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's stack of ``config.num_hidden_layers`` blocks (a transformers model's ``layers``)."""
+    depth = model.config.num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == depth:
+            return module
+    raise RuntimeError(f"no stack of {depth} layers in {type(model).__name__}")
+
+
+def truncated(model: nn.Module, depth: int) -> nn.Module:
+    """A copy of ``model`` keeping its first ``depth`` layers (LoRA modules included)."""
+    copied = copy.deepcopy(model)
+    stack = decoder_layers(copied)
+    del stack[depth:]
+    copied.config.num_hidden_layers = depth
+    return copied
+
+
+def step_ops(
+    model: nn.Module,
+    task,
+    examples: list[dict],
+    cfg: RunConfig,
+    methods: tuple[str, ...],
+    device: torch.device,
+) -> dict[str, int]:
+    """Aten ops of one DP step per method on ``model`` (fresh optimizers, one warm-up step each)."""
+    plan = DpSteps(steps=1, sample_rate=1.0, clip=1.0, noise_multiplier=1.0, microbatch=len(examples))
+    out = {}
+    for m in methods:
+        opt = make_dp_optimizer(m, lora_layers(model), cfg.lr)
+
+        def step(opt=opt, m=m):
+            rngs = (np.random.default_rng(0), torch.Generator(device=device).manual_seed(0))
+            dp_train(model, task, examples, opt, plan, lr=cfg.lr, device=device, rngs=rngs, desc=m)
+
+        step()
+        out[m] = count_ops(step)
+    return out
+
+
 def step_costs(
     cfg: RunConfig, methods: tuple[str, ...], batch: int, repeats: int
 ) -> dict[str, dict[str, float]]:
-    """Median ``seconds``, ``peak_bytes`` and ``step_extra_bytes`` per method (one process, interleaved)."""
+    """Median ``seconds``, ``peak_bytes`` and ``step_extra_bytes`` per method (one process, interleaved),
+    ``ops`` per step, and ``ops_per_layer`` (the growth per decoder layer, against half the depth)."""
     split = open_split(cfg, 1)
     bundle = open_model(cfg, split)
     model, device = bundle.model, bundle.device
@@ -89,11 +166,17 @@ def step_costs(
                 # Linux batches RSS counters per thread (up to 64 pages each), so on the CPU a step
                 # that allocates nothing can read a few pages under ``before``: that is zero extra.
                 samples[m]["extra"].append(max(peak - before, 0))
+    ops = step_ops(model, task, examples, cfg, methods, device)
+    depth = model.config.num_hidden_layers
+    half = depth // 2
+    fewer = step_ops(truncated(model, half), task, examples, cfg, methods, device) if half else None
     return {
         m: {
             "seconds": statistics.median(s["seconds"]),
             "peak_bytes": statistics.median(s["peak"]),
             "step_extra_bytes": statistics.median(s["extra"]),
+            "ops": ops[m],
+            "ops_per_layer": (ops[m] - fewer[m]) / (depth - half) if fewer else float("nan"),
         }
         for m, s in samples.items()
     }
@@ -108,7 +191,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeats", type=int, default=7, help="measured steps per method (after one warm-up)"
     )
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda[:N]")
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        help="the frozen base's precision (fp32, bf16, auto); the DP math stays fp32",
+    )
     parser.add_argument("--json", action="store_true")
 
 
@@ -120,14 +208,15 @@ def run(args: argparse.Namespace) -> int:
         rank=args.rank,
         max_length=args.seq,
         device=args.device,
+        precision=args.precision,
         num_clients=1,
         partition="iid",
         lr=1e-4,
     ).check()
     costs = step_costs(cfg, ("prism", "dp-adamw"), args.batch, args.repeats)
     prism, base = costs["prism"], costs["dp-adamw"]
-    device = str(open_model(cfg, open_split(cfg, 1)).device)
-    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    device = resolve_device(cfg.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     record = {
         "model": args.model,
         "targets": args.targets,
@@ -142,6 +231,9 @@ def run(args: argparse.Namespace) -> int:
         "time_ratio": prism["seconds"] / base["seconds"],
         "memory_ratio": prism["peak_bytes"] / base["peak_bytes"],
         "step_extra_memory_ratio": prism["step_extra_bytes"] / max(base["step_extra_bytes"], 1),
+        "ops_ratio": prism["ops"] / base["ops"],
+        "prism_extra_ops_per_layer": prism["ops_per_layer"] - base["ops_per_layer"],
+        "precision": args.precision,
     }
     if args.json:
         print(json.dumps(record))
@@ -153,10 +245,12 @@ def run(args: argparse.Namespace) -> int:
     for label, c in (("prism", prism), ("dp-adamw", base)):
         print(
             f"  {label:9s} {c['seconds'] * 1e3:8.1f} ms   peak {c['peak_bytes'] / 2**20:8.1f} MiB   "
-            f"step extra {c['step_extra_bytes'] / 2**20:7.1f} MiB"
+            f"step extra {c['step_extra_bytes'] / 2**20:7.1f} MiB   {c['ops']:7d} ops "
+            f"({c['ops_per_layer']:.0f} per layer)"
         )
     print(
         f"time ratio {record['time_ratio']:.3f}   memory ratio {record['memory_ratio']:.3f}   "
-        f"step-extra memory ratio {record['step_extra_memory_ratio']:.3f}"
+        f"step-extra memory ratio {record['step_extra_memory_ratio']:.3f}   ops ratio {record['ops_ratio']:.3f}   "
+        f"PRISM's extra ops per layer {record['prism_extra_ops_per_layer']:.0f}"
     )
     return 0
