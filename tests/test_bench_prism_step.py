@@ -17,7 +17,9 @@ from tests.conftest import run_cli, tiny_llama_config
 @pytest.mark.heavy
 def test_prism_step_bench_measures_both_methods_on_a_local_model(tmp_path, smollm2_tokenizer, capsys):
     model_dir = tmp_path / "tiny-llama"
-    LlamaForCausalLM(tiny_llama_config(len(smollm2_tokenizer), num_hidden_layers=16)).save_pretrained(model_dir)
+    LlamaForCausalLM(tiny_llama_config(len(smollm2_tokenizer), num_hidden_layers=16)).save_pretrained(
+        model_dir
+    )
     smollm2_tokenizer.save_pretrained(model_dir)
     targets = "q_proj,k_proj,v_proj,o_proj"
     argv = ["bench", "prism-step", "--model", str(model_dir), "--targets", targets, "--rank", "2"]

@@ -28,11 +28,12 @@ def update_rule(
     betas: tuple[float, float] = (0.9, 0.999),
     weight_decay: float = 0.0,
 ) -> torch.optim.Optimizer:
-    """The step a DP optimizer takes on its noisy mean gradient: ``adamw`` or ``sgd``."""
+    """The step a DP optimizer takes on its noisy mean gradient: ``adamw`` or ``sgd``, ``foreach``: one
+    multi-tensor op per update instead of a loop over parameters (CUDA's default; issue 36)."""
     if rule == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, foreach=True)
     if rule == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, foreach=True)
     raise ValueError(f"unknown update rule '{rule}'")
 
 

@@ -335,9 +335,10 @@ def speed(done: Sequence[dict], device: str) -> dict:
                     "share / ratio": "",
                 }
             )
-        sec["rows"].append(
-            {"what": "prism / dp-adamw", "seconds": "", "share / ratio": f"{out['time_ratio']:.2f}× time"}
-        )
+        ratio = f"{out['time_ratio']:.2f}× time"
+        if "ops_ratio" in out:  # stored outputs from before issue 36 lack the op counts
+            ratio += f", {out['ops_ratio']:.2f}× aten ops"
+        sec["rows"].append({"what": "prism / dp-adamw", "seconds": "", "share / ratio": ratio})
     for arm, group in _group(done, "client-level"):
         first = next((d for d in group if d["output"] and d["output"].get("time_split_s")), None)
         if first is None:
