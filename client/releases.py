@@ -18,9 +18,8 @@ from client.drencoder.round_codec import round_codec
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
-from common.privacy.plan import plan_noise
-from common.privacy.release import add_noise, clip
-from common.wire import CLIP_BIT, TrainInstruction
+from common.privacy.mechanism import run_mechanism
+from common.wire import TrainInstruction
 
 Sent = tuple[AdapterState, dict]
 #: (increment, instruction, run config, device, the node's encoder cache directory)
@@ -37,29 +36,17 @@ def release_none(
 
 def round_clip(ins: TrainInstruction, cfg: RunConfig) -> float:
     """The C this round clips to: the server's under adaptive clipping, else the run config's."""
-    if not cfg.adaptive_clip:
-        return cfg.clip
-    if ins.clip <= 0:
-        raise FedloraError("an adaptive-clipping round must name its clip (> 0)")
-    return ins.clip
+    mechanism = run_mechanism(cfg)
+    return mechanism.round_clip(ins.clip) if mechanism else cfg.clip
 
 
 def release_gaussian(
     increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device, encoder_cache
 ) -> Sent:
-    """The increment clipped to the round's C plus this client's noise share for the round; with
-    adaptive clipping also the bit [‖Δ‖ ≤ C], with its noise share under distributed noise."""
-    bound = round_clip(ins, cfg)
-    clipped, norm = clip(increment, bound)
-    sent = add_noise(clipped, ins.noise_std)
-    if not cfg.adaptive_clip:
-        return sent, {}
-    plan = plan_noise(cfg)
-    # the count's share is sized like the update's: σ_b/sqrt(m) against z_Δ·C/sqrt(m) (distributed
-    # noise); no share where the client adds no update noise (central: the server noises the count)
-    share = ins.noise_std * plan.count_std / (plan.update_sigma * bound) if ins.noise_std else 0.0
-    sent[CLIP_BIT] = add_noise({CLIP_BIT: torch.tensor([float(norm <= bound)])}, share)[CLIP_BIT]
-    return sent, {"clip": bound}
+    """The client half of the run's mechanism (common/privacy/mechanism.py): the increment clipped to
+    the round's C plus this client's noise share; with adaptive clipping also the bit [‖Δ‖ ≤ C]."""
+    mechanism = run_mechanism(cfg)
+    return mechanism.privatize(increment, ins.noise_std, mechanism.round_clip(ins.clip))
 
 
 def release_dr_encoder(

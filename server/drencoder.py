@@ -46,9 +46,9 @@ from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.ledger import Charge, Ledger
+from common.privacy.mechanism import GaussianMechanism, RoundSum
 from common.privacy.plan import STATS_ROUND, NoisePlan, uncovered
 from common.wire import InvalidReply, StatsQuery, parse_stats_reply
-from server.aggregate import private_mean
 from server.exchange import exchange
 from server.public_prior import fit_public_basis, load_basis, public_increments, refit_round
 
@@ -102,20 +102,45 @@ class ServerCodec:
     def reply_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         return dict(shapes) if self.encode_at == "server" else coded_shapes(self.codec, shapes)
 
+    def round_sum(self, inner: RoundSum, order: str) -> CodedRound:
+        """The round's aggregate of coded replies around the mechanism's ``inner`` sum (see :class:`CodedRound`)."""
+        return CodedRound(self, inner, order)
+
     def aggregate(
         self, replies: Sequence[AdapterState], order: str, plan: NoisePlan, expected: float
     ) -> AdapterState:
         """The round's decoded mean increment from the clients' (clipped, noised) coded updates, or
         from their raw increments when the server encodes (central noise: the mean clips each coded
         update to C, as a client would, before it adds the noise)."""
-        coded = replies
-        if self.encode_at == "server":
-            coded = [encode_update(self.codec, r) for r in replies]
-        if order == "decode-first":
-            decoded = [decode_update(self.codec, c) for c in coded]
-            return private_mean(decoded, plan.threat, plan.server_sigma, plan.clip, expected)
-        mean = private_mean(coded, plan.threat, plan.server_sigma, plan.clip, expected)
-        return decode_update(self.codec, mean)
+        total = self.round_sum(_sum_of(plan, expected), order)
+        for reply in replies:
+            total.add(reply)
+        return total.decoded_mean()
+
+
+def _sum_of(plan: NoisePlan, expected: float) -> RoundSum:
+    """The Gaussian mechanism's round sum for ``plan`` (sampled count unused: σ is not reported here)."""
+    return GaussianMechanism(plan, expected).round_sum(0)
+
+
+class CodedRound:
+    """A round's aggregate of coded replies: each reply is encoded on arrival when the server encodes
+    (``--encode-at server``), decoded on arrival when the order is ``decode-first``; the mechanism's
+    sum runs on what results, and an ``aggregate-first`` mean is decoded once at the end."""
+
+    def __init__(self, coder: ServerCodec, inner: RoundSum, order: str) -> None:
+        self.coder, self.inner, self.order = coder, inner, order
+
+    def add(self, reply: AdapterState, weight: int | None = None) -> None:
+        coded = encode_update(self.coder.codec, reply) if self.coder.encode_at == "server" else reply
+        self.inner.add(decode_update(self.coder.codec, coded) if self.order == "decode-first" else coded)
+
+    def release(self) -> tuple[AdapterState, float | None]:
+        mean, sigma = self.inner.release()
+        return (mean if self.order == "decode-first" else decode_update(self.coder.codec, mean)), sigma
+
+    def decoded_mean(self) -> AdapterState:
+        return self.release()[0]
 
 
 def ae_latent_size(config: AeConfig, layout: Layout) -> int:

@@ -87,7 +87,7 @@ def run_round(
                 release.noise_std(k),
                 release.codec,
                 release.records_for(node),
-                release.clip if cfg.adaptive_clip else 0.0,
+                release.instruction_clip(),
             ).to_record(),
             dst_node_id=node,
             message_type="train",
@@ -100,7 +100,7 @@ def run_round(
         r.count_bytes() for m in messages for r in m.content.values() if hasattr(r, "count_bytes")
     )
     expected, reply_shapes = release.expected(k), release.reply_shapes(shapes)
-    increments, weights, losses, answered = [], [], [], set()
+    total, losses, answered = release.round_sum(k), [], set()
     for node, reply, relayed in exchange(grid, messages, cfg.round_timeout):
         if relayed:  # the SuperLink answered for a node it lost: a dropout, not a reply
             log.warning(
@@ -123,21 +123,20 @@ def run_round(
         release.answered(node, True)
         record.data_sources.setdefault(data_source(reply) or "unstated", []).append(node)
         record.bytes_up += reply.content["increment"].count_bytes()
-        increments.append(inc)
-        weights.append(weight)
+        total.add(inc, weight)
+        record.replied += 1
         losses.append(extra.get("train-loss", float("nan")))
     record.dropouts = sorted(set(sampled) - answered)
     if record.dropouts:
         log.warning("round %d: no reply from sampled node(s) %s", rnd, record.dropouts)
-    record.replied = len(increments)
     record.applied = record.replied >= cfg.min_replies
-    if increments and not record.applied:
+    if record.replied and not record.applied:
         log.warning(
             "round %d: %d usable replies < min-replies %d: withheld", rnd, record.replied, cfg.min_replies
         )
     if record.applied:
         with phase("decode-aggregate"):
-            mean, record.sigma_released = release.aggregate(increments, weights, k)
+            mean, record.sigma_released = total.release()
             if post is not None:
                 mean = post(mean)
             if optimizer is None:

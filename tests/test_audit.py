@@ -198,17 +198,17 @@ def test_audit_client_excluded_canary_is_absent_under_central_noise(tmp_path, mo
     """Central noise is accounted for add/remove: an excluded canary's node, sampled, answers at once
     with an error reply, which the round rejects: the aggregate sums the real clients' and the
     included canaries' replies only, over the constant p·N."""
-    import server.releases.gaussian
+    from common.privacy.mechanism import GaussianSum
     from server.inprocess import FIRST_NODE_ID
 
     summed = []
-    real_mean = server.releases.gaussian.private_mean
+    real_mean = GaussianSum.mean
 
-    def mean(increments, threat_model, sigma, bound, expected):
-        summed.append((len(increments), expected))
-        return real_mean(increments, threat_model, sigma, bound, expected)
+    def mean(self):
+        summed.append((self.count, self.expected))
+        return real_mean(self)
 
-    monkeypatch.setattr(server.releases.gaussian, "private_mean", mean)
+    monkeypatch.setattr(GaussianSum, "mean", mean)
     result, included, replies, trained = _audit_federation(tmp_path, monkeypatch, threat_model="central")
     assert result["relation"] == "add/remove" and result["unit"] == "client-level (add/remove one client)"
     assert sorted(trained) == [0, 1]

@@ -20,12 +20,12 @@ from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import combined_noise_multiplier
 from common.privacy.calibration import events_epsilon
 from common.privacy.ledger import Ledger
+from common.privacy.mechanism import private_mean
 from common.privacy.plan import plan_noise
 from common.privacy.report import title
 from common.privacy.threat import THREATS
 from common.wire import CLIP_BIT
 from server import optimizers
-from server.aggregate import private_mean
 from server.bench.suite.sections import privacy
 from server.checkpoint import CHECKPOINT_FILE
 from server.evaluation import Evaluator

@@ -59,7 +59,10 @@ def test_the_aggregate_reveals_how_many_replied():
     zero = {"w": torch.zeros(DIM)}
     for replied in (1, 2, 3, 4):
         replies = [release_gaussian(zero, ins, cfg, torch.device("cpu"), None)[0] for _ in range(replied)]
-        mean, _ = release.aggregate(replies, [None] * replied, 4)
+        total = release.round_sum(4)
+        for reply in replies:
+            total.add(reply)
+        mean, _ = total.release()
         energy = float(mean["w"].square().mean()) * release.expected_count**2
         assert round(energy / share**2) == replied
 

@@ -11,10 +11,10 @@ from common.presets import preset
 from common.privacy.accountants import Event
 from common.privacy.calibration import epsilon_for
 from common.privacy.ledger import Charge, Ledger
+from common.privacy.mechanism import private_mean
 from common.privacy.plan import NoisePlan, budget_stop, plan_noise
 from common.privacy.release import add_noise, clip, clip_and_noise, global_norm
 from common.privacy.threat import THREATS
-from server.aggregate import private_mean
 
 
 def _state(seed=0, scale=1.0):

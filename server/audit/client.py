@@ -26,7 +26,7 @@ An excluded canary reproduces the neighbouring relation that claim is accounted 
   but the trusted server: the global adapter) this is absence: sampling is Poisson, each node
   independently (server/sampling.py), so the slot changes no other client's sample; the server
   clips and sums only the usable replies, adds its N(0, σ²C²) once, and divides by the constant
-  p·N (server/aggregate.py ``private_mean``), never by the count of replies; adaptive clipping
+  p·N (common/privacy/mechanism.py ``GaussianSum``), never by the count of replies; adaptive clipping
   counts only usable replies' bits against the same constant p·N; a round is applied iff the
   usable replies reach ``min-replies``. Each of these is what it would be had the node not been
   sampled, i.e. had the client not existed, with the mechanism's constants p and N fixed as the

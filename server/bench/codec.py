@@ -61,10 +61,11 @@ from autoencoder.train import loss_ends, train_autoencoder
 from common.config import RunConfig, to_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes
+from common.privacy.mechanism import private_mean
 from common.privacy.plan import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
 from common.privacy.release import clip_and_noise, global_norm
 from common.wire import InvalidReply, TrainInstruction, parse_train_reply
-from server.aggregate import private_mean, weighted_mean
+from server.aggregate import weighted_mean
 from server.checkpoint import CHECKPOINT_FILE
 from server.checkpoint import load as load_checkpoint
 from server.drencoder import STATS_FILE, ServerCodec, ae_train_config, load_stats, prepare_codec

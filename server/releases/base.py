@@ -2,7 +2,8 @@
 
 A release says what a round asks of its clients (:meth:`Release.noise_std`, :attr:`codec`,
 :meth:`records_for`), what a usable reply looks like (:meth:`expected`, :meth:`reply_shapes`,
-:meth:`check`) and how the usable replies become the increment the server applies (:meth:`aggregate`). The round loop
+:meth:`check`) and how the usable replies become the increment the server applies (:meth:`round_sum`). A private
+release delegates these to its mechanism (common/privacy/mechanism.py), which holds both halves. The round loop
 (server/round.py, server/federation.py) calls these and never asks which release it runs.
 """
 
@@ -17,6 +18,7 @@ from flwr.serverapp import Grid
 from common.config import RunConfig
 from common.models import AdapterState
 from common.privacy.ledger import Ledger
+from common.privacy.mechanism import RoundSum
 from common.privacy.plan import NoisePlan
 
 
@@ -40,7 +42,15 @@ class Release:
 
     def __init__(self, cfg: RunConfig, plan: NoisePlan | None) -> None:
         self.cfg, self.plan = cfg, plan
-        self.clip = plan.clip if plan else cfg.clip  # the round's C (moves under adaptive clipping)
+
+    @property
+    def clip(self) -> float:
+        """The round's C (the mechanism's: it moves under adaptive clipping)."""
+        return self.cfg.clip
+
+    def instruction_clip(self) -> float:
+        """The clip a train instruction names (0: the run config's)."""
+        return 0.0
 
     def state(self) -> dict[str, float]:
         """What the checkpoint keeps of the release between rounds (JSON numbers)."""
@@ -48,7 +58,6 @@ class Release:
 
     def restore(self, state: dict[str, float]) -> None:
         """Continue from :meth:`state` of a checkpoint (absent keys: as at the start)."""
-        self.clip = float(state.get("clip", self.plan.clip if self.plan else self.cfg.clip))
 
     def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
         """Work before round 1 (the DR-Encoder statistics round and autoencoder); returns what the
@@ -85,11 +94,10 @@ class Release:
     def answered(self, node: int, usable: bool) -> None:
         """Bookkeeping after each reply (whether ``node``'s reply was usable)."""
 
-    def aggregate(
-        self, increments: Sequence[AdapterState], weights: Sequence[int | None], sampled: int
-    ) -> tuple[AdapterState, float | None]:
-        """The increment to apply from the usable replies, and the noise multiplier the aggregate
-        carried (None: no client-level noise)."""
+    def round_sum(self, sampled: int) -> RoundSum:
+        """The round's aggregate: each usable reply is added to it, then it releases the increment to
+        apply and the noise multiplier it carried (None: no client-level noise). Nothing else in the
+        round sees the replies one by one (common/privacy/mechanism.py ``RoundSum``)."""
         raise NotImplementedError
 
 

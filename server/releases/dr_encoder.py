@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from flwr.serverapp import Grid
 
 from common.models import AdapterState
+from common.privacy.mechanism import RoundSum
 from server.drencoder import ServerCodec, prepare_codec, refresh_public_codec
 from server.releases.base import RunHandles
 from server.releases.gaussian import GaussianRelease
@@ -67,9 +68,9 @@ class DrEncoderRelease(GaussianRelease):
     def answered(self, node: int, usable: bool) -> None:
         self.coder.replied(node, usable)
 
-    def mean(self, increments: Sequence[AdapterState]) -> AdapterState:
-        """The decoded DP-FedAvg mean of the coded releases, in the run's decode order."""
-        return self.coder.aggregate(increments, self.cfg.decode_order, self.plan, self.expected_count)
+    def round_sum(self, sampled: int) -> RoundSum:
+        """The mechanism's sum of the coded releases, decoded in the run's decode order."""
+        return self.coder.round_sum(super().round_sum(sampled), self.cfg.decode_order)
 
 
 __all__ = ["DrEncoderRelease"]

@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from common.models import AdapterState
 from server.aggregate import weighted_mean
 from server.releases.base import Release
 
 
-class NoRelease(Release):
-    """FedAvg: weighted by example counts, which only a non-private run sends; a run with a
-    sample-level local optimizer sends none and is averaged with equal weights."""
+class FedAvgRound:
+    """FedAvg's round sum: weighted by example counts, which only a non-private run sends; a run with
+    a sample-level local optimizer sends none (or a reply lacks one) and is averaged with equal weights."""
 
+    def __init__(self, uniform: bool) -> None:
+        self.uniform = uniform
+        self.replies: list[AdapterState] = []
+        self.weights: list[float] = []
+
+    def add(self, reply: AdapterState, weight: int | None = None) -> None:
+        self.uniform = self.uniform or weight is None
+        self.replies.append(reply)
+        self.weights.append(float(weight or 0))
+
+    def release(self) -> tuple[AdapterState, float | None]:
+        weights = [1.0] * len(self.replies) if self.uniform else self.weights
+        return weighted_mean(self.replies, weights), None
+
+
+class NoRelease(Release):
     name = "none"
 
-    def aggregate(
-        self, increments: Sequence[AdapterState], weights: Sequence[int | None], sampled: int
-    ) -> tuple[AdapterState, float | None]:
-        uniform = self.cfg.private or any(w is None for w in weights)
-        return weighted_mean(increments, [1.0] * len(increments) if uniform else weights), None
+    def round_sum(self, sampled: int) -> FedAvgRound:
+        return FedAvgRound(uniform=self.cfg.private)
 
 
-__all__ = ["NoRelease"]
+__all__ = ["FedAvgRound", "NoRelease"]
