@@ -278,6 +278,7 @@ def _charge(run: FederationRun, rnd: int, sampled: int) -> Charge:
         clip=run.release.clip,
         threat_model=plan.threat_model,
         mechanism=cfg.mechanism,
+        events=run.release.events(),
     )
 
 

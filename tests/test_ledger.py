@@ -12,6 +12,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from opacus.accountants.analysis.gdp import compute_eps_poisson
 
 from common.errors import FedloraError
+from common.privacy.accountants import Event
 from common.privacy.ledger import Charge, Ledger
 from tests.conftest import run_cli
 
@@ -106,6 +107,37 @@ def test_a_ledger_without_the_uncovered_table_still_opens_and_reports(ledger):
     assert reopened.report()["uncovered"] == [] and len(reopened.rows()) == 1
     reopened.note_uncovered("r1", 0, "x")
     assert [u["what"] for u in reopened.uncovered()] == ["x"]
+
+
+def test_a_charge_composes_every_event_its_mechanism_names(ledger):
+    """Two events in one round (e.g. a correlated-noise or secure-aggregation round) are both
+    charged, survive a reopen, and give the totals of a ledger that charged them as two rounds."""
+    two = (Event(1.2, 0.5), Event(0.9, 0.3, 2))
+    totals = ledger.charge(_charge(1, 1.2, 0.5, events=two))
+    ledger.charge(_charge(2, 2.0, 1.0))  # no events: its headline event alone
+    reopened = Ledger.open(ledger.path, "client-level")
+    assert reopened.events() == [*two, Event(2.0, 1.0)]
+    flat = Ledger.create(ledger.path.with_name("flat.sqlite"), "client-level", "x", DELTA)
+    for rnd, (sigma, p, count) in enumerate([(1.2, 0.5, 1), (0.9, 0.3, 2)], 1):
+        flat.charge(_charge(rnd, sigma, p, count=count))
+    assert totals == flat.spent() and reopened.rows()[0]["eps_tight"] == flat.rows()[-1]["eps_tight"]
+    assert (
+        totals["eps_tight"]
+        > Ledger.create(ledger.path.with_name("one.sqlite"), "client-level", "y", DELTA).charge(
+            _charge(1, 1.2, 0.5)
+        )["eps_tight"]
+    )
+
+
+def test_a_ledger_without_the_events_table_reads_each_charge_as_its_headline_event(ledger):
+    ledger.charge(_charge(1, events=(Event(1.2, 0.5),)))
+    ledger.charge(_charge(2, 0.9, 0.3))
+    with sqlite3.connect(ledger.path) as conn:
+        conn.execute("DROP TABLE events")
+    reopened = Ledger.open(ledger.path, "client-level")
+    assert reopened.events() == [Event(1.2, 0.5), Event(0.9, 0.3)]
+    reopened.charge(_charge(3, events=(Event(1.1, 0.2),)))  # the table comes back on demand
+    assert reopened.events()[-1] == Event(1.1, 0.2)
 
 
 def test_spent_with_a_hypothetical_event_does_not_write(ledger):

@@ -7,6 +7,14 @@ neighbours differ by one example). Each row is a charge of ``count`` Gaussian me
 multiplier σ at Poisson rate p, plus what the round did (sampled, replied, clip C, threat model,
 mechanism) and the running μ (CLT GDP), ε_gdp and ε_tight (PLD) at the ledger's δ after that row.
 
+A charge stores the accounting events its mechanism names (common/privacy/mechanism.py
+``Mechanism.events``) in the ``events`` table, one row each (kind, σ, p, count), and the totals
+compose every charge's events: a mechanism may charge several events per round (correlated noise,
+a secure-aggregation round). The charge's own σ, p and count are its headline event, the one its
+report shows; a charge with no ``events`` rows (every ledger written before the table existed) is
+that one event. Events are Gaussian (common/privacy/accountants.py ``Event``); ``kind`` names the
+mechanism an event is of, so that other kinds can be composed beside them.
+
 Releases of client data that no row covers (statistics sent in the clear) are recorded in the
 ``uncovered`` table, so that every report of the ledger says what its ε does not cover.
 
@@ -57,6 +65,15 @@ CREATE TABLE charges (
 );
 """
 # Added after the first ledgers were written: created on demand, absent from older files.
+_EVENTS = """
+CREATE TABLE IF NOT EXISTS events (
+    charge INTEGER NOT NULL REFERENCES charges (seq),
+    kind TEXT NOT NULL,
+    sigma REAL NOT NULL,
+    p REAL NOT NULL,
+    count INTEGER NOT NULL
+);
+"""
 _UNCOVERED = """
 CREATE TABLE IF NOT EXISTS uncovered (
     run TEXT NOT NULL,
@@ -84,6 +101,7 @@ class Charge:
     clip: float
     threat_model: str
     mechanism: str
+    events: tuple[Event, ...] = ()  # what the mechanism charges (empty: the headline event alone)
 
     def __post_init__(self) -> None:
         Event(self.sigma, self.p, self.count)  # validates σ, p and count
@@ -94,7 +112,13 @@ class Charge:
 
     @property
     def event(self) -> Event:
+        """The headline event: the σ, p and count a report shows."""
         return Event(self.sigma, self.p, self.count)
+
+    @property
+    def charged(self) -> tuple[Event, ...]:
+        """Every event this charge composes into the ledger's totals."""
+        return self.events or (self.event,)
 
 
 class Ledger:
@@ -141,7 +165,7 @@ class Ledger:
             **({"validity": validity, "population": population} if validity else {}),
         }
         with conn:
-            conn.executescript(_TABLES + _UNCOVERED)
+            conn.executescript(_TABLES + _UNCOVERED + _EVENTS)
             conn.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
         return cls(path, conn, meta)
 
@@ -180,14 +204,25 @@ class Ledger:
 
     def uncovered(self) -> list[dict]:
         """Releases this ledger's ε does not cover: ``{"run", "round", "what"}``, oldest first."""
-        found = self._conn.execute("SELECT name FROM sqlite_master WHERE name = 'uncovered'").fetchone()
-        if not found:
+        if not self._has("uncovered"):
             return []
         cur = self._conn.execute("SELECT run, round, what FROM uncovered ORDER BY time, rowid")
         return [{"run": r, "round": n, "what": w} for r, n, w in cur.fetchall()]
 
     def events(self) -> list[Event]:
-        return [_event(r) for r in self.rows()]
+        """Every charged event, in order (a charge without ``events`` rows is its headline event)."""
+        stored: dict[int, list[Event]] = {}
+        if self._has("events"):
+            cur = self._conn.execute("SELECT charge, sigma, p, count FROM events ORDER BY rowid")
+            for seq, sigma, p, count in cur.fetchall():
+                stored.setdefault(seq, []).append(Event(sigma, p, count))
+        return [e for r in self.rows() for e in stored.get(r["seq"], [_event(r)])]
+
+    def _has(self, table: str) -> bool:
+        return (
+            self._conn.execute("SELECT name FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+            is not None
+        )
 
     def _select(self, where: str, *params: object) -> list[dict]:
         cur = self._conn.execute(f"SELECT * FROM charges {where} ORDER BY seq", params)
@@ -201,14 +236,21 @@ class Ledger:
     # --- writing -----------------------------------------------------------------------------
     def charge(self, charge: Charge) -> dict[str, float]:
         """Commit ``charge`` (status ``charged``) and return the running totals it leads to."""
-        totals = self.spent(charge.event)
+        totals = _totals(self.events() + list(charge.charged), self.delta)
         values = {**asdict(charge), "replied": None, "status": "charged", **totals, "time": time.time()}
+        del values["events"]
         try:
             with self._conn:
-                self._conn.execute(
+                cur = self._conn.execute(
                     f"INSERT INTO charges ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
                     list(values.values()),
                 )
+                if charge.events:  # one transaction: the charge and its events, or neither
+                    self._conn.execute(_EVENTS)
+                    self._conn.executemany(
+                        "INSERT INTO events VALUES (?, 'gaussian', ?, ?, ?)",
+                        [(cur.lastrowid, e.sigma, e.p, e.count) for e in charge.events],
+                    )
         except sqlite3.IntegrityError:
             raise FedloraError(f"round {charge.round} of run {charge.run} is already charged") from None
         return totals

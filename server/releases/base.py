@@ -17,6 +17,7 @@ from flwr.serverapp import Grid
 
 from common.config import RunConfig
 from common.models import AdapterState
+from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
 from common.privacy.mechanism import RoundSum
 from common.privacy.plan import NoisePlan
@@ -93,6 +94,10 @@ class Release:
 
     def answered(self, node: int, usable: bool) -> None:
         """Bookkeeping after each reply (whether ``node``'s reply was usable)."""
+
+    def events(self) -> tuple[Event, ...]:
+        """What one round charges the client-level ledger (none without a client-level release)."""
+        return ()
 
     def round_sum(self, sampled: int) -> RoundSum:
         """The round's aggregate: each usable reply is added to it, then it releases the increment to

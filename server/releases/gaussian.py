@@ -11,6 +11,7 @@ from flwr.serverapp import Grid
 
 from common.config import RunConfig
 from common.models import AdapterState
+from common.privacy.accountants import Event
 from common.privacy.mechanism import RoundSum, make_mechanism
 from common.privacy.plan import NoisePlan
 from server.releases.base import Release, RunHandles
@@ -63,6 +64,9 @@ class GaussianRelease(Release):
 
     def round_sum(self, sampled: int) -> RoundSum:
         return self.mechanism.round_sum(sampled)
+
+    def events(self) -> tuple[Event, ...]:
+        return self.mechanism.events()
 
     @property
     def expected_count(self) -> float:
