@@ -20,7 +20,7 @@ from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard
 from client.node.state import encoder_cache_dir, node_state_dir, sample_ledger
-from client.releases import CLIENT_RELEASES, round_clip
+from client.releases import client_release, round_clip
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_state
@@ -188,7 +188,7 @@ def release_reply(
     ``partition``), never the file's path or name."""
     release = cfg.release_kind
     with phase("encode"):
-        sent, extra = CLIENT_RELEASES[release](increment, ins, cfg, device, encoder_cache_dir(node_config))
+        sent, extra = client_release(release)(increment, ins, cfg, device, encoder_cache_dir(node_config))
     source = "own" if node_config.get(DATA_PATH) else "partition"  # as client/node/shard.py chooses
     meta = {
         "mechanism": cfg.mechanism,

@@ -40,7 +40,7 @@ def round_clip(ins: TrainInstruction, cfg: RunConfig) -> float:
     return mechanism.round_clip(ins.clip) if mechanism else cfg.clip
 
 
-def release_gaussian(
+def release_mechanism(
     increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device, encoder_cache
 ) -> Sent:
     """The client half of the run's mechanism (common/privacy/mechanism.py): the increment clipped to
@@ -61,14 +61,20 @@ def release_dr_encoder(
     if site == "server":
         return increment, {"ae-version": str(ins.codec["ae-version"])}
     codec = round_codec(ins, device, encoder_cache)
-    coded, _ = release_gaussian(encode_update(codec, increment), ins, cfg, device, encoder_cache)
+    coded, _ = release_mechanism(encode_update(codec, increment), ins, cfg, device, encoder_cache)
     return coded, {"ae-version": str(ins.codec["ae-version"])}
 
 
 CLIENT_RELEASES: dict[str, ClientRelease] = {
     "none": release_none,
-    "gaussian": release_gaussian,
+    "gaussian": release_mechanism,
     "dr-encoder": release_dr_encoder,
 }
 
-__all__ = ["CLIENT_RELEASES", "ClientRelease"]
+
+def client_release(kind: str) -> ClientRelease:
+    """The client half of release ``kind`` (a registered kind without one of its own: its mechanism's)."""
+    return CLIENT_RELEASES.get(kind, release_mechanism)
+
+
+__all__ = ["CLIENT_RELEASES", "ClientRelease", "client_release", "release_mechanism"]

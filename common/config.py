@@ -27,7 +27,8 @@ MECHANISMS: dict[str, tuple[str, str]] = {
 }
 #: the frozen base model's precision (common/models/precision.py)
 PRECISIONS = ("auto", "fp32", "bf16")
-RELEASES = ("none", "gaussian", "dr-encoder")
+#: client-level release kinds (common/privacy/mechanism.py ``register_release`` adds one at run time)
+RELEASES = ["none", "gaussian", "dr-encoder"]
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
 CODECS = tuple(CODEC_SPECS)  # common/codec_specs.py
 AE_SIZES = ("tiny", "tiny-64", "paper", "paper-best")

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from client.releases import release_gaussian
+from client.releases import release_mechanism
 from common.presets import preset
 from common.privacy.ledger import Ledger
 from common.privacy.plan import plan_noise
@@ -58,7 +58,7 @@ def test_the_aggregate_reveals_how_many_replied():
     ins = TrainInstruction(1, {}, noise_std=share)
     zero = {"w": torch.zeros(DIM)}
     for replied in (1, 2, 3, 4):
-        replies = [release_gaussian(zero, ins, cfg, torch.device("cpu"), None)[0] for _ in range(replied)]
+        replies = [release_mechanism(zero, ins, cfg, torch.device("cpu"), None)[0] for _ in range(replied)]
         total = release.round_sum(4)
         for reply in replies:
             total.add(reply)

@@ -247,3 +247,14 @@ def test_the_documents_have_commands():
         "deployment",
     } <= where
     assert any(s.path.stem == "README" for s in SYNOPSES)
+
+
+def test_readme_stays_a_guide():
+    """README.md is a user guide of at most 250 lines (issue 31): what it is, the quickstart, choosing
+    a mechanism, deployment, the SDK and the CLI; measurements live in docs/ and are linked."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    for wanted in ("Quickstart", "Choosing a mechanism", "Deployment", "Client SDK", "The `fedlora` command"):
+        assert any(wanted in h for h in headings), wanted
+    assert "docs/RESULTS.md" in text

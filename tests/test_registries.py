@@ -35,6 +35,13 @@ from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec
 from common.models.dense_delta import dense_deltas
 from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
+from common.privacy.mechanism import (
+    RELEASE_MECHANISMS,
+    GaussianMechanism,
+    register_release,
+    unregister_release,
+)
+from common.privacy.plan import plan_noise
 from common.privacy.threat import THREATS
 from tests.harness import LmTask
 
@@ -430,3 +437,94 @@ def test_codec_contract(name, trained):
     _assert_check(RunConfig(**dr, public_subspace=K, ae_prior="public"), not spec.trains_autoencoder)
     if spec.trains_autoencoder:
         assert RunConfig(**dr, ae_prior="public").check().public_prior
+
+
+# -- a toy client-level release (a new noise distribution), registered from here ------------------------------
+
+
+class UniformTopUp(GaussianMechanism):
+    """The Gaussian mechanism plus uniform noise U(−a, a) on every coordinate, a = the Gaussian std:
+    clients top up their share, the server its own. Adding independent noise to a Gaussian release is
+    post-processing, so the round charges the Gaussian event alone (the inherited ``events``)."""
+
+    drawn = 0  # coordinates of uniform noise drawn so far (the test's evidence that this ran)
+
+    def _top_up(self, state: dict, half_width: float) -> dict:
+        if half_width == 0:
+            return state
+        UniformTopUp.drawn += sum(t.numel() for t in state.values())
+        return {k: t + half_width * (2 * torch.rand(t.shape, dtype=t.dtype) - 1) for k, t in state.items()}
+
+    def privatize(self, update, noise_std, bound):
+        sent, meta = super().privatize(update, noise_std, bound)
+        return self._top_up(sent, noise_std), meta
+
+    def round_sum(self, sampled):
+        inner, mechanism = super().round_sum(sampled), self
+
+        class TopUp:
+            def add(self, reply, weight=None):
+                inner.add(reply, weight)
+
+            def release(self):
+                mean, sigma = inner.release()
+                server = (
+                    mechanism.plan.server_sigma * mechanism.clip if mechanism.threat.clear_replies else 0.0
+                )
+                return mechanism._top_up(mean, server / mechanism.expected_count), sigma
+
+        return TopUp()
+
+
+TOY_RELEASE = "toy-uniform"
+
+
+@pytest.fixture()
+def toy_release():
+    with pytest.raises(FedloraError, match="unknown release"):
+        RunConfig(mechanism="dp-fedavg", release=TOY_RELEASE, target_epsilon=8).check()
+    register_release(TOY_RELEASE, lambda plan, cfg: UniformTopUp(plan, cfg.expected_cohort))
+    yield
+    unregister_release(TOY_RELEASE)
+    assert TOY_RELEASE not in config.RELEASES and TOY_RELEASE not in RELEASE_MECHANISMS
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("threat", ["central", "distributed"])
+def test_a_new_release_needs_no_edit_outside_its_own_files(toy_release, threat, tmp_path):
+    """Adding a client-level release (a new noise distribution) touches at most 3 files: its mechanism
+    and one ``register_release`` call; here both are this file. The server's and the client's generic
+    halves run it through a whole federation, and the ledger charges its mechanism's events."""
+    from common.privacy.ledger import Ledger
+    from tests.harness import TINY, federate, records
+
+    naming = {
+        p.relative_to(REPO).as_posix()
+        for package in (*PACKAGES, "tests", "scripts", "docs")
+        for p in (REPO / package).rglob("*")
+        if p.suffix in (".py", ".md", ".toml") and TOY_RELEASE in p.read_text(encoding="utf-8")
+    }
+    assert naming == {"tests/test_registries.py"}  # <= 3 files
+    cfg = RunConfig(
+        model="minilm-l6",
+        dataset="rotten-tomatoes",
+        mechanism="dp-fedavg",
+        release=TOY_RELEASE,
+        threat_model=threat,
+        target_epsilon=8.0,
+        clip=0.5,
+        sample_rate=1.0,
+        workers=1,
+        out_dir=str(tmp_path / "run"),
+        **{**TINY, "rounds": 2},
+    ).check()
+    before = UniformTopUp.drawn
+    federate(cfg)
+    train = [r for r in records(tmp_path / "run") if r["phase"] == "train"]
+    assert [r["applied"] for r in train] == [True, True] and all(r["replied"] == 2 for r in train)
+    assert UniformTopUp.drawn > before  # the toy's noise was drawn (clients' or server's)
+    ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
+    plan = UniformTopUp(plan_noise(cfg), cfg.expected_cohort).plan
+    assert ledger.events() == [plan.event, plan.event] and all(
+        r["mechanism"] == "dp-fedavg" for r in ledger.rows()
+    )

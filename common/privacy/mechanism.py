@@ -20,13 +20,13 @@ Noise comes from generators seeded with OS entropy (common/privacy/release.py): 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from common.config import RunConfig
+from common.config import RELEASES, RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.accountants import Event
@@ -297,15 +297,46 @@ class AdaptiveClipping:
         self.inner.restore(state)
 
 
+#: builds a release's mechanism from the run's noise plan and configuration
+MechanismFactory = Callable[[NoisePlan, RunConfig], Mechanism]
+
+
+def _gaussian(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
+    adaptive = (cfg.target_quantile, cfg.clip_lr) if cfg.adaptive_clip else None
+    return make_mechanism(plan, cfg.expected_cohort, adaptive)
+
+
+#: the mechanism of each private release kind (``dr-encoder``: the Gaussian mechanism on the latent)
+RELEASE_MECHANISMS: dict[str, MechanismFactory] = {"gaussian": _gaussian, "dr-encoder": _gaussian}
+
+
+def register_release(name: str, factory: MechanismFactory) -> None:
+    """Add a release kind whose mechanism ``factory`` builds: ``--release name`` is then accepted, and
+    the server and the client run it through their generic halves (server/releases ``MechanismRelease``,
+    client/releases ``release_mechanism``), which ask the mechanism everything."""
+    if name in RELEASES:
+        raise FedloraError(f"release '{name}' is already registered")
+    RELEASES.append(name)
+    RELEASE_MECHANISMS[name] = factory
+
+
+def unregister_release(name: str) -> None:
+    """Undo :func:`register_release` (a test's teardown)."""
+    if name in RELEASE_MECHANISMS and name not in ("gaussian", "dr-encoder"):
+        RELEASES.remove(name)
+        del RELEASE_MECHANISMS[name]
+
+
+def mechanism_for(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
+    """The mechanism of ``cfg``'s release for its noise ``plan``."""
+    return RELEASE_MECHANISMS[cfg.release_kind](plan, cfg)
+
+
 def run_mechanism(cfg: RunConfig) -> Mechanism | None:
     """The run's client-level mechanism (None without a client-level release): both halves build it
     from the run configuration alone."""
     plan = plan_noise(cfg)
-    if plan is None:
-        return None
-    return make_mechanism(
-        plan, cfg.expected_cohort, (cfg.target_quantile, cfg.clip_lr) if cfg.adaptive_clip else None
-    )
+    return None if plan is None else mechanism_for(plan, cfg)
 
 
 def make_mechanism(

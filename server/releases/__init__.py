@@ -7,19 +7,20 @@ from common.config import RunConfig
 from common.privacy.plan import NoisePlan
 from server.releases.base import Release, RunHandles
 from server.releases.dr_encoder import DrEncoderRelease
-from server.releases.gaussian import GaussianRelease
+from server.releases.gaussian import MechanismRelease
 from server.releases.none import NoRelease
 
 RELEASES: dict[str, type[Release]] = {
     NoRelease.name: NoRelease,
-    GaussianRelease.name: GaussianRelease,
+    MechanismRelease.name: MechanismRelease,
     DrEncoderRelease.name: DrEncoderRelease,
 }
 
 
 def make_release(cfg: RunConfig, plan: NoisePlan | None) -> Release:
-    """The run's release (``none`` when there is no client-level noise plan)."""
-    return RELEASES[cfg.release_kind if plan else "none"](cfg, plan)
+    """The run's release (``none`` when there is no client-level noise plan; a registered release kind
+    without a class of its own runs through :class:`MechanismRelease`)."""
+    return RELEASES.get(cfg.release_kind if plan else "none", MechanismRelease)(cfg, plan)
 
 
-__all__ = ["RELEASES", "Release", "RunHandles", "make_release"]
+__all__ = ["RELEASES", "MechanismRelease", "Release", "RunHandles", "make_release"]

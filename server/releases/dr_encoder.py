@@ -13,10 +13,10 @@ from common.models import AdapterState
 from common.privacy.mechanism import RoundSum
 from server.drencoder import ServerCodec, prepare_codec, refresh_public_codec
 from server.releases.base import RunHandles
-from server.releases.gaussian import GaussianRelease
+from server.releases.gaussian import MechanismRelease
 
 
-class DrEncoderRelease(GaussianRelease):
+class DrEncoderRelease(MechanismRelease):
     name = "dr-encoder"
     coder: ServerCodec
 

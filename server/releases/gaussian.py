@@ -1,7 +1,8 @@
-"""``gaussian``: each client's increment clipped to C and noised as the threat model says
-(DP-FedAvg, McMahan et al. 2018), with adaptive clipping (Andrew et al. 2021) as a wrapper: the
-run's mechanism (common/privacy/mechanism.py) does the work; this release adds what a round of the
-ServerApp needs around it (the start-up notes)."""
+"""A private release through its mechanism (common/privacy/mechanism.py), which does the work: for
+``gaussian`` each client's increment clipped to C and noised as the threat model says (DP-FedAvg,
+McMahan et al. 2018), with adaptive clipping (Andrew et al. 2021) as a wrapper; a release kind added
+with ``register_release`` runs through this class as it is. The release adds what a round of the
+ServerApp needs around the mechanism (the start-up notes)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,18 @@ from flwr.serverapp import Grid
 from common.config import RunConfig
 from common.models import AdapterState
 from common.privacy.accountants import Event
-from common.privacy.mechanism import RoundSum, make_mechanism
+from common.privacy.mechanism import RoundSum, mechanism_for
 from common.privacy.plan import NoisePlan
 from server.releases.base import Release, RunHandles
 
 
-class GaussianRelease(Release):
+class MechanismRelease(Release):
     name = "gaussian"
 
     def __init__(self, cfg: RunConfig, plan: NoisePlan | None) -> None:
         super().__init__(cfg, plan)
-        adaptive = (cfg.target_quantile, cfg.clip_lr) if cfg.adaptive_clip else None
-        self.mechanism = make_mechanism(plan, cfg.expected_cohort, adaptive)
+        self.name = cfg.release_kind
+        self.mechanism = mechanism_for(plan, cfg)
 
     @property
     def clip(self) -> float:
@@ -74,4 +75,4 @@ class GaussianRelease(Release):
         return self.cfg.expected_cohort
 
 
-__all__ = ["GaussianRelease"]
+__all__ = ["MechanismRelease"]
