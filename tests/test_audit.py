@@ -179,10 +179,11 @@ def test_audit_client_excluded_canary_releases_a_zero_increment_under_zero_out(t
     """Local noise is accounted for zero-out: an excluded canary's node, sampled, sends the release
     of an all-zero increment (noise switched off here, so the reply is exactly zero) through the
     client's release, accepted like any reply, and never its trained update."""
-    import client.releases
+    import common.privacy.mechanism
     from server.inprocess import FIRST_NODE_ID
 
-    monkeypatch.setattr(client.releases, "add_noise", lambda state, std: state)  # the pre-noise release
+    # the pre-noise release (the mechanism's client half draws its noise here)
+    monkeypatch.setattr(common.privacy.mechanism, "add_noise", lambda state, std: state)
     result, included, replies, trained = _audit_federation(tmp_path, monkeypatch, threat_model="local")
     assert result["relation"] == "zero-out" and result["unit"] == "client-level (zero-out one client)"
     assert sorted(trained) == [0, 1]  # only the real clients trained
