@@ -16,6 +16,7 @@ from flwr.serverapp import Grid
 
 from common.config import RunConfig
 from common.models import AdapterState
+from common.privacy.mechanism import PostProcessed
 from common.timing import phase
 from common.wire import InvalidReply, TrainInstruction, data_source, parse_train_reply
 from server.aggregate import apply_increment
@@ -101,6 +102,8 @@ def run_round(
     )
     expected, reply_shapes = release.expected(k), release.reply_shapes(shapes)
     total, losses, answered = release.round_sum(k), [], set()
+    if post is not None:
+        total = PostProcessed(total, post)
     for node, reply, relayed in exchange(grid, messages, cfg.round_timeout):
         if relayed:  # the SuperLink answered for a node it lost: a dropout, not a reply
             log.warning(
@@ -137,8 +140,6 @@ def run_round(
     if record.applied:
         with phase("decode-aggregate"):
             mean, record.sigma_released = total.release()
-            if post is not None:
-                mean = post(mean)
             if optimizer is None:
                 state = apply_increment(state, mean, cfg.server_lr)
             else:

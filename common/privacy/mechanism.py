@@ -9,7 +9,9 @@ Its threat model (common/privacy/threat.py) says who adds the noise and what eac
 
 Wrappers change one concern of any mechanism, as Flower's DP wrappers wrap any strategy and
 pfl-research's adaptive clipping wraps a mechanism: :class:`AdaptiveClipping` (the clip-bit, its
-noised count and the clip's move, Andrew et al. 2021) wraps :class:`GaussianMechanism`.
+noised count and the clip's move, Andrew et al. 2021) wraps :class:`GaussianMechanism`, and
+:class:`PostProcessed` (the public-subspace projection) wraps any round sum. A what-if noise cohort
+is the plan's (common/privacy/plan.py ``cohort_scale``): every mechanism sizes its noise from it.
 
 The round interface is a :class:`RoundSum`: the server adds each usable reply to it and asks for the
 release once. Nothing else sees the replies one by one, so a mechanism whose server may only learn
@@ -201,6 +203,22 @@ class GaussianMechanism:
 
     def restore(self, state: Mapping[str, float]) -> None:
         self.clip = float(state.get("clip", self.plan.clip))
+
+
+class PostProcessed:
+    """A round sum whose released mean goes through ``post`` (the public-subspace projection,
+    server/public_prior.py): post-processing of a private release, free of privacy cost, so it wraps
+    any mechanism's round sum and changes nothing that is charged."""
+
+    def __init__(self, inner: RoundSum, post: Callable[[AdapterState], AdapterState]) -> None:
+        self.inner, self.post = inner, post
+
+    def add(self, reply: AdapterState, weight: int | None = None) -> None:
+        self.inner.add(reply, weight)
+
+    def release(self) -> tuple[AdapterState, float | None]:
+        mean, sigma = self.inner.release()
+        return self.post(mean), sigma
 
 
 class _AdaptiveRound:
