@@ -13,19 +13,9 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from client.dp import prism as pm
 from client.dp.engine import DpSteps, dp_train
 from client.dp.optimizers import PrismDp
-from client.dp.prism import (
-    adaptive_direction,
-    dp_floors,
-    geometry,
-    horizontalize,
-    init_moments,
-    lift,
-    retract,
-    tangent_noise,
-    tangent_sq_norm,
-)
 from common.models.lora import LoraSpec, attach_lora, get_factors, lora_layers, set_factors
 from common.models.lora_init import apply_lora_init
 from tests.conftest import tiny_llama_config
@@ -39,14 +29,16 @@ class UnbatchedPrism:
 
     def __init__(self, layers, lr, floor_mode):
         self.layers, self.lr, self.floor_mode = layers, lr, floor_mode
-        self.moments = {k: init_moments(*get_factors(v)) for k, v in layers.items()}
+        self.moments = {k: pm.init_moments(*get_factors(v)) for k, v in layers.items()}
 
     def begin(self):
-        self.geo = {k: geometry(*get_factors(v)) for k, v in self.layers.items()}
+        self.geo = {k: pm.geometry(*get_factors(v)) for k, v in self.layers.items()}
         self.sums = {k: [torch.zeros_like(g.A), torch.zeros_like(g.B)] for k, g in self.geo.items()}
 
     def sq_norms(self, grads):
-        return sum(tangent_sq_norm(self.geo[k], *lift(self.geo[k], gA, gB)) for k, (gA, gB) in grads.items())
+        return sum(
+            pm.tangent_sq_norm(self.geo[k], *pm.lift(self.geo[k], gA, gB)) for k, (gA, gB) in grads.items()
+        )
 
     def accumulate(self, grads, alpha):
         for k, (gA, gB) in grads.items():
@@ -57,13 +49,13 @@ class UnbatchedPrism:
         tau = noise_std / denom
         for k, layer in self.layers.items():
             geo = self.geo[k]
-            dA, dB = lift(geo, self.sums[k][0] / denom, self.sums[k][1] / denom)
-            xi_a, xi_b = tangent_noise(geo, generator)
-            dA, dB = horizontalize(geo, dA + tau * xi_a, dB + tau * xi_b)
-            lam_a, lam_b = dp_floors(geo, tau, self.floor_mode)
-            UA, UB, self.moments[k] = adaptive_direction(self.moments[k], dA, dB, lam_a, lam_b)
-            UA, UB = horizontalize(geo, UA, UB)
-            set_factors(layer, *retract(geo.A, geo.B, UA, UB, self.lr, align=True))
+            dA, dB = pm.lift(geo, self.sums[k][0] / denom, self.sums[k][1] / denom)
+            xi_a, xi_b = pm.tangent_noise(geo, generator)
+            dA, dB = pm.horizontalize(geo, dA + tau * xi_a, dB + tau * xi_b)
+            lam_a, lam_b = pm.dp_floors(geo, tau, self.floor_mode)
+            UA, UB, self.moments[k] = pm.adaptive_direction(self.moments[k], dA, dB, lam_a, lam_b)
+            UA, UB = pm.horizontalize(geo, UA, UB)
+            set_factors(layer, *pm.retract(geo.A, geo.B, UA, UB, self.lr, align=True))
 
 
 def _examples(n=10, seed=0):

@@ -314,6 +314,16 @@ class ToyNoisySgd:
 TOY = "toy-sgd"
 
 
+def files_naming(name: str) -> set[str]:
+    """The repository's source, docs and config files that contain ``name``."""
+    return {
+        p.relative_to(REPO).as_posix()
+        for package in (*PACKAGES, "tests", "scripts", "docs")
+        for p in (REPO / package).rglob("*")
+        if p.suffix in (".py", ".md", ".toml") and name in p.read_text(encoding="utf-8")
+    }
+
+
 @pytest.fixture()
 def toy():
     """The toy optimizer registered (one call: its spec and its descriptor), unregistered after."""
@@ -333,13 +343,7 @@ def test_a_new_optimizer_needs_no_edit_outside_its_own_files(toy, tiny_llama, tm
     the contract and train-local end to end pick it up."""
     from client.train_local import train_local
 
-    naming = {
-        p.relative_to(REPO).as_posix()
-        for package in (*PACKAGES, "tests", "scripts", "docs")
-        for p in (REPO / package).rglob("*")
-        if p.suffix in (".py", ".md", ".toml") and TOY in p.read_text(encoding="utf-8")
-    }
-    assert naming == {"tests/test_registries.py"}  # <= 3 files
+    assert files_naming(TOY) == {"tests/test_registries.py"}  # <= 3 files
     assert TOY in config.LOCAL_OPTIMIZERS and isinstance(
         make_dp_optimizer(TOY, lora_layers(tiny_llama), 1e-2), ToyNoisySgd
     )
@@ -498,13 +502,7 @@ def test_a_new_release_needs_no_edit_outside_its_own_files(toy_release, threat, 
     from common.privacy.ledger import Ledger
     from tests.harness import TINY, federate, records
 
-    naming = {
-        p.relative_to(REPO).as_posix()
-        for package in (*PACKAGES, "tests", "scripts", "docs")
-        for p in (REPO / package).rglob("*")
-        if p.suffix in (".py", ".md", ".toml") and TOY_RELEASE in p.read_text(encoding="utf-8")
-    }
-    assert naming == {"tests/test_registries.py"}  # <= 3 files
+    assert files_naming(TOY_RELEASE) == {"tests/test_registries.py"}  # <= 3 files
     cfg = RunConfig(
         model="minilm-l6",
         dataset="rotten-tomatoes",
