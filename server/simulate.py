@@ -14,6 +14,7 @@ from common.errors import FedloraError
 from common.options import add_config_arguments as add_options
 from common.options import config_values
 from common.presets import PRESETS, preset
+from common.runtime import open_split
 from common.timing import reset, totals
 from server.inprocess import InProcessGrid, load_component
 from server.run_dir import default_run_dir, write_json
@@ -73,8 +74,10 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     training and the clients' release only when the clients run here, the server's decode and
     aggregate, evaluation).
 
-    Bad names, missing assets and too many clients fail in the ServerApp's Evaluator, before the
-    run directory is created."""
+    A bad dataset name, a missing asset or too many clients fails here, before any worker starts (the
+    split is cached: the ServerApp's Evaluator reuses it); a bad model name fails in the Evaluator,
+    before the run directory is created."""
+    open_split(cfg)
     run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
     flat = to_flat(cfg.replace(out_dir=str(run_dir)))
     workers = 1 if wrap is not None else min(resolve_workers(cfg.workers), cfg.num_clients)

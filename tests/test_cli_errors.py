@@ -147,3 +147,21 @@ def test_an_uncached_hub_id_fails_fast_in_one_line_without_network_settings(tmp_
     )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-800:]
     assert "cannot load model config for 'nobody/no-such-model'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--dataset", "nosuch"], "unknown dataset 'nosuch'"), (["--num-clients", "100000"], "more clients")],
+)
+def test_a_bad_split_is_refused_before_any_worker_starts(args, message, monkeypatch, capsys, tmp_path):
+    import server.simulate
+
+    def no_workers(*a, **k):
+        raise AssertionError("a worker pool was started for a run that is refused")
+
+    monkeypatch.setattr(server.simulate, "WorkerPoolGrid", no_workers)
+    out = tmp_path / "run"
+    argv = ["simulate", "--preset", "minilm-rt-xdev", "--workers", "2", "--out", str(out), *args]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and not out.exists()
