@@ -190,7 +190,7 @@ def _public_subspace(run: FederationRun) -> PublicSubspace | None:
 def _round(run: FederationRun, rnd: int) -> bool:
     """Round ``rnd``: sample, charge, run, evaluate, checkpoint, settle, log; False (and nothing run)
     when the client-level budget stops the run before it."""
-    if run.ledger and (stopped := budget_stop(run.ledger, run.plan)):
+    if run.ledger and (stopped := budget_stop(run.ledger, run.plan, run.release.events())):
         run.stopped = stopped
         run.out.log({"round": rnd, "phase": "stopped", "reason": stopped})
         run.echo(f"round {rnd}: not run: {stopped}")

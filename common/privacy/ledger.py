@@ -229,14 +229,14 @@ class Ledger:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-    def spent(self, extra: Event | None = None) -> dict[str, float]:
-        """``mu``, ``eps_gdp`` and ``eps_tight`` at the ledger's δ, after an optional ``extra`` event."""
-        return _totals(self.events() + ([extra] if extra else []), self.delta)
+    def spent(self, *extra: Event) -> dict[str, float]:
+        """``mu``, ``eps_gdp`` and ``eps_tight`` at the ledger's δ, after the ``extra`` events (none: as is)."""
+        return _totals(self.events() + list(extra), self.delta)
 
     # --- writing -----------------------------------------------------------------------------
     def charge(self, charge: Charge) -> dict[str, float]:
         """Commit ``charge`` (status ``charged``) and return the running totals it leads to."""
-        totals = _totals(self.events() + list(charge.charged), self.delta)
+        totals = self.spent(*charge.charged)
         values = {**asdict(charge), "replied": None, "status": "charged", **totals, "time": time.time()}
         del values["events"]
         try:

@@ -218,11 +218,12 @@ def what_if(plan: NoisePlan) -> str:
     )
 
 
-def budget_stop(ledger: Ledger, plan: NoisePlan) -> str | None:
-    """Why the next round must not run (its charge would exceed the budget), or None."""
+def budget_stop(ledger: Ledger, plan: NoisePlan, events: tuple[Event, ...] = ()) -> str | None:
+    """Why the next round must not run (its charge, ``events``, by default the plan's one event, would
+    exceed the budget), or None."""
     if plan.target_epsilon <= 0:
         return None
-    spent = ledger.spent(plan.event)
+    spent = ledger.spent(*(events or (plan.event,)))
     worst = max(spent["eps_gdp"], spent["eps_tight"])
     if worst <= plan.target_epsilon:
         return None
