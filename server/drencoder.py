@@ -115,7 +115,7 @@ class ServerCodec:
         total = self.round_sum(_sum_of(plan, expected), order)
         for reply in replies:
             total.add(reply)
-        return total.decoded_mean()
+        return total.release()[0]
 
 
 def _sum_of(plan: NoisePlan, expected: float) -> RoundSum:
@@ -138,9 +138,6 @@ class CodedRound:
     def release(self) -> tuple[AdapterState, float | None]:
         mean, sigma = self.inner.release()
         return (mean if self.order == "decode-first" else decode_update(self.coder.codec, mean)), sigma
-
-    def decoded_mean(self) -> AdapterState:
-        return self.release()[0]
 
 
 def ae_latent_size(config: AeConfig, layout: Layout) -> int:

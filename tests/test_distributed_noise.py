@@ -63,7 +63,7 @@ def test_the_aggregate_reveals_how_many_replied():
         for reply in replies:
             total.add(reply)
         mean, _ = total.release()
-        energy = float(mean["w"].square().mean()) * release.expected_count**2
+        energy = float(mean["w"].square().mean()) * cfg.expected_cohort**2
         assert round(energy / share**2) == replied
 
 

@@ -20,7 +20,6 @@ cut to half its layers.
 from __future__ import annotations
 
 import argparse
-import collections
 import copy
 import json
 import statistics
@@ -68,19 +67,15 @@ def _peak(device: torch.device) -> int:
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten operators dispatched while active, by name (``counts``) and in all (``total``)."""
+    """Counts the aten operators dispatched while active (``total``)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.counts: collections.Counter[str] = collections.Counter()
+        self.total = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[str(func.overloadpacket)] += 1
+        self.total += 1
         return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
 
 
 def count_ops(fn: Callable[[], object]) -> int:
@@ -108,6 +103,11 @@ def truncated(model: nn.Module, depth: int) -> nn.Module:
     return copied
 
 
+def one_step(batch: int) -> DpSteps:
+    """One DP step on the whole ``batch`` in one micro-batch (every example, clip 1, σ 1)."""
+    return DpSteps(steps=1, sample_rate=1.0, clip=1.0, noise_multiplier=1.0, microbatch=batch)
+
+
 def step_ops(
     model: nn.Module,
     task,
@@ -117,7 +117,7 @@ def step_ops(
     device: torch.device,
 ) -> dict[str, int]:
     """Aten ops of one DP step per method on ``model`` (fresh optimizers, one warm-up step each)."""
-    plan = DpSteps(steps=1, sample_rate=1.0, clip=1.0, noise_multiplier=1.0, microbatch=len(examples))
+    plan = one_step(len(examples))
     out = {}
     for m in methods:
         opt = make_dp_optimizer(m, lora_layers(model), cfg.lr)
@@ -145,7 +145,7 @@ def step_costs(
     examples = [ex for ex in pool if len(ex["ids"]) == cfg.max_length][:batch]
     if len(examples) < batch:
         raise RuntimeError(f"only {len(examples)} full-length blocks of {cfg.max_length} tokens")
-    plan = DpSteps(steps=1, sample_rate=1.0, clip=1.0, noise_multiplier=1.0, microbatch=batch)
+    plan = one_step(batch)
     opts = {m: make_dp_optimizer(m, lora_layers(model), cfg.lr) for m in methods}
     rngs = (np.random.default_rng(0), torch.Generator(device=device).manual_seed(0))
     samples: dict[str, dict[str, list[float]]] = {

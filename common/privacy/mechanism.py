@@ -221,6 +221,11 @@ class PostProcessed:
         return self.post(mean), sigma
 
 
+def _update(reply: AdapterState) -> AdapterState:
+    """A reply's update without adaptive clipping's bit."""
+    return {k: v for k, v in reply.items() if k != CLIP_BIT}
+
+
 class _AdaptiveRound:
     """The inner round's sum of updates, beside the sum of clip-bits; the clip moves on release."""
 
@@ -229,10 +234,9 @@ class _AdaptiveRound:
         self.centred = 0.0
 
     def add(self, reply: AdapterState, weight: int | None = None) -> None:
-        update = {k: v for k, v in reply.items() if k != CLIP_BIT}
         # Σ(b − ½): the centred bit moves the sum by ½ whether a client is added or removed
         self.centred += float(reply[CLIP_BIT][0]) - 0.5
-        self.inner.add(update)
+        self.inner.add(_update(reply))
 
     def release(self) -> tuple[AdapterState, float | None]:
         mean, sigma = self.inner.release()
@@ -290,7 +294,7 @@ class AdaptiveClipping:
         return {**self.inner.reply_shapes(shapes), CLIP_BIT: (1,)}
 
     def check(self, reply: AdapterState) -> None:
-        self.inner.check({k: v for k, v in reply.items() if k != CLIP_BIT})
+        self.inner.check(_update(reply))
         bit = float(reply[CLIP_BIT][0])
         if self.threat.clear_replies and bit not in (0.0, 1.0):
             raise InvalidReply(f"clip-bit must be 0 or 1 under central noise, got {bit:.4g}")
@@ -320,12 +324,15 @@ MechanismFactory = Callable[[NoisePlan, RunConfig], Mechanism]
 
 
 def _gaussian(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
-    adaptive = (cfg.target_quantile, cfg.clip_lr) if cfg.adaptive_clip else None
-    return make_mechanism(plan, cfg.expected_cohort, adaptive)
+    """The Gaussian mechanism of ``plan`` (sum divided by p·N), wrapped in adaptive clipping when the
+    run asks for it."""
+    mechanism = GaussianMechanism(plan, cfg.expected_cohort)
+    return AdaptiveClipping(mechanism, cfg.target_quantile, cfg.clip_lr) if cfg.adaptive_clip else mechanism
 
 
 #: the mechanism of each private release kind (``dr-encoder``: the Gaussian mechanism on the latent)
 RELEASE_MECHANISMS: dict[str, MechanismFactory] = {"gaussian": _gaussian, "dr-encoder": _gaussian}
+_BUILT_IN = frozenset(RELEASE_MECHANISMS)
 
 
 def register_release(name: str, factory: MechanismFactory) -> None:
@@ -340,7 +347,7 @@ def register_release(name: str, factory: MechanismFactory) -> None:
 
 def unregister_release(name: str) -> None:
     """Undo :func:`register_release` (a test's teardown)."""
-    if name in RELEASE_MECHANISMS and name not in ("gaussian", "dr-encoder"):
+    if name in RELEASE_MECHANISMS and name not in _BUILT_IN:
         RELEASES.remove(name)
         del RELEASE_MECHANISMS[name]
 
@@ -357,23 +364,19 @@ def run_mechanism(cfg: RunConfig) -> Mechanism | None:
     return None if plan is None else mechanism_for(plan, cfg)
 
 
-def make_mechanism(
-    plan: NoisePlan, expected: float, adaptive: tuple[float, float] | None = None
-) -> Mechanism:
-    """The Gaussian mechanism of ``plan`` (sum divided by ``expected`` = p·N), wrapped in adaptive
-    clipping when ``adaptive`` = (target quantile, clip lr) is given."""
-    mechanism = GaussianMechanism(plan, expected)
-    return AdaptiveClipping(mechanism, *adaptive) if adaptive else mechanism
-
-
 __all__ = [
     "CLIP_SLACK",
+    "RELEASE_MECHANISMS",
     "AdaptiveClipping",
     "GaussianMechanism",
     "GaussianSum",
     "Mechanism",
+    "MechanismFactory",
+    "PostProcessed",
     "RoundSum",
-    "make_mechanism",
+    "mechanism_for",
     "private_mean",
+    "register_release",
     "run_mechanism",
+    "unregister_release",
 ]

@@ -69,8 +69,8 @@ class Release:
         """Work before round ``rnd`` is sent (the ``pca`` codec's refit); nothing by default."""
 
     def noise_std(self, sampled: int) -> float:
-        """Noise std each of ``sampled`` clients adds to its clipped release."""
-        return self.plan.client_std(sampled, self.clip) if self.plan else 0.0
+        """Noise std each of ``sampled`` clients adds to its clipped release (none without a mechanism)."""
+        return 0.0
 
     @property
     def codec(self) -> dict[str, object]:

@@ -69,10 +69,5 @@ class MechanismRelease(Release):
     def events(self) -> tuple[Event, ...]:
         return self.mechanism.events()
 
-    @property
-    def expected_count(self) -> float:
-        """p·N, the constant the noised sum is divided by (one client moves the mean by ≤ C/(p·N))."""
-        return self.cfg.expected_cohort
-
 
 __all__ = ["MechanismRelease"]

@@ -74,6 +74,14 @@ class _Group:
         torch._foreach_copy_([*self.lora_b, *self.lora_a], [*peft_b, *peft_a])
 
 
+def _by_group(groups: list[_Group], pairs: dict[str, tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
+    """Per-module ``(A-side, B-side)`` tensors stacked per group, in each group's module order."""
+    return [
+        (torch.stack([pairs[n][0] for n in g.names]), torch.stack([pairs[n][1] for n in g.names]))
+        for g in groups
+    ]
+
+
 def _per_example(geo: Geometry) -> Geometry:
     """The geometry of ``(g, ·, ·)`` stacked modules, broadcastable over ``(g, b, ·, ·)`` examples."""
     return Geometry(**{f.name: getattr(geo, f.name).unsqueeze(1) for f in fields(Geometry)})
@@ -116,6 +124,7 @@ class PrismDp:
             members.setdefault(key, []).append(name)
         self.groups = [self._group(names) for names in members.values()]
         self.geo: list[Geometry] = []
+        self._examples: list[Geometry] = []  # self.geo broadcastable over examples (per_example)
         self.sums: list[list[Tensor]] = []
         self._stacked: tuple[FactorGrads, list[tuple[Tensor, Tensor]]] | None = None
 
@@ -144,11 +153,7 @@ class PrismDp:
     def _stack(self, grads: FactorGrads) -> list[tuple[Tensor, Tensor]]:
         """Per group ``(g_A: (g, b, m, r), g_B: (g, b, n, r))``; stacked once for norms and sums."""
         if self._stacked is None or self._stacked[0] is not grads:
-            stacks = [
-                (torch.stack([grads[n][0] for n in g.names]), torch.stack([grads[n][1] for n in g.names]))
-                for g in self.groups
-            ]
-            self._stacked = (grads, stacks)
+            self._stacked = (grads, _by_group(self.groups, grads))
         return self._stacked[1]
 
     def sq_norms(self, grads: FactorGrads) -> Tensor:
@@ -170,10 +175,7 @@ class PrismDp:
             geo = like[name]
             opts = {"generator": generator, "dtype": geo.A.dtype, "device": geo.A.device}
             draws[name] = (torch.randn(geo.A.shape[1:], **opts), torch.randn(geo.B.shape[1:], **opts))
-        return [
-            (torch.stack([draws[n][0] for n in g.names]), torch.stack([draws[n][1] for n in g.names]))
-            for g in self.groups
-        ]
+        return _by_group(self.groups, draws)
 
     def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
         tau = noise_std / denom  # σC/b
