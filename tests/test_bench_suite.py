@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 SECTIONS = (
     "client-level",
     "sample-level",
+    "generative",
     "privacy",
     "communication",
     "speed",

@@ -13,15 +13,17 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from common.errors import FedloraError
 from server.bench.suite import plots
+from server.bench.suite.adopt import adopt
 from server.bench.suite.plan import PROFILES, profile, runs
 from server.bench.suite.report import FIGURES, markdown
-from server.bench.suite.runner import ROOT, execute
+from server.bench.suite.runner import ROOT, execute, finished
 from server.bench.suite.sections import BUILDERS
 
 SECTIONS = tuple(BUILDERS)
@@ -56,6 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="also write DIR/RESULTS.md and its figures (e.g. --docs docs)",
+    )
+    parser.add_argument(
+        "--adopt",
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="finished `fedlora simulate` run directories to take as plan runs with the same configuration "
+        "(made by hand on this machine; each is copied under runs/, command.json names where it came from)",
+    )
+    parser.add_argument(
+        "--stored-only",
+        action="store_true",
+        help="run nothing: report the runs already finished (or adopted) and list the commands not run yet",
     )
     parser.add_argument("--json", action="store_true", help="print results.json instead of the summary")
 
@@ -92,22 +107,36 @@ def _device() -> str:
 def _needed(name: str) -> set[str]:
     """The plan sections a report section reads (privacy and speed read the utility runs too)."""
     return {
-        "privacy": {"client-level", "sample-level"},
+        "privacy": {"client-level", "sample-level", "generative"},
         "speed": {"speed", "client-level"},
         "communication": {"communication", "client-level"},
     }.get(name, {name})
 
 
-def suite(profile_name: str, out: Path, sections: list[str], echo=print) -> dict:
+def suite(
+    profile_name: str,
+    out: Path,
+    sections: list[str],
+    echo=print,
+    adopted: Sequence[Path] = (),
+    stored_only: bool = False,
+) -> dict:
     """Run (or reuse) every needed command of the profile, build the chosen sections, draw the
-    figures and write ``results.json`` and ``RESULTS.md`` into ``out``; returns the results."""
+    figures and write ``results.json`` and ``RESULTS.md`` into ``out``; returns the results.
+    ``adopted``: finished run directories to take as plan runs first (server/bench/suite/adopt.py);
+    ``stored_only``: run nothing, and list the commands with no finished run as missing."""
     p = profile(profile_name)
     wanted = set().union(*(_needed(s) for s in sections))
+    plan = [run for run in runs(p) if run.section in wanted]
+    took = adopt(plan, adopted, out / "runs", echo)
     start = time.monotonic()
-    done = []
-    for run in runs(p):
-        if run.section in wanted:
-            done.append({"run": run, **execute(run, out / "runs", echo)})
+    done, missing = [], []
+    for run in plan:
+        record = finished(run, out / "runs") if stored_only else execute(run, out / "runs", echo)
+        if record is None:
+            missing.append(" ".join(run.command))
+        else:
+            done.append({"run": run, **record})
     device = _device()
     built = {
         name: BUILDERS[name](done, device) if name == "speed" else BUILDERS[name](done) for name in sections
@@ -115,7 +144,13 @@ def suite(profile_name: str, out: Path, sections: list[str], echo=print) -> dict
     figures = out / FIGURES
     figures.mkdir(parents=True, exist_ok=True)
     plots.draw(built, figures)
-    argv = ["fedlora", "bench", "suite", *([f"--profile {profile_name}"] if profile_name != "full" else [])]
+    argv = [
+        "fedlora",
+        "bench",
+        "suite",
+        *([f"--profile {profile_name}"] if profile_name != "full" else []),
+        *(["--stored-only"] if stored_only else []),
+    ]
     results = {
         "suite": {
             "command": " ".join([*argv, f"--out {out}"]),
@@ -127,6 +162,9 @@ def suite(profile_name: str, out: Path, sections: list[str], echo=print) -> dict
             "wall_s": round(time.monotonic() - start, 1),  # this invocation (reused runs cost nothing)
             "runs_wall_s": round(sum(d.get("wall_s") or 0 for d in done), 1),  # every command's own time
             "reused": sum(1 for d in done if d.get("reused")),
+            "adopted": sorted({d["adopted_from"] for d in done if d.get("adopted_from")}),
+            "adopted_now": len(took),
+            "missing": missing,
             "runs": len(done),
             "notes": list(p.notes),
         },
@@ -162,9 +200,17 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.docs and not Path(args.docs).is_dir():
         raise FedloraError(f"--docs {args.docs}: not a directory")
+    if args.docs and args.profile != "full" and Path(args.docs).resolve() == ROOT / "docs":
+        raise FedloraError(
+            f"--docs {args.docs}: docs/RESULTS.md is the full profile's report; the {args.profile} profile "
+            "only checks the pipeline (write it elsewhere with --out)"
+        )
     out = Path(args.out)
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    results = suite(args.profile, out, sections, echo)
+    for path in args.adopt:
+        if not (Path(path) / "summary.json").exists():
+            raise FedloraError(f"--adopt {path}: not a finished run directory (no summary.json)")
+    results = suite(args.profile, out, sections, echo, [Path(a) for a in args.adopt], args.stored_only)
     if args.docs:
         publish(out, Path(args.docs))
     if args.json:

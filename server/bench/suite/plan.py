@@ -7,7 +7,7 @@ is run, so any figure in the report can be reproduced by pasting its command.
 - ``full``: the real presets (``minilm-rt-xdev``: 1,000 clients, 30 rounds; MiniLM ``train-local``:
   100 logical batches of 128 from the whole train split, each method at its own learning rate, the
   best of a validation grid: ``fedlora bench compare``, docs/prism.md), 3 seeds; ``fedlora audit``
-  at its defaults. Hours on a 2-core CPU; a run directory that already holds a finished run with the
+  at its defaults; SmolLM2 on Shakespeare roles (``smollm2-shakespeare-xdev``, user-level ε 8 and 2). Hours on a 2-core CPU; a run directory that already holds a finished run with the
   same command is reused, so an interrupted suite picks up where it stopped.
 - ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
   local steps), 3 seeds, and ``audit ... --quick``: about 30 minutes on 2 cores. Its accuracies
@@ -64,6 +64,8 @@ class Profile:
     scale: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
     audits: tuple[tuple[str, ...], ...] = ()  # ``fedlora audit ...`` commands (their own canaried runs)
+    lm_base: tuple[str, ...] = ()  # generative federations (causal LM, natural users)
+    lm_arms: tuple[Arm, ...] = ()
 
 
 def _args(line: str) -> tuple[str, ...]:
@@ -129,6 +131,18 @@ def _sample_arms(epsilon: float, lrs: dict[str, str] | None = None) -> tuple[Arm
     return tuple(_sample_arm(m, epsilon, (lrs or {}).get(m)) for m in SAMPLE_METHODS)
 
 
+def _lm_arms(epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
+    """Non-private fedavg and user-level dp-fedavg (central noise, adaptive clipping) at each ε."""
+    dp = "--mechanism dp-fedavg --threat-model central --clip 1.0 --adaptive-clip"
+    return (
+        Arm("SmolLM2 fedavg (not private)", _args("--mechanism fedavg")),
+        *(
+            Arm(f"SmolLM2 dp-fedavg central ε={e:g}", _args(f"{dp} --target-epsilon {e:g}"), e)
+            for e in epsilons
+        ),
+    )
+
+
 _DP = "--mechanism dp-fedavg --clip 0.5"
 _SAMPLE = "train-local --model minilm-l6 --dataset rotten-tomatoes --pooling mean --head-init zero-shot --delta 1e-5"
 _QUICK_XDEV = "--preset minilm-rt-xdev --num-clients 100"
@@ -152,6 +166,8 @@ _PROFILES: dict[str, Profile] = {
         prism_step=_args("bench prism-step --model smollm2-135m --json"),
         scale=_args("bench scale --json"),
         audits=(_args("audit client"), _args("audit mia")),
+        lm_base=_args("simulate --preset smollm2-shakespeare-xdev"),
+        lm_arms=_lm_arms(epsilons=(8.0, 2.0)),
     ),
     "quick": Profile(
         "quick",
@@ -165,10 +181,9 @@ _PROFILES: dict[str, Profile] = {
         scale=_args("bench scale --populations 10,1000 --rounds 2 --json"),
         audits=(_args("audit client --quick"), _args("audit mia --quick")),
         notes=(
-            "quick profile: miniature runs (2 rounds of about 10 clients; 8 local steps): they check the "
-            "pipeline and the accounting; accuracies at this size rank nothing (the full profile, "
-            "`fedlora bench suite`, measures utility). Full-scale runs measured so far (1,000 clients, "
-            "30 rounds) are in [cross-device.md](cross-device.md)",
+            "quick profile: miniature runs (2 rounds of about 10 clients; 8 local steps) that check the "
+            "pipeline and the accounting, nothing more: accuracies at this size rank nothing. "
+            "docs/RESULTS.md is the full profile's report (`fedlora bench suite`)",
         ),
     ),
     "tiny": Profile(
@@ -204,6 +219,7 @@ def runs(p: Profile) -> list[Run]:
     for section, base, arms in (
         ("client-level", p.client_base, p.client_arms),
         ("sample-level", p.sample_base, p.sample_arms),
+        ("generative", p.lm_base, p.lm_arms),
     ):
         for i, arm in enumerate(arms):
             for seed in p.seeds:

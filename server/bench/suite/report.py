@@ -19,6 +19,23 @@ ELSEWHERE = (
 )
 
 
+def _adopted(directories: list[str]) -> list[str]:
+    """The note on runs made by hand and taken as plan runs (same configuration, this machine)."""
+    if not directories:
+        return []
+    return [
+        f"{len(directories)} runs were made by hand before this invocation (`--adopt`: the same "
+        "configuration as the plan's command, on this machine, with the commits of their day); their "
+        "wall times are their own, some measured beside another job.",
+        "",
+    ]
+
+
+def _ran(sec: dict) -> bool:
+    """Whether the section had runs (finished or failed) in this invocation."""
+    return bool(sec["commands"]) or any(n.startswith("failed:") for n in sec["notes"])
+
+
 def _table(columns: list[str], rows: list[dict], ran: bool) -> list[str]:
     if not rows:
         return ["(no rows: every run of this section failed)" if ran else "(not run in this profile)"]
@@ -38,6 +55,7 @@ def markdown(results: dict) -> str:
         + (f" ({suite['reused']} reused from an earlier invocation)" if suite["reused"] else "")
         + ". Do not edit by hand: run the command again (`--docs docs` writes this page and its figures).",
         "",
+        *_adopted(suite.get("adopted", [])),
         f"Versions: {versions}; commit {suite['commit']}.",
         "",
         *[f"> {note}" for note in suite["notes"]],
@@ -47,7 +65,7 @@ def markdown(results: dict) -> str:
         out += [
             f"## {sec['title']}",
             "",
-            *_table(sec["columns"], sec["rows"], bool(sec["commands"] or sec["notes"])),
+            *_table(sec["columns"], sec["rows"], _ran(sec)),
             "",
         ]
         out += [f"![{name}]({FIGURES}/{name})" for name in sec["figures"]]
@@ -64,6 +82,18 @@ def markdown(results: dict) -> str:
             out += [f"$ {c}" for c in sec["commands"]]
             out.append("```")
         out.append("")
+    if suite.get("missing"):
+        out += [
+            "## Not run yet",
+            "",
+            f"{len(suite['missing'])} commands of this profile have no finished run; the tables above "
+            "leave them out (an arm with fewer seeds says so in its seeds column):",
+            "",
+            "```console",
+            *[f"$ {c}" for c in suite["missing"]],
+            "```",
+            "",
+        ]
     out += ["## Measured by hand, in depth", "", "| page | what it measures |", "|---|---|"]
     out += [f"| [{page}.md]({page}.md) | {what} |" for page, what in ELSEWHERE]
     return "\n".join(out) + "\n"

@@ -38,6 +38,17 @@ def _stored(run_dir: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
+def finished(run: Run, runs_dir: Path) -> dict | None:
+    """The record of ``run``'s finished directory (as :func:`execute` returns it, ``reused``), or None
+    when the directory holds no output of this very command."""
+    run_dir = runs_dir / run.key
+    stored = _stored(run_dir)
+    output = output_of(run_dir) if stored.get("command") == run.command else None
+    if output is None:
+        return None
+    return {**stored, "output": output, "error": None, "dir": str(run_dir), "reused": True}
+
+
 def execute(run: Run, runs_dir: Path, echo: Callable[[str], None]) -> dict:
     """Run ``run`` (or reuse its finished directory); returns ``{"command", "wall_s", "output",
     "error", "dir"}`` (``error``: the last line of a failed command, ``output`` then None)."""
@@ -46,10 +57,9 @@ def execute(run: Run, runs_dir: Path, echo: Callable[[str], None]) -> dict:
     shown = " ".join(command)
     stored = _stored(run_dir)
     same = stored.get("command") == command
-    output = output_of(run_dir) if same else None
-    if output is not None:
+    if (found := finished(run, runs_dir)) is not None:
         echo(f"[suite] reuse {run.key}: {shown}")
-        return {**stored, "output": output, "error": None, "dir": str(run_dir), "reused": True}
+        return found
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in OUTPUTS:  # a stale output from another command must not be read as this one's
         (run_dir / name).unlink(missing_ok=True)

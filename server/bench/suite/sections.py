@@ -153,9 +153,85 @@ def sample_level(done: Sequence[dict]) -> dict:
     return sec
 
 
+#: the generative table's columns
+GENERATIVE_COLUMNS = [
+    "arm",
+    "seeds",
+    "perplexity before",
+    "perplexity after (mean ± std)",
+    "log-perplexity drop (mean ± std)",
+    "share of the non-private drop (same seed)",
+    "ε (PLD)",
+    "δ",
+    "min / round",
+]
+
+
+def _log_drop(summary: dict) -> float:
+    """ln(perplexity before) − ln(perplexity after): the drop of the mean next-token loss (nats)."""
+    return summary["before"]["loss"] - summary["after"]["loss"]
+
+
+def generative(done: Sequence[dict]) -> dict:
+    """Causal-LM federations: held-out-user perplexity per arm, and each private seed's log-perplexity
+    drop as a share of the non-private run's of the same seed (the arm with no budget)."""
+    runs = [d for d in done if d["run"].section == "generative"]
+    sec = _base("generative", "Generative fine-tuning under user-level DP (SmolLM2, Shakespeare roles)", runs)
+    sec["columns"] = GENERATIVE_COLUMNS
+    groups = _group(done, "generative")
+    baseline = {
+        d["run"].seed: _log_drop(d["output"])
+        for arm, group in groups
+        if arm.target_epsilon is None
+        for d in group
+        if d["output"]
+    }
+    for arm, group in groups:
+        finished = [d for d in group if d["output"]]
+        outs = [d["output"] for d in finished]
+        shares = [
+            _log_drop(d["output"]) / baseline[d["run"].seed]
+            for d in finished
+            if arm.target_epsilon is not None and baseline.get(d["run"].seed)
+        ]
+        privacy = [s.get("client_privacy") or {} for s in outs]
+        sec["commands"].append(_command(group))
+        sec["rows"].append(
+            {
+                "arm": arm.label,
+                "seeds": len(outs),
+                "perplexity before": _mean([s["before"]["perplexity"] for s in outs], ".2f"),
+                "perplexity after (mean ± std)": _mean_std([s["after"]["perplexity"] for s in outs]),
+                "log-perplexity drop (mean ± std)": _mean_std([_log_drop(s) for s in outs]),
+                "share of the non-private drop (same seed)": _mean_std(shares) if shares else "n/a",
+                "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"),
+                "δ": privacy[0].get("delta", "n/a") if privacy and privacy[0] else "n/a",
+                "min / round": _mean(
+                    [
+                        s["wall_time_s"] / 60 / s["rounds_completed"]
+                        for s in outs
+                        if s.get("rounds_completed")
+                    ],
+                    ".1f",
+                ),
+            }
+        )
+    outputs = [d["output"] for d in runs if d["output"]]
+    sec["notes"] += [
+        f"guarantee: {g}" for g in sorted({s["privacy"] for s in outputs if s.get("client_privacy")})
+    ]
+    sec["notes"].append(
+        "perplexity of held-out roles (users never seen in training), before: the untrained adapter; "
+        "a share is the private run's log-perplexity drop over the non-private run's of the same seed"
+    )
+    return sec
+
+
 def privacy(done: Sequence[dict]) -> dict:
     """Per private run (seed 0 of each arm): μ, ε_gdp, ε_tight; ε by round for the client-level runs."""
-    runs = [d for d in done if d["run"].section in ("client-level", "sample-level") and d["output"]]
+    runs = [
+        d for d in done if d["run"].section in ("client-level", "sample-level", "generative") and d["output"]
+    ]
     sec = _base("privacy", "Privacy: what each private run spent", [])
     sec["columns"] = [
         "run",
@@ -170,11 +246,12 @@ def privacy(done: Sequence[dict]) -> dict:
         run, out = d["run"], d["output"]
         if run.seed != min(x["run"].seed for x in runs if x["run"].arm == run.arm):
             continue
-        if run.section == "client-level":
+        if run.section != "sample-level":
             p = out.get("client_privacy")
             if not p:
                 continue
             unit = f"{p.get('what_if', '')}client-level ({p.get('relation', 'add/remove')} one client)"
+            unit += "; a client is one user (a role)" if run.section == "generative" else ""
             threat = out["privacy"].split("; ")[-1]
         else:
             p = out["privacy"]
@@ -199,7 +276,7 @@ def privacy(done: Sequence[dict]) -> dict:
     sec["by_round"] = {
         d["run"].arm.label: _eps_by_round(Path(d["dir"]) / "metrics.jsonl")
         for d in runs
-        if d["run"].section == "client-level" and d["run"].arm.target_epsilon and d["run"].seed == 0
+        if d["run"].section != "sample-level" and d["run"].arm.target_epsilon and d["run"].seed == 0
     }
     return sec
 
@@ -398,6 +475,7 @@ def scale(done: Sequence[dict]) -> dict:
 BUILDERS: dict[str, Callable[..., dict]] = {
     "client-level": client_level,
     "sample-level": sample_level,
+    "generative": generative,
     "privacy": privacy,
     "communication": communication,
     "speed": speed,

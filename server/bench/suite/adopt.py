@@ -1,0 +1,96 @@
+"""Stored runs the suite takes as its own: a finished ``fedlora simulate`` run directory made by hand
+(e.g. a long measurement started before the suite) counts as a plan run when it computed the same
+thing, so full-scale results are not paid for twice.
+
+"The same thing" is the run's configuration: every option of the plan command's resolved
+:class:`RunConfig` equals the stored ``config.json``'s, except the options that do not change what a
+run computes (:data:`server.run_dir.NOT_IDENTITY`). A run that predates an option does not match
+(what it did in the option's place is unknown) unless :data:`PREDATED` names the option's value that
+does what every run did before it existed. ``--precision auto`` counts as what it resolves to
+on this machine, on both sides: adopt runs made on the machine that runs the suite."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from common.device import resolve_device
+from common.models.precision import resolve_precision
+from server.bench.suite.plan import Run
+from server.run_dir import NOT_IDENTITY
+from server.simulate import add_config_arguments, config_from_args
+
+#: options added later, each with the value that reproduces runs made before it (issue 26's columns
+#: of one's own dataset: the names every built-in dataset used, and no partition column)
+PREDATED: dict[str, object] = {"text_column": "text", "label_column": "label", "partition_by": ""}
+
+#: what the suite's runner copies from an adopted run (its outputs and per-round metrics)
+FILES = ("config.json", "summary.json", "metrics.jsonl", "privacy.json")
+
+
+def plan_config(run: Run) -> dict | None:
+    """The resolved configuration (JSON values) of a ``simulate`` plan run; None for other commands."""
+    if run.output != "dir" or run.argv[0] != "simulate":
+        return None
+    parser = argparse.ArgumentParser(add_help=False)
+    add_config_arguments(parser)
+    args = parser.parse_args(run.command[2:])  # after ``fedlora simulate``
+    return json.loads(json.dumps(asdict(config_from_args(args))))
+
+
+def differences(planned: dict, stored: dict) -> list[str]:
+    """Options in which a stored ``config.json`` differs from a planned configuration."""
+    planned, stored = _resolved(planned), {**PREDATED, **_resolved(stored)}
+    missing = object()
+    return [
+        name
+        for name, value in planned.items()
+        if name not in NOT_IDENTITY and stored.get(name, missing) != value
+    ]
+
+
+def _resolved(config: dict) -> dict:
+    """``config`` with ``precision`` as this machine resolves it for the run's device."""
+    if "precision" not in config:
+        return config
+    device = resolve_device(config.get("device", "auto"))
+    return {**config, "precision": resolve_precision(config["precision"], device)}
+
+
+def _stored(directory: Path) -> dict | None:
+    """The stored configuration of a finished run directory (None: unfinished or not a run)."""
+    if not (directory / "summary.json").exists() or not (directory / "config.json").exists():
+        return None
+    return json.loads((directory / "config.json").read_text(encoding="utf-8"))
+
+
+def adopt(
+    plan: Sequence[Run], directories: Iterable[Path], runs_dir: Path, echo: Callable[[str], None]
+) -> list[str]:
+    """Copy each finished run directory that matches a plan run with no output yet into that run's
+    place under ``runs_dir`` (``command.json`` records the plan's command, the run's own wall time and
+    where it came from); returns the keys adopted. A directory matches at most one run."""
+    candidates = {d: s for d in map(Path, directories) if (s := _stored(d)) is not None}
+    adopted = []
+    for run in plan:
+        planned = plan_config(run)
+        target = runs_dir / run.key
+        if planned is None or (target / "summary.json").exists():
+            continue
+        match = next((d for d, s in candidates.items() if not differences(planned, s)), None)
+        if match is None:
+            continue
+        del candidates[match]
+        target.mkdir(parents=True, exist_ok=True)
+        for name in FILES:
+            if (match / name).exists():
+                (target / name).write_bytes((match / name).read_bytes())
+        summary = json.loads((match / "summary.json").read_text(encoding="utf-8"))
+        record = {"command": run.command, "wall_s": summary.get("wall_time_s"), "adopted_from": str(match)}
+        (target / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
+        echo(f"[suite] adopt {run.key}: {match}")
+        adopted.append(run.key)
+    return adopted

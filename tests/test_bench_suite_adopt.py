@@ -1,0 +1,132 @@
+"""``fedlora bench suite --adopt/--stored-only``: a run made by hand counts as a plan run only when it
+computed the same thing, and a report from stored runs names every command it lacks; the generative
+section's shares pair each private seed with the non-private run of the same seed."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from common.cli import main
+from common.models.precision import resolve_precision
+from server.bench.suite.adopt import adopt, differences, plan_config
+from server.bench.suite.cli import suite
+from server.bench.suite.plan import Arm, Run, profile, runs
+from server.bench.suite.sections import generative
+
+
+def _client_runs() -> list[Run]:
+    return [r for r in runs(profile("tiny")) if r.section == "client-level"]
+
+
+def _summary(accuracy: float) -> dict:
+    return {
+        "before": {"accuracy": 0.5, "loss": 0.7},
+        "after": {"accuracy": accuracy, "loss": 0.6, "top_class_share": 0.6},
+        "privacy": "none (no client-level release)",
+        "bytes_up_per_round": 1e6,
+        "wall_time_s": 12.5,
+        "rounds_completed": 1,
+    }
+
+
+def _stored(tmp: Path, name: str, config: dict, accuracy: float = 0.61) -> Path:
+    """A finished run directory as ``fedlora simulate`` leaves it (config and summary)."""
+    d = tmp / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "summary.json").write_text(json.dumps(_summary(accuracy)))
+    return d
+
+
+def test_only_a_run_with_the_same_configuration_is_adopted(tmp_path):
+    fedavg, dp = _client_runs()
+    planned = plan_config(fedavg)
+    assert plan_config(dp)["mechanism"] == "dp-fedavg" and planned["seed"] == 0
+    same = _stored(tmp_path, "same", {**planned, "out_dir": "/elsewhere", "workers": 7})  # not identity
+    other_lr = _stored(tmp_path, "lr", {**planned, "lr": planned["lr"] * 2})
+    predates = _stored(tmp_path, "old", {k: v for k, v in planned.items() if k != "lora_dropout"})
+    assert differences(planned, json.loads((other_lr / "config.json").read_text())) == ["lr"]
+    assert "lora_dropout" in differences(planned, json.loads((predates / "config.json").read_text()))
+    lines: list[str] = []
+    took = adopt([fedavg, dp], [other_lr, predates, same], tmp_path / "runs", lines.append)
+    assert took == [fedavg.key] and lines == [f"[suite] adopt {fedavg.key}: {same}"]
+    record = json.loads((tmp_path / "runs" / fedavg.key / "command.json").read_text())
+    assert record == {"command": fedavg.command, "wall_s": 12.5, "adopted_from": str(same)}
+    # a second adoption leaves a run that already has its output alone
+    assert adopt([fedavg], [same], tmp_path / "runs", lines.append) == []
+
+
+def test_precision_auto_is_what_it_resolves_to_here(tmp_path):
+    planned = plan_config(_client_runs()[0])
+    assert planned["precision"] == "auto"
+    here = resolve_precision("auto", "cpu")
+    other = "fp32" if here == "bf16" else "bf16"
+    assert not differences(planned, {**planned, "precision": here})
+    assert differences(planned, {**planned, "precision": other}) == ["precision"]
+
+
+def test_stored_only_runs_nothing_and_lists_what_is_missing(tmp_path):
+    fedavg, dp = _client_runs()
+    kept = _stored(tmp_path, "kept", plan_config(fedavg), accuracy=0.625)
+    out = tmp_path / "out"
+    results = suite("tiny", out, ["client-level"], lambda _: None, [kept], stored_only=True)
+    meta = results["suite"]
+    assert meta["runs"] == 1 and meta["adopted"] == [str(kept)] and meta["missing"] == [" ".join(dp.command)]
+    (row,) = results["sections"][0]["rows"]
+    assert row["arm"] == fedavg.arm.label and row["accuracy after (mean ± std)"] == "0.625 (n = 1)"
+    md = (out / "RESULTS.md").read_text()
+    assert "## Not run yet" in md and f"$ {' '.join(dp.command)}" in md and "--adopt" in md
+    assert not (out / "runs" / dp.key).exists()  # nothing ran
+
+
+def _lm(before: float, after: float, epsilon: float | None) -> dict:
+    privacy = {"eps_tight": epsilon, "delta": "1e-05"} if epsilon else None
+    return {
+        "before": {"perplexity": math.exp(before), "loss": before},
+        "after": {"perplexity": math.exp(after), "loss": after},
+        "client_privacy": privacy,
+        "privacy": f"client-level eps {epsilon}" if epsilon else "none",
+        "wall_time_s": 600.0,
+        "rounds_completed": 5,
+    }
+
+
+def test_generative_shares_pair_each_seed_with_its_own_non_private_run():
+    plain, private = Arm("np"), Arm("dp ε=8", (), 8.0)
+    done = [
+        {"run": Run("generative", f"g-{arm.label}-{seed}", (), arm=arm, seed=seed), "output": out}
+        for arm, seed, out in (
+            (plain, 0, _lm(4.4, 4.2, None)),  # drop 0.2
+            (plain, 1, _lm(4.5, 4.1, None)),  # drop 0.4
+            (private, 0, _lm(4.4, 4.3, 8.0)),  # 0.1 / 0.2
+            (private, 1, _lm(4.5, 4.2, 8.0)),  # 0.3 / 0.4
+        )
+    ]
+    for d in done:
+        d.update(error=None, wall_s=1.0, dir="")
+    rows = {r["arm"]: r for r in generative(done)["rows"]}
+    assert rows["np"]["share of the non-private drop (same seed)"] == "n/a"
+    assert rows["dp ε=8"]["share of the non-private drop (same seed)"] == "0.625 ± 0.177"
+    assert rows["dp ε=8"]["log-perplexity drop (mean ± std)"] == "0.200 ± 0.141"
+    assert rows["dp ε=8"]["ε (PLD)"] == "8.00" and rows["np"]["min / round"] == "2.0"
+
+
+def test_adopting_an_unfinished_directory_is_one_line(tmp_path, capsys):
+    assert (
+        main(["bench", "suite", "--profile", "tiny", "--out", str(tmp_path / "o"), "--adopt", str(tmp_path)])
+        != 0
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a finished run directory" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_miniature_profile_cannot_overwrite_the_repositorys_results(tmp_path, capsys):
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    before = (docs / "RESULTS.md").read_bytes()
+    argv = ["bench", "suite", "--profile", "tiny", "--out", str(tmp_path / "o"), "--docs", str(docs)]
+    assert main(argv) != 0
+    assert "full profile's report" in capsys.readouterr().err
+    assert (docs / "RESULTS.md").read_bytes() == before and not (tmp_path / "o").exists()
