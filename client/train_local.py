@@ -71,6 +71,8 @@ LOCAL_OPTIONS = (
     "partition",
     "dirichlet_alpha",
     "max_length",
+    "lm_blocks",
+    "partition_by",
     "seed",
     "device",
 )
@@ -97,7 +99,7 @@ def local_defaults(options: Sequence[str] = LOCAL_OPTIONS) -> dict[str, object]:
 
 
 #: the options that pick one node's shard of a federation's split (``--node``)
-SHARD_OPTIONS = ("num_clients", "partition", "dirichlet_alpha")
+SHARD_OPTIONS = ("num_clients", "partition", "dirichlet_alpha", "partition_by")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -224,7 +226,7 @@ def open_local(cfg: RunConfig) -> tuple[ModelBundle, FederatedSplit, Task]:
     split = open_split(cfg)
     bundle = open_model(cfg, split)
     initial_adapter(cfg, bundle, split)  # the bundle is shared per process: start from its load state
-    return bundle, split, make_task(bundle, split.corpus, cfg.max_length)
+    return bundle, split, make_task(bundle, split.corpus, cfg.max_length, cfg.lm_blocks)
 
 
 def local_plan(cfg: RunConfig, model: nn.Module, examples: int) -> SamplePlan | None:

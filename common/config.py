@@ -106,7 +106,10 @@ class RunConfig:
         "label", "your own --dataset file's label column (classes read from the data; absent: LM)", MODEL
     )
     partition_by: str = option(
-        "", "your own --dataset file's user column: --partition natural makes one client per user", MODEL
+        "",
+        "your own --dataset file's user column, or a packaged dataset's unit (shakespeare: play): "
+        "--partition natural makes one client per user (per unit)",
+        MODEL,
     )
     rank: int = option(8, "LoRA rank r", MODEL, rule=AT_LEAST_ONE)
     lora_alpha: float = option(16.0, "LoRA alpha (scaling alpha / r)", MODEL, rule=POSITIVE)
@@ -166,6 +169,13 @@ class RunConfig:
         rule=(lambda v: v == 0 or 0 < v <= 0.5, "0 or in (0, 0.5]"),
     )
     max_length: int = option(64, "maximum tokens per example", MODEL, rule=AT_LEAST_ONE)
+    lm_blocks: int = option(
+        4,
+        "language-modelling datasets: examples (blocks of --max-length tokens) taken from each text, "
+        "training and evaluation alike (0: every block)",
+        MODEL,
+        rule=NON_NEGATIVE,
+    )
     # -- federation
     mechanism: str = option(
         "fedavg",

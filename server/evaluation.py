@@ -15,7 +15,7 @@ class Evaluator:
     def __init__(self, cfg: RunConfig, batch_size: int = 16) -> None:
         self.split = open_split(cfg)
         self.bundle = open_model(cfg, self.split)
-        self.task = make_task(self.bundle, self.split.corpus, cfg.max_length)
+        self.task = make_task(self.bundle, self.split.corpus, cfg.max_length, cfg.lm_blocks)
         test = self.split.test
         self.examples = self.task.encode(self.split.texts(test), self.split.labels(test))
         self.batch_size = batch_size

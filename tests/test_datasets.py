@@ -49,3 +49,16 @@ def test_lm_perplexity_is_exp_of_mean_token_nll(tiny_llama, smollm2_tokenizer):
             count += len(ex["ids"]) - 1
     result = task.evaluate(tiny_llama, examples, torch.device("cpu"), batch_size=2)
     assert result["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-4)
+
+
+@pytest.mark.parametrize("blocks", [4, 2, 0])
+def test_lm_blocks_caps_the_examples_taken_from_each_text(smollm2_tokenizer, blocks):
+    """``--lm-blocks``: a text's first ``blocks`` blocks of ``max_length`` tokens (0: all of them);
+    a text shorter than one block is one example."""
+    task = LanguageModelTask(smollm2_tokenizer, max_length=8, max_blocks_per_doc=blocks)
+    long = " ".join(f"word{i}" for i in range(40))
+    whole = len(smollm2_tokenizer(long, add_special_tokens=False)["input_ids"]) // 8
+    assert whole > 4
+    examples = task.encode([long, "Short."], [0, 0])
+    assert len(examples) == (blocks or whole) + 1 and len(examples[-1]["ids"]) < 8
+    assert all(len(ex["ids"]) == 8 for ex in examples[:-1])

@@ -10,6 +10,7 @@ from common import assets
 from common.data import load_corpus
 from common.data.corpora import Corpus
 from common.data.federated import federated_split
+from common.data.files import Columns
 from common.data.shakespeare import MIN_LINES, PUBLIC_PLAYS, parse_play, roles, shakespeare_corpus
 from common.errors import AssetMissingError, FedloraError
 
@@ -180,3 +181,34 @@ def test_natural_partition_gives_each_client_one_role_and_holds_out_whole_plays(
     )
     with pytest.raises(FedloraError, match="natural partition"):
         federated_split("shakespeare", everyone + 1, method="natural", test_fraction=0.1, seed=2)
+
+
+def test_partition_by_play_makes_each_play_one_silo():
+    """``--partition-by play``: one client per play (every role of a client from its play, the
+    training roles of that play all there), test roles and public plays as before."""
+    split = federated_split(
+        "shakespeare",
+        4,
+        method="natural",
+        test_fraction=0.2,
+        seed=0,
+        columns=Columns(user="play"),
+    )
+    corpus = split.corpus
+    plays = [{corpus.groups[i] for i in c} for c in split.clients]
+    assert len(split.clients) == 4 and all(len(p) == 1 for p in plays) and len(set.union(*plays)) == 4
+    for client, (play,) in zip(split.clients, plays, strict=True):
+        held = set(split.test.tolist())
+        every = {i for i, g in enumerate(corpus.groups) if g == play and i not in held}
+        assert set(client.tolist()) == every
+    assert not set(np.concatenate(split.clients).tolist()) & set(split.test.tolist())
+
+
+@pytest.mark.parametrize(
+    ("dataset", "named", "says"), [("shakespeare", "role", "'play'"), ("boolq", "play", "nothing")]
+)
+def test_partition_by_a_unit_the_dataset_lacks_is_one_line(dataset, named, says):
+    with pytest.raises(
+        FedloraError, match=f"--partition-by {named}: dataset {dataset} can be partitioned by {says}"
+    ):
+        federated_split(dataset, 2, method="natural", columns=Columns(user=named))

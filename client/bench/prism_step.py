@@ -140,7 +140,7 @@ def step_costs(
     bundle = open_model(cfg, split)
     model, device = bundle.model, bundle.device
     apply_lora_init(model, "balanced", cfg.seed)
-    task = make_task(bundle, split.corpus, cfg.max_length)
+    task = make_task(bundle, split.corpus, cfg.max_length, cfg.lm_blocks)
     pool = task.encode(split.texts(split.clients[0][:64]), split.labels(split.clients[0][:64]))
     examples = [ex for ex in pool if len(ex["ids"]) == cfg.max_length][:batch]
     if len(examples) < batch:

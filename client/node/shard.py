@@ -69,7 +69,7 @@ def load_shard(cfg: RunConfig, partition_id: int, num_partitions: int, model_pat
         node_model(cfg, len(split.corpus.label_names), model_path) if model_path else open_model(cfg, split)
     )
     idx = split.clients[partition_id]
-    task = make_task(bundle, split.corpus, cfg.max_length)
+    task = make_task(bundle, split.corpus, cfg.max_length, cfg.lm_blocks)
     return Shard(bundle, task, task.encode(split.texts(idx), split.labels(idx)))
 
 
@@ -81,7 +81,7 @@ def load_own_shard(cfg: RunConfig, data_path: str, model_path: str = "") -> Shar
     base = open_corpus(cfg.dataset, columns_of(cfg))
     corpus = owner_corpus(read_jsonl(data_path, base.label_names), base)
     bundle = node_model(cfg, len(base.label_names), model_path)
-    task = make_task(bundle, corpus, cfg.max_length)
+    task = make_task(bundle, corpus, cfg.max_length, cfg.lm_blocks)
     examples = task.encode(corpus.texts, corpus.labels)
     if not examples:
         raise FedloraError(f"{data_path}: no training examples after tokenisation (texts too short?)")

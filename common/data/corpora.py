@@ -22,7 +22,8 @@ class Corpus:
     """Texts with integer labels (``label_names[i]`` names label ``i``); ``task`` is
     ``classification`` or ``lm`` (labels all 0, ``label_names`` empty). ``groups``, when not empty,
     names a natural unit of each text (for ``shakespeare``, its play), so that whole units can be
-    held out or given to one client; it is empty for corpora without one. ``public_groups``: the units
+    held out or given to one client; it is empty for corpora without one, and ``group_name`` names
+    it (``--partition-by play``: one client per group). ``public_groups``: the units
     held out whole as the server's public split (common/data/federated.py). ``given_test``: the
     indices of the texts that are the dataset's own test split (a dataset directory's test file,
     common/data/files.py), used as the test set instead of a seeded ``test_fraction``; empty for a
@@ -34,6 +35,7 @@ class Corpus:
     label_names: tuple[str, ...]
     task: str
     groups: tuple[str, ...] = ()
+    group_name: str = ""  # what a group is ("play"): --partition-by <group_name> partitions by group
     public_groups: tuple[str, ...] = ()  # groups held out whole as the server's public split
     users: tuple[str, ...] = ()  # each text's user: --partition natural makes one client per user
     given_test: tuple[int, ...] = ()  # indices of the texts of the dataset's own test split

@@ -85,9 +85,21 @@ def federated_split(
     if max_test and len(test) > max_test:
         test = np.sort(rng.choice(test, max_test, replace=False))
     labels = np.asarray(corpus.labels)[train]
-    users = [corpus.users[i] for i in train] if corpus.users else None
+    units = _users(corpus, columns, dataset)
+    users = [units[i] for i in train] if units else None
     parts = partition(labels, num_clients, method, alpha, seed, users)
     return FederatedSplit(corpus, test, tuple(train[p] for p in parts), public)
+
+
+def _users(corpus: Corpus, columns: Columns, dataset: str) -> tuple[str, ...]:
+    """Each text's user for ``--partition natural``: the corpus's users, or its groups when
+    ``--partition-by`` names them (a data owner's file read its user column when it was opened)."""
+    if not columns.user or is_file_dataset(dataset):
+        return corpus.users
+    if columns.user != corpus.group_name:
+        can = f"'{corpus.group_name}' or nothing" if corpus.group_name else "nothing (one client per user)"
+        raise FedloraError(f"--partition-by {columns.user}: dataset {dataset} can be partitioned by {can}")
+    return corpus.groups
 
 
 def open_corpus(dataset: str, columns: Columns = DEFAULT_COLUMNS) -> Corpus:

@@ -245,7 +245,7 @@ MIN_LINES = 20
 def shakespeare_corpus() -> Corpus:
     """An ``lm`` corpus with one text per (play, role) of ``roles(MIN_LINES)`` (the role's lines
     joined with newlines), labels all 0, ``groups`` the play of each text and ``public_groups`` the
-    :data:`PUBLIC_PLAYS`."""
+    :data:`PUBLIC_PLAYS`; ``--partition-by play`` makes one client per play (cross-silo)."""
     rs = roles(MIN_LINES)
     texts = tuple("\n".join(r.lines) for r in rs)
     return Corpus(
@@ -255,6 +255,7 @@ def shakespeare_corpus() -> Corpus:
         (),
         "lm",
         groups=tuple(r.play for r in rs),
+        group_name="play",
         users=tuple(f"{r.play}/{r.role}" for r in rs),
         public_groups=PUBLIC_PLAYS,
     )

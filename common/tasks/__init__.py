@@ -11,10 +11,11 @@ from common.tasks.language_model import LanguageModelTask
 from common.tasks.verbalizer import VerbalizerTask
 
 
-def make_task(bundle, corpus: Corpus, max_length: int) -> Task:
+def make_task(bundle, corpus: Corpus, max_length: int, lm_blocks: int = 4) -> Task:
     """The task for ``bundle`` (common/models/loader.py ModelBundle; its ``kind``, ``causal-lm`` or
     ``seq-cls``, and tokenizer) on ``corpus`` (whose ``task`` picks the objective), with examples of
-    at most ``max_length`` tokens, which must fit the model's context."""
+    at most ``max_length`` tokens, which must fit the model's context; a language-modelling corpus
+    gives ``lm_blocks`` examples per text (0: every block)."""
     kind, tokenizer = bundle.kind, bundle.tokenizer
     context = getattr(getattr(bundle.model, "config", None), "max_position_embeddings", None)
     if isinstance(context, int) and max_length > context:
@@ -22,7 +23,7 @@ def make_task(bundle, corpus: Corpus, max_length: int) -> Task:
     if corpus.task == "lm":
         if kind != "causal-lm":
             raise FedloraError(f"dataset '{corpus.name}' is language modelling: it needs a causal LM")
-        return LanguageModelTask(tokenizer, max_length)
+        return LanguageModelTask(tokenizer, max_length, lm_blocks)
     if kind == "causal-lm":
         return VerbalizerTask(tokenizer, prompt_for(corpus.name, corpus.label_names), max_length)
     return ClassifierTask(tokenizer, max_length)

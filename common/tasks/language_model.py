@@ -13,7 +13,8 @@ from common.tasks.verbalizer import token_nll
 
 
 class LanguageModelTask:
-    """Each document is cut into blocks of ``max_length`` tokens; an example is one block."""
+    """Each document is cut into blocks of ``max_length`` tokens, its first ``max_blocks_per_doc`` of
+    them (0: all; a document shorter than one block is one example); an example is one block."""
 
     metric = "perplexity"
 
@@ -25,7 +26,8 @@ class LanguageModelTask:
     def encode(self, texts: Sequence[str], labels: Sequence[int]) -> list[dict]:
         blocks = []
         for ids in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
-            for b in range(min(self.max_blocks, len(ids) // self.max_length)):
+            whole = len(ids) // self.max_length
+            for b in range(min(self.max_blocks, whole) if self.max_blocks else whole):
                 blocks.append({"ids": ids[b * self.max_length : (b + 1) * self.max_length]})
             if len(ids) < self.max_length and len(ids) > 1:
                 blocks.append({"ids": ids})

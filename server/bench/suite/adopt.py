@@ -25,7 +25,12 @@ from server.simulate import add_config_arguments, config_from_args
 
 #: options added later, each with the value that reproduces runs made before it (issue 26's columns
 #: of one's own dataset: the names every built-in dataset used, and no partition column)
-PREDATED: dict[str, object] = {"text_column": "text", "label_column": "label", "partition_by": ""}
+PREDATED: dict[str, object] = {
+    "text_column": "text",
+    "label_column": "label",
+    "partition_by": "",
+    "lm_blocks": 4,  # issue 33's silos: every run before took a text's first 4 blocks
+}
 
 #: what the suite's runner copies from an adopted run (its outputs and per-round metrics)
 FILES = ("config.json", "summary.json", "metrics.jsonl", "privacy.json")
