@@ -47,7 +47,7 @@ $(COMPOSE_STAMP):
 	$(COMPOSE) version
 	touch $@
 
-# The checks that tests/test_compose.py runs, by hand.
+# The checks that tests/system/test_compose.py runs, by hand.
 compose-check: $(COMPOSE_STAMP)
 	$(COMPOSE) -f docker-compose.yml config -q
 	$(COMPOSE) -f docker-compose.yml -f docker-compose.tls.yml config -q

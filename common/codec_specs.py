@@ -1,7 +1,7 @@
 """What the run configuration and the server know about each DR-Encoder codec: one :class:`CodecSpec`
 per name in :data:`CODEC_SPECS`; callers ask it, never compare a name.
 
-Why two halves. ``common`` imports no ``autoencoder`` (tests/test_layers.py), yet
+Why two halves. ``common`` imports no ``autoencoder`` (tests/system/test_layers.py), yet
 :meth:`common.config.RunConfig.check` and its ``public_prior`` need these facts; so they are plain data
 here, and each codec's builders (the server's codec; a node's copy, unless it is broadcast) are its
 :class:`autoencoder.codecs.CodecDescriptor`, which holds the spec below. A new codec is its class in

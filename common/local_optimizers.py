@@ -2,8 +2,8 @@
 :class:`LocalOptimizerSpec` per name in :data:`LOCAL_OPTIMIZERS`; callers ask it, never compare a name.
 
 Why two halves. :meth:`common.config.RunConfig.check` runs in every process, the server's included,
-and ``common`` imports neither ``client`` nor ``server`` (tests/test_layers.py); so the facts its rules
-need (full-rank factors, a dense update merged into the base, an update rule, SPARTA's options) are
+and ``common`` imports neither ``client`` nor ``server`` (tests/system/test_layers.py); so the facts its
+rules need (full-rank factors, a dense update merged into the base, an update rule, SPARTA's options) are
 plain data here, and how a client builds and runs an optimizer (factory, options, model checks,
 report) is its :class:`client.dp.optimizers.registry.OptimizerDescriptor`, which holds the spec below
 (PEFT's ``LoraVariant`` is the model: one object per variant that the generic code asks). A new

@@ -117,7 +117,7 @@ class GdpAccountant(Accountant):
 
 class PldAccountant(Accountant):
     """Tight PLD accountant: ``common.privacy.pld``, a port of dp_accounting's PLDAccountant
-    (pessimistic) that agrees with it to float round-off (tests/test_privacy_pld.py) and loads in
+    (pessimistic) that agrees with it to float round-off (tests/common/privacy/test_pld.py) and loads in
     a fraction of the time.
 
     ``discretization`` is the PLD grid: every grid gives an upper bound on ε, finer ones tighter.

@@ -19,7 +19,7 @@ Isolation is Flower's default, ``subprocess``: the SuperLink and each SuperNode 
 Modules: ``deployment`` (options, work directory, result), ``run_config``, ``tls``,
 ``processes`` (start, log, shut down by PID), ``interrupts``, ``flower`` (SuperLink and
 SuperNodes), ``control`` (the ``flwr`` CLI), ``up`` (the whole deployment) and ``cli``. The small
-functions re-exported here are what tests/test_deploy.py composes.
+functions re-exported here are what tests/server/test_deploy.py composes.
 """
 
 from server.deploy.control import (

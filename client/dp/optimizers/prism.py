@@ -12,7 +12,7 @@ Batched across modules (issue 36): modules of one shape (and LoRA scaling) are s
 and every per-step product, Gram, eigendecomposition, QR and SVD runs once per group on ``(g, ·, ·)``
 stacks, so a step dispatches a number of ops that does not grow with the model's depth. The one loop
 over modules left draws the noise ``Ω_A``, ``Ω_B`` module by module in the model's order: the same
-stream as an unbatched step on the same generator (tests/test_prism_batched.py). The rank check is
+stream as an unbatched step on the same generator (tests/client/dp/test_prism_batched.py). The rank check is
 one host synchronisation per step, before any noise is drawn.
 
 Floors (``floor``): ``"clamp"`` (the official code's eigenvalue floor ``max(w, λ)``) or ``"ridge"``

@@ -41,7 +41,7 @@ def test_pyproject_lists_every_config_key():
     import tomllib
     from pathlib import Path
 
-    app_config = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["flwr"][
+    app_config = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["tool"]["flwr"][
         "app"
     ]["config"]
     assert set(app_config) == {"preset", *to_flat(RunConfig())}

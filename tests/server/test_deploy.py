@@ -50,7 +50,7 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.process
 
-# tests/test_federation.py's tiny configuration, client-level DP, 3 nodes and 2 rounds.
+# tests/server/test_federation.py's tiny configuration, client-level DP, 3 nodes and 2 rounds.
 DP_RUN = (
     "preset='minilm-rt' rounds=2 local-steps=2 batch-size=8 max-train-examples=200 eval-examples=40 "
     "seed=5 mechanism='dp-fedavg' noise-multiplier=1.0",

@@ -65,7 +65,7 @@ def test_import_is_light():
     code = f"import sys, common.privacy.pld; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run(
         [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[3],
         capture_output=True,
         text=True,
         check=True,

@@ -14,7 +14,7 @@ from common.cli import main
 from server.bench.suite.plan import Run, profile, runs
 from server.bench.suite.runner import execute
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
     "client-level",
     "sample-level",

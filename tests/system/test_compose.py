@@ -22,7 +22,7 @@ import yaml
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = Path(
     os.environ.get("FEDLORA_DOCKER_COMPOSE", ROOT / ".venv" / "compose-v1" / "bin" / "docker-compose")
 )

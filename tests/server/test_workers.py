@@ -22,7 +22,7 @@ from server.workers import resolve_workers
 from tests.harness import TINY
 
 SETTINGS = {**TINY, "num_clients": 4, "rounds": 2, "sample_rate": 1.0, "precision": "fp32"}
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LEDGER = ("round", "sigma", "p", "sampled", "replied", "clip", "status", "mu", "eps_gdp", "eps_tight")
 
 

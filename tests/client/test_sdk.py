@@ -35,7 +35,7 @@ from server.inprocess import load_component
 from tests.conftest import run_cli
 from tests.harness import message_identity
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIRS = [("A warm, funny film.", 1), ("Tedious and far too long.", 0)] * 6
 RUN = dict(max_train_examples=200, eval_examples=40, local_steps=2, batch_size=8, rounds=1, num_clients=1)
 

@@ -21,9 +21,9 @@ from common.presets import preset
 from common.privacy.ledger import Ledger
 from common.sparta import kept_rows, selection_steps
 from server.simulate import simulate
+from tests.client.dp.test_local_dp import FAST_LOCAL, _examples
 from tests.conftest import run_cli
 from tests.harness import TINY, LmTask, records
-from tests.test_local_dp import FAST_LOCAL, _examples
 
 CPU = torch.device("cpu")
 

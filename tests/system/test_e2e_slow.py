@@ -14,7 +14,7 @@ import pytest
 from common.presets import preset
 from server.simulate import simulate
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("common", "autoencoder", "client", "server", "tests")
 DESIGN = REPO / "docs" / "design.md"
 

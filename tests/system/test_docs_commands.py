@@ -25,7 +25,7 @@ import pytest
 
 from common import cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 #: fenced blocks whose ``fedlora`` lines are commands to parse

@@ -45,7 +45,7 @@ from common.privacy.plan import plan_noise
 from common.privacy.threat import THREATS
 from tests.harness import LmTask
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("server", "client", "common", "autoencoder")
 
 # -- no string comparison of a registered name outside its registry ---------------------------------------------
@@ -343,7 +343,7 @@ def test_a_new_optimizer_needs_no_edit_outside_its_own_files(toy, tiny_llama, tm
     the contract and train-local end to end pick it up."""
     from client.train_local import train_local
 
-    assert files_naming(TOY) == {"tests/test_registries.py"}  # <= 3 files
+    assert files_naming(TOY) == {"tests/system/test_registries.py"}  # <= 3 files
     assert TOY in config.LOCAL_OPTIMIZERS and isinstance(
         make_dp_optimizer(TOY, lora_layers(tiny_llama), 1e-2), ToyNoisySgd
     )
@@ -502,7 +502,7 @@ def test_a_new_release_needs_no_edit_outside_its_own_files(toy_release, threat, 
     from common.privacy.ledger import Ledger
     from tests.harness import TINY, federate, records
 
-    assert files_naming(TOY_RELEASE) == {"tests/test_registries.py"}  # <= 3 files
+    assert files_naming(TOY_RELEASE) == {"tests/system/test_registries.py"}  # <= 3 files
     cfg = RunConfig(
         model="minilm-l6",
         dataset="rotten-tomatoes",
