@@ -72,3 +72,14 @@ def test_the_check_sees_nested_and_relative_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
     assert sorted(imported_modules(pkg / "mod.py")) == [(1, "client.node"), (4, "server.app")]
     assert violations() == ["client/sub/mod.py:4: client imports server.app"]
+
+
+def test_tests_mirror_the_packages():
+    """Every test file sits in the folder of the package it tests (tests/<package>/...) or in
+    tests/system/ (whole-system checks); tests/ itself holds only the shared fixtures."""
+    tests = REPO / "tests"
+    assert sorted(p.name for p in tests.glob("*.py")) == ["__init__.py", "conftest.py", "harness.py"]
+    folders = {p.relative_to(tests).parts[0] for p in tests.rglob("test_*.py")}
+    assert folders <= {*FORBIDDEN, "system"}, folders
+    for folder in {p.parent for p in tests.rglob("test_*.py")}:
+        assert (folder / "__init__.py").exists(), folder  # imported as tests.<folder>.test_x

@@ -124,7 +124,7 @@ def test_adopting_an_unfinished_directory_is_one_line(tmp_path, capsys):
 
 
 def test_a_miniature_profile_cannot_overwrite_the_repositorys_results(tmp_path, capsys):
-    docs = Path(__file__).resolve().parents[1] / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     before = (docs / "RESULTS.md").read_bytes()
     argv = ["bench", "suite", "--profile", "tiny", "--out", str(tmp_path / "o"), "--docs", str(docs)]
     assert main(argv) != 0
