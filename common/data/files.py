@@ -1,4 +1,4 @@
-"""A data owner's own labelled (or plain) text: a CSV, JSONL or Parquet file as a :class:`Corpus`.
+"""A data owner's own labelled (or plain) text: a CSV, JSONL, Parquet or .txt file as a :class:`Corpus`.
 
 ``--dataset path/to/file.csv`` (or ``.jsonl``, ``.parquet``) with ``--text-column`` and
 ``--label-column`` naming the columns: the label space is read from the data (the distinct values,
@@ -7,7 +7,7 @@ sorted; any number of classes). Without a label column in the file the corpus is
 natural`` makes one client per user.
 
 ``--dataset path/to/DIR``, a directory holding one ``train.<ext>`` and one ``test.<ext>`` file (each
-a CSV, JSONL or Parquet file; the two may differ), gives its own test split: the corpus is the train
+a CSV, JSONL, Parquet or plain-text file; the two may differ), gives its own test split: the corpus is the train
 rows then the test rows, the latter marked in :attr:`Corpus.given_test`. The column options apply to
 both files (a test file may lack the ``--partition-by`` column), and the classes are the union of
 both files' labels.
@@ -27,7 +27,7 @@ from common.errors import FedloraError
 
 SUFFIXES = (".csv", ".jsonl", ".parquet", ".txt")  # .txt: one text per non-blank line (language modelling)
 SPLITS = ("train", "test")  # the file names (without suffix) of a dataset directory
-DIRECTORY_FORM = "one train.<csv|jsonl|parquet> and one test.<csv|jsonl|parquet> file"
+DIRECTORY_FORM = "one train.<{0}> and one test.<{0}> file".format("|".join(s[1:] for s in SUFFIXES))
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,10 @@ def test_an_edited_file_is_read_again(data_dir):
 @pytest.mark.parametrize(
     ("files", "message"),
     [
-        ({}, "must hold one train.<csv|jsonl|parquet> and one test.<csv|jsonl|parquet> file; found no "),
+        (
+            {},
+            "must hold one train.<csv|jsonl|parquet|txt> and one test.<csv|jsonl|parquet|txt> file; found no ",
+        ),
         ({"notes.csv": "x"}, "found no train or test file"),
         ({"train.csv": "x", "train.jsonl": "x", "test.csv": "x"}, "found train.csv, train.jsonl, test.csv"),
         ({"train.csv": "review,mood\na,x\nb,y\n"}, "; found train.csv$"),
