@@ -27,6 +27,7 @@ from common.models import AdapterState, adapter_state
 from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
 from common.privacy.plan import STATS_ROUND, plan_noise
+from common.tasks.training import StepSchedule
 from common.timing import phase
 from common.wire import DATA_SOURCE, StatsQuery, TrainInstruction, stats_reply, train_reply
 
@@ -53,19 +54,12 @@ def gradstats(msg: Message, context: Context) -> Message:
     query = StatsQuery.from_record(msg.content)
     cfg, pid, parts, shard = _start(context, query.global_state)
     stats = local_stats(
-        shard.bundle.model,
-        shard.task,
-        shard.examples,
+        shard.trainee,
+        StepSchedule.of(cfg, int(np.random.SeedSequence([cfg.seed, 0, pid]).generate_state(1)[0])),
         factors=[k for k in query.global_state if is_factor(k)],
         granularity=cfg.stats_granularity,
         form=cfg.increment_form,
         floor=cfg.stats_floor,
-        steps=cfg.local_steps,
-        batch_size=cfg.batch_size,
-        lr=cfg.lr,
-        seed=int(np.random.SeedSequence([cfg.seed, 0, pid]).generate_state(1)[0]),
-        device=shard.bundle.device,
-        optimizer=cfg.client_optimizer,
     )
     noise_std = cfg.stats_noise_std
     if noise_std > 0:  # a client-level release (local noise, p = 1): recorded once, like a round
@@ -132,15 +126,10 @@ def _train_steps(
             )
         with phase("local-training"):
             metrics = local_update(
-                shard.bundle.model,
-                shard.task,
-                shard.examples,
+                shard.trainee,
                 cfg,
-                steps=cfg.local_steps,
-                lr=cfg.lr,
+                plan,
                 seed=int(np.random.SeedSequence([cfg.seed, ins.round, pid]).generate_state(1)[0]),
-                device=shard.bundle.device,
-                plan=plan,
                 desc=f"client {pid} round {ins.round}",
             )
         if ledger is not None:

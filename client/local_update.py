@@ -4,68 +4,37 @@ client/dp/optimizers/registry.py builds it) through client/dp/engine.py."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import torch
-from torch import nn
-
-from client.dp.engine import DpSteps, dp_train
+from client.dp.engine import DenseUpdate, DpSteps, StepBlocks, dp_train
 from client.dp.optimizers import dp_optimizer
 from client.dp.sample_plan import SamplePlan
 from common.config import RunConfig
 from common.models.lora import lora_layers
-from common.tasks import Task
-from common.tasks.training import train_steps
+from common.tasks.training import StepSchedule, Trainee, train_steps
 
 
 def local_update(
-    model: nn.Module,
-    task: Task,
-    examples: Sequence[dict],
+    trainee: Trainee,
     cfg: RunConfig,
-    *,
-    steps: int,
-    lr: float,
-    seed: int,
-    device: torch.device,
     plan: SamplePlan | None,
-    before_steps=None,
-    block: int = 0,
+    *,
+    seed: int,
+    blocks: StepBlocks | None = None,
     desc: str = "local steps",
 ) -> dict[str, float]:
-    """``steps`` steps of ``cfg.optimizer_kind``; a DP optimizer needs the sample-level ``plan``
-    (σ, rate, clip) and calls ``before_steps(first, count)`` before each block of steps (the ledger)."""
+    """``cfg.local_steps`` steps of ``cfg.optimizer_kind`` at ``cfg.lr`` on ``trainee``: non-private
+    ones from ``seed`` (:meth:`StepSchedule.of`); a DP optimizer needs the sample-level ``plan``
+    (σ, rate, clip), draws its randomness from the OS and calls ``blocks.before(first, count)``
+    before each block of steps (the ledger)."""
     kind = cfg.optimizer_kind
     if kind == "none":
-        return train_steps(
-            model,
-            task,
-            examples,
-            steps=steps,
-            batch_size=cfg.batch_size,
-            lr=lr,
-            seed=seed,
-            device=device,
-            desc=desc,
-            optimizer=cfg.client_optimizer,
-        )
+        return train_steps(trainee, StepSchedule.of(cfg, seed), desc=desc)
     if plan is None:
         raise ValueError(f"local optimizer {kind} needs a sample-level noise plan")
+    steps, lr = cfg.local_steps, cfg.lr
     descriptor = dp_optimizer(kind)
-    optimizer = descriptor.factory(lora_layers(model), lr, **descriptor.options(cfg, steps))
+    optimizer = descriptor.factory(lora_layers(trainee.model), lr, **descriptor.options(cfg, steps))
     dp_plan = DpSteps(
         steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch_size, plan.expected_batch
     )
-    return dp_train(
-        model,
-        task,
-        examples,
-        optimizer,
-        dp_plan,
-        lr=lr,
-        device=device,
-        before_steps=before_steps,
-        block=block,
-        desc=desc,
-        dense_rule=cfg.client_optimizer,
-    )
+    dense = DenseUpdate(lr, cfg.client_optimizer)
+    return dp_train(trainee, optimizer, dp_plan, dense, blocks=blocks, desc=desc)

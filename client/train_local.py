@@ -23,6 +23,7 @@ import numpy as np
 from safetensors.torch import save_file
 from torch import nn
 
+from client.dp.engine import StepBlocks
 from client.dp.optimizers import dp_optimizer
 from client.dp.sample_plan import SAMPLE_ACCOUNTANT, SamplePlan, plan_sample_noise
 from client.local_update import local_update
@@ -39,6 +40,7 @@ from common.privacy.release import global_norm
 from common.runtime import initial_adapter, open_model, open_split
 from common.tasks import make_task
 from common.tasks.base import Task
+from common.tasks.training import Trainee
 
 LEDGER_FILE = "sample-ledger.sqlite"
 #: mechanisms train-local runs: those without a client-level release (fedavg: non-private AdamW)
@@ -176,9 +178,7 @@ def train_local(
         # Its stats stay unpublished: under DP, ``examples-used`` and ``empty-batches`` are realised Poisson
         # batch sizes, which depend on the private data and are not covered by the sample-level guarantee.
         trained = time.time()
-        stats = train_one(
-            cfg, bundle, task, train, plan, before_steps=charge if plan else None, block=charge_every
-        )
+        stats = train_one(cfg, bundle, task, train, plan, StepBlocks(charge, charge_every) if plan else None)
         train_seconds = time.time() - trained
         for row in ledger.rows():
             ledger.settle(row["run"], row["round"], "applied")
@@ -251,22 +251,22 @@ def local_plan(cfg: RunConfig, model: nn.Module, examples: int) -> SamplePlan | 
 
 
 def train_one(
-    cfg: RunConfig, bundle: ModelBundle, task: Task, train: list[dict], plan: SamplePlan | None, **hooks
+    cfg: RunConfig,
+    bundle: ModelBundle,
+    task: Task,
+    train: list[dict],
+    plan: SamplePlan | None,
+    blocks: StepBlocks | None = None,
 ) -> dict[str, float]:
     """``cfg``'s local steps (its steps, lr and seed) on ``train`` with ``plan``: the one client's
-    training; ``hooks`` go to :func:`local_update` (``before_steps``, ``block``)."""
+    training; ``blocks`` go to :func:`local_update` (the ledger's charge before each block)."""
     return local_update(
-        bundle.model,
-        task,
-        train,
+        Trainee(bundle.model, task, train, bundle.device),
         cfg,
-        steps=cfg.local_steps,
-        lr=cfg.lr,
+        plan,
         seed=cfg.seed,
-        device=bundle.device,
-        plan=plan,
+        blocks=blocks,
         desc=f"local {cfg.optimizer_kind}",
-        **hooks,
     )
 
 

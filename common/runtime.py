@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from common.config import RunConfig
-from common.data import FederatedSplit, federated_split
+from common.data import FederatedSplit, SplitSettings, federated_split
 from common.data.files import Columns
 from common.device import resolve_device
 from common.errors import FedloraError
@@ -24,9 +24,7 @@ def lora_spec(cfg: RunConfig) -> LoraSpec:
 def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit:
     """The seeded test set and client shards (``num_clients`` defaults to the config's); computed
     once per process for the same settings (every client of a simulation asks for the same split)."""
-    return _split(
-        cfg.dataset,
-        num_clients or cfg.num_clients,
+    settings = SplitSettings(
         method=cfg.partition,
         alpha=cfg.dirichlet_alpha,
         test_fraction=cfg.test_fraction,
@@ -36,6 +34,7 @@ def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit
         public_fraction=cfg.public_fraction,
         columns=columns_of(cfg),
     )
+    return _split(cfg.dataset, num_clients or cfg.num_clients, settings)
 
 
 def columns_of(cfg: RunConfig) -> Columns:
@@ -44,8 +43,8 @@ def columns_of(cfg: RunConfig) -> Columns:
 
 
 @lru_cache(maxsize=8)
-def _split(dataset: str, num_clients: int, **settings: object) -> FederatedSplit:
-    split = federated_split(dataset, num_clients, **settings)
+def _split(dataset: str, num_clients: int, settings: SplitSettings) -> FederatedSplit:
+    split = federated_split(dataset, num_clients, settings)
     for array in (split.test, split.public, *split.clients):  # shared by every caller: read-only
         array.setflags(write=False)
     return split

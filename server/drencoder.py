@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -45,12 +46,15 @@ from common.config import RunConfig
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState
-from common.privacy.ledger import Charge, Ledger
+from common.privacy.ledger import Charge
 from common.privacy.mechanism import GaussianMechanism, RoundSum
 from common.privacy.plan import STATS_ROUND, NoisePlan, uncovered
 from common.wire import InvalidReply, StatsQuery, parse_stats_reply
 from server.exchange import exchange
 from server.public_prior import fit_public_basis, load_basis, public_increments, refit_round
+
+if TYPE_CHECKING:  # server/releases imports this module (its dr-encoder release): annotations only
+    from server.releases.base import RunHandles
 
 log = logging.getLogger("fedlora.server")
 
@@ -147,25 +151,18 @@ def ae_latent_size(config: AeConfig, layout: Layout) -> int:
 
 
 def prepare_codec(
-    grid: Grid,
-    cfg: RunConfig,
-    run_dir: Path,
-    nodes: Sequence[int],
-    state: AdapterState,
-    ledger: Ledger | None,
-    run_id: str,
-    log_record: Callable[[dict], None],
-    echo: Callable[[str], None],
-    evaluator=None,
+    grid: Grid, cfg: RunConfig, nodes: Sequence[int], state: AdapterState, run: RunHandles
 ) -> tuple[ServerCodec, dict]:
-    """Statistics, autoencoder and codec of the run (reused from ``run_dir`` on resume); returns the
+    """Statistics, autoencoder and codec of the run (reused from ``run.run_dir`` on resume; the
+    statistics round charged to ``run.ledger``, the phases logged through ``run.log``); returns the
     codec and a summary (payload bytes, AE version, latent size, compression). ``pca``: no statistics
-    round; the basis is fitted on the server's public increments (``evaluator``: the server's model
-    and public split) before round 1 and broadcast like an encoder."""
+    round; the basis is fitted on the server's public increments (``run.evaluator``: the server's
+    model and public split) before round 1 and broadcast like an encoder."""
+    run_dir, ledger, echo = run.run_dir, run.ledger, run.echo
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     factors = {k: s for k, s in shapes.items() if is_factor(k)}
     if cfg.codec_spec.fitted_on_public:  # pca: a basis of public increments
-        codec, info = _public_codec(cfg, Layout.from_shapes(factors, 1), state, run_dir, evaluator, echo)
+        codec, info = _public_codec(cfg, Layout.from_shapes(factors, 1), state, run)
         return _announce(cfg, codec, codec.version, shapes, info, pca_payload(codec), echo)
     ae_config = AE_CONFIGS[cfg.ae_size]()
     layout = Layout.from_shapes(factors, ae_config.downsample)
@@ -176,22 +173,22 @@ def prepare_codec(
             echo(f"autoencoder {version} (public prior): reused from {fitted[1]}")
             info = {"prior": f"public (reused from {fitted[1]})"}
         else:
-            trained, version, info = fit_public_ae(cfg, ae_config, layout, state, run_dir, evaluator, 1, echo)
-            log_record({"round": STATS_ROUND, "phase": "autoencoder", **info})
+            trained, version, info = fit_public_ae(cfg, ae_config, layout, state, 1, run)
+            run.log({"round": STATS_ROUND, "phase": "autoencoder", **info})
         codec = make_codec(cfg.codec, trained=trained)
         return _announce(cfg, codec, version, shapes, info, encoder_payload(trained, version), echo)
     stats_path = run_dir / STATS_FILE
     if stats_path.exists():
         stats_list, info = load_stats(stats_path, factors), {"stats": "reused from " + str(stats_path)}
     else:
-        stats_list, info = _stats_round(grid, cfg, nodes, state, factors, ledger, run_id, echo)
+        stats_list, info = _stats_round(grid, cfg, nodes, state, factors, run)
         save_stats(stats_path, stats_list)
         if ledger and cfg.stats_noise_multiplier > 0:
-            ledger.settle(run_id, STATS_ROUND, "applied", replied=len(stats_list))
-        log_record({"round": STATS_ROUND, "phase": "stats", **info})
+            ledger.settle(run.run_id, STATS_ROUND, "applied", replied=len(stats_list))
+        run.log({"round": STATS_ROUND, "phase": "stats", **info})
     encoder = None
     if cfg.codec_spec.trains_autoencoder:
-        trained, version = _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo)
+        trained, version = _autoencoder(cfg, ae_config, layout, stats_list, run)
         codec = make_codec(cfg.codec, trained=trained)
         encoder = encoder_payload(trained, version)
     else:
@@ -237,9 +234,10 @@ def _announce(
     return ServerCodec(codec, version, cfg.seed, encoder, cfg.encode_at), info
 
 
-def _public_codec(cfg, layout, state, run_dir, evaluator, echo) -> tuple[Codec, dict]:
-    """The ``pca`` codec fitted on public increments from ``state`` (reused from ``run_dir`` on resume)."""
-    path = run_dir / PCA_FILE
+def _public_codec(cfg: RunConfig, layout: Layout, state: AdapterState, run: RunHandles) -> tuple[Codec, dict]:
+    """The ``pca`` codec fitted on public increments from ``state`` (reused from ``run.run_dir`` on resume)."""
+    evaluator, echo = run.evaluator, run.echo
+    path = run.run_dir / PCA_FILE
     if path.exists():
         codec, _ = load_basis(path, layout)
         echo(f"codec pca {codec.version}: reused from {path}")
@@ -256,19 +254,13 @@ def _public_codec(cfg, layout, state, run_dir, evaluator, echo) -> tuple[Codec, 
 
 
 def refresh_public_codec(
-    coder: ServerCodec,
-    fitted: int | None,
-    cfg: RunConfig,
-    rnd: int,
-    state: AdapterState,
-    run_dir: Path,
-    evaluator,
-    echo: Callable[[str], None],
+    coder: ServerCodec, fitted: int | None, cfg: RunConfig, rnd: int, state: AdapterState, run: RunHandles
 ) -> tuple[ServerCodec, int]:
     """``(coder, fitted)`` unchanged, or the public-prior codec (``pca``, or ``ae`` on the public prior)
     refitted from ``state`` when round ``rnd`` is due one (every ``prior-refresh`` rounds from round 1,
     as the public subspace). ``fitted``: the round the current codec was fitted for (None: read it from
-    the run directory)."""
+    the run directory, ``run.run_dir``)."""
+    run_dir, evaluator, echo = run.run_dir, run.evaluator, run.echo
     layout = coder.codec.layout
     path = run_dir / PCA_FILE
     if fitted is None:
@@ -282,24 +274,19 @@ def refresh_public_codec(
         version, payload = codec.version, pca_payload(codec)
     else:
         ae_config = AE_CONFIGS[cfg.ae_size]()
-        trained, version, _ = fit_public_ae(cfg, ae_config, layout, state, run_dir, evaluator, rnd, echo)
+        trained, version, _ = fit_public_ae(cfg, ae_config, layout, state, rnd, run)
         codec, payload = make_codec(cfg.codec, trained=trained), encoder_payload(trained, version)
     echo(f"round {rnd}: codec {cfg.codec} refitted on {cfg.public_increments} public increments ({version})")
     return ServerCodec(codec, version, cfg.seed, payload, cfg.encode_at), rnd
 
 
 def fit_public_ae(
-    cfg: RunConfig,
-    ae_config: AeConfig,
-    layout: Layout,
-    state: AdapterState,
-    run_dir: Path,
-    evaluator,
-    rnd: int,
-    echo: Callable[[str], None],
+    cfg: RunConfig, ae_config: AeConfig, layout: Layout, state: AdapterState, rnd: int, run: RunHandles
 ) -> tuple[TrainedAe, str, dict]:
     """The autoencoder trained on ``cfg.public_increments`` public increments from ``state`` (the
-    ``public`` prior), saved as ``autoencoder-public-r<rnd>.safetensors``; ``(trained, version, record)``."""
+    ``public`` prior, on ``run.evaluator``'s public split), saved in ``run.run_dir`` as
+    ``autoencoder-public-r<rnd>.safetensors``; ``(trained, version, record)``."""
+    evaluator, echo = run.evaluator, run.echo
     if evaluator is None:
         raise FedloraError("--ae-prior public needs the server's public data (an evaluator)")
     device = resolve_device(cfg.device)  # before the public increments: a bad --device fails first
@@ -309,7 +296,7 @@ def fit_public_ae(
     trained = train_autoencoder(
         ae_config, layout, [empirical_stats(layout, samples)], ae_train_config(cfg), device, samples
     )
-    version = save_checkpoint(run_dir / PUBLIC_AE_FILE.format(round=rnd), trained)
+    version = save_checkpoint(run.run_dir / PUBLIC_AE_FILE.format(round=rnd), trained)
     prior = public_prior_text(cfg)
     record = _training_record(cfg, trained, version, time.monotonic() - t0)
     echo(
@@ -344,10 +331,11 @@ def _stats_round(
     nodes: Sequence[int],
     state: AdapterState,
     factors: Mapping[str, tuple[int, ...]],
-    ledger: Ledger | None,
-    run_id: str,
-    echo: Callable[[str], None],
+    run: RunHandles,
 ) -> tuple[list[Stats], dict]:
+    """The ``query.gradstats`` round to ``nodes`` (its release noted or charged to ``run.ledger``
+    first); the usable statistics and the phase's record."""
+    ledger, run_id, echo = run.ledger, run.run_id, run.echo
     t0 = time.monotonic()
     noise_std = cfg.stats_noise_std
     for rnd, what in uncovered(cfg) if ledger else []:  # recorded before the query, like a charge
@@ -420,9 +408,11 @@ def _stats_round(
     return stats_list, info
 
 
-def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
+def _autoencoder(
+    cfg: RunConfig, ae_config: AeConfig, layout: Layout, stats_list: Sequence[Stats], run: RunHandles
+) -> tuple[TrainedAe, str]:
     """Load the run's autoencoder, or train and save it; ``(trained, version)``."""
-    path = run_dir / AE_FILE
+    echo, path = run.echo, run.run_dir / AE_FILE
     if path.exists():
         trained, version = _load_ae(path, cfg, ae_config, layout)
         echo(f"autoencoder {version}: reused from {path}")
@@ -432,7 +422,7 @@ def _autoencoder(cfg, ae_config, layout, stats_list, run_dir, log_record, echo):
     trained = train_autoencoder(ae_config, layout, stats_list, ae_train_config(cfg), device)
     version = save_checkpoint(path, trained)
     record = _training_record(cfg, trained, version, time.monotonic() - t0)
-    log_record({"round": STATS_ROUND, "phase": "autoencoder", **record})
+    run.log({"round": STATS_ROUND, "phase": "autoencoder", **record})
     echo(
         f"autoencoder {version}: {cfg.ae_size}, {cfg.ae_steps} steps in {record['seconds']:.0f} s, "
         f"loss {record['final_loss']:.4g}"

@@ -41,7 +41,7 @@ from server.model_card import model_card
 from server.optimizers import ServerOptimizer, ServerOptimizerSpec
 from server.public_prior import PublicSubspace
 from server.releases import Release, RunHandles, make_release
-from server.round import RoundRecord, run_round
+from server.round import RoundContext, RoundRecord, run_round
 from server.run_dir import RunDir
 from server.sampling import os_sampler, poisson_sample
 from server.summary import data_used, format_summary
@@ -102,6 +102,12 @@ class FederationRun:
     def metric(self) -> str:
         """The held-out metric's name (the task's)."""
         return self.evaluator.task.metric
+
+    def round_context(self) -> RoundContext:
+        """What :func:`server.round.run_round` needs of the run (the aggregate projected onto the
+        public subspace, if any)."""
+        post = self.subspace.project if self.subspace else None
+        return RoundContext(self.grid, self.release, self.cfg, self.shapes, self.optimizer, post)
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
@@ -218,10 +224,7 @@ def _train(run: FederationRun, rnd: int, sampled: list[int]) -> RoundRecord:
     run.release.before_round(rnd, run.state, run.echo)
     if run.subspace:
         run.subspace.refresh(rnd, run.state, run.echo)
-    post = run.subspace.project if run.subspace else None
-    run.state, result = run_round(
-        run.grid, run.release, run.cfg, rnd, sampled, run.state, run.shapes, run.optimizer, post
-    )
+    run.state, result = run_round(run.round_context(), rnd, sampled, run.state)
     return result
 
 

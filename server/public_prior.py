@@ -30,7 +30,7 @@ from autoencoder.layout import Layout
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_state, load_adapter_state
-from common.tasks.training import train_steps
+from common.tasks.training import StepSchedule, Trainee, train_steps
 
 BASIS_FILE = "public-subspace.safetensors"
 
@@ -50,16 +50,9 @@ def public_increments(
         load_adapter_state(bundle.model, state)
         seed = int(np.random.SeedSequence([cfg.seed, 0x9B1, i]).generate_state(1)[0])
         train_steps(
-            bundle.model,
-            task,
-            examples,
-            steps=cfg.local_steps,
-            batch_size=cfg.batch_size,
-            lr=cfg.lr,
-            seed=seed,
-            device=bundle.device,
+            Trainee(bundle.model, task, examples, bundle.device),
+            StepSchedule.of(cfg, seed),
             desc="public increments",
-            optimizer=cfg.client_optimizer,
         )
         now = adapter_state(bundle.model)
         rows.append(layout.to_vector({k: now[k] - state[k] for k in layout.names}).float().cpu())

@@ -64,21 +64,35 @@ class RoundRecord:
         return values
 
 
+@dataclass(frozen=True)
+class RoundContext:
+    """What every round of a run goes through (server/federation.py builds it from its
+    :class:`~server.federation.FederationRun`).
+
+    grid: the Flower grid the instructions and replies go through.
+    release: the run's client-level release (what a round asks, checks and sums).
+    cfg: the run's configuration (round timeout, min replies, server lr, whether private).
+    shapes: name -> shape of the adapter's tensors (the release maps them to the replies' shapes).
+    optimizer: the server optimizer; None: ``state + server-lr · mean``.
+    post: applied to the released mean before the optimizer (the public-subspace projection); None: nothing.
+    """
+
+    grid: Grid
+    release: Release
+    cfg: RunConfig
+    shapes: dict[str, tuple[int, ...]]
+    optimizer: ServerOptimizer | None = None
+    post: Callable[[AdapterState], AdapterState] | None = None
+
+
 def run_round(
-    grid: Grid,
-    release: Release,
-    cfg: RunConfig,
-    rnd: int,
-    sampled: Sequence[int],
-    state: AdapterState,
-    shapes: dict[str, tuple[int, ...]],
-    optimizer: ServerOptimizer | None = None,
-    post: Callable[[AdapterState], AdapterState] | None = None,
+    ctx: RoundContext, rnd: int, sampled: Sequence[int], state: AdapterState
 ) -> tuple[AdapterState, RoundRecord]:
     """Send round ``rnd`` to the ``sampled`` nodes, validate their replies, apply the aggregate of the
-    usable ones when there are at least ``cfg.min_replies`` (``post`` applied to the released mean
-    first, e.g. the public-subspace projection; then ``optimizer``, None: ``state + server-lr · mean``);
+    usable ones when there are at least ``cfg.min_replies`` (``ctx.post`` applied to the released mean
+    first, e.g. the public-subspace projection; then ``ctx.optimizer``, None: ``state + server-lr · mean``);
     ``state`` is never changed in place."""
+    grid, release, cfg, optimizer, post = ctx.grid, ctx.release, ctx.cfg, ctx.optimizer, ctx.post
     k = len(sampled)
     messages = [
         Message(
@@ -100,7 +114,7 @@ def run_round(
     record.bytes_down = sum(
         r.count_bytes() for m in messages for r in m.content.values() if hasattr(r, "count_bytes")
     )
-    expected, reply_shapes = release.expected(k), release.reply_shapes(shapes)
+    expected, reply_shapes = release.expected(k), release.reply_shapes(ctx.shapes)
     total, losses, answered = release.round_sum(k), [], set()
     if post is not None:
         total = PostProcessed(total, post)
@@ -169,4 +183,4 @@ def accept_reply(
     return inc, weight, extra
 
 
-__all__ = ["RoundRecord", "accept_reply", "run_round"]
+__all__ = ["RoundContext", "RoundRecord", "accept_reply", "run_round"]

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from client.dp.engine import DpSteps, dp_train
+from client.dp.engine import DenseUpdate, DpSteps, dp_train
 from client.dp.optimizers import make_dp_optimizer
 from common.config import RunConfig
 from common.device import resolve_device
@@ -40,6 +40,7 @@ from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
 from common.runtime import open_model, open_split
 from common.tasks import make_task
+from common.tasks.training import Trainee
 
 
 def _rss_kb(field: str) -> int:
@@ -118,13 +119,14 @@ def step_ops(
 ) -> dict[str, int]:
     """Aten ops of one DP step per method on ``model`` (fresh optimizers, one warm-up step each)."""
     plan = one_step(len(examples))
+    trainee, dense = Trainee(model, task, examples, device), DenseUpdate(cfg.lr)
     out = {}
     for m in methods:
         opt = make_dp_optimizer(m, lora_layers(model), cfg.lr)
 
         def step(opt=opt, m=m):
             rngs = (np.random.default_rng(0), torch.Generator(device=device).manual_seed(0))
-            dp_train(model, task, examples, opt, plan, lr=cfg.lr, device=device, rngs=rngs, desc=m)
+            dp_train(trainee, opt, plan, dense, rngs=rngs, desc=m)
 
         step()
         out[m] = count_ops(step)
@@ -146,6 +148,7 @@ def step_costs(
     if len(examples) < batch:
         raise RuntimeError(f"only {len(examples)} full-length blocks of {cfg.max_length} tokens")
     plan = one_step(batch)
+    trainee, dense = Trainee(model, task, examples, device), DenseUpdate(cfg.lr)
     opts = {m: make_dp_optimizer(m, lora_layers(model), cfg.lr) for m in methods}
     rngs = (np.random.default_rng(0), torch.Generator(device=device).manual_seed(0))
     samples: dict[str, dict[str, list[float]]] = {
@@ -155,7 +158,7 @@ def step_costs(
         for m in methods:
             before = _reset_peak(device)
             start = time.perf_counter()
-            dp_train(model, task, examples, opts[m], plan, lr=cfg.lr, device=device, rngs=rngs, desc=m)
+            dp_train(trainee, opts[m], plan, dense, rngs=rngs, desc=m)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,8 +27,8 @@ from client.dp.grad_sample import GradSampler
 from client.dp.optimizers import LoraDpOptimizer, update_rule
 from client.dp.prism import clip_coefficients
 from common.models.lora import dense_trainables
-from common.tasks import Task
 from common.tasks.base import by_length, chunks
+from common.tasks.training import Trainee
 
 log = logging.getLogger("fedlora.client")
 
@@ -47,6 +47,26 @@ class DpSteps:
     noise_multiplier: float
     microbatch: int = 16
     expected_batch: float = 0.0
+
+
+@dataclass(frozen=True)
+class DenseUpdate:
+    """How DP steps move the dense trainables (a classification head), which every LoRA optimizer
+    leaves to the engine: factor-space DP, then ``rule`` (``adamw`` or ``sgd``,
+    client/dp/optimizers.update_rule) at learning rate ``lr``."""
+
+    lr: float
+    rule: str = "adamw"
+
+
+@dataclass(frozen=True)
+class StepBlocks:
+    """DP steps run in blocks of ``size`` steps (0: all in one block); ``before(first, count)`` is
+    called before each block with its first step (0-based) and its number of steps: the caller
+    charges its ledger there, before the steps release anything."""
+
+    before: Callable[[int, int], None]
+    size: int = 0
 
 
 def poisson_batch(n: int, q: float, rng: np.random.Generator) -> np.ndarray:
@@ -86,45 +106,38 @@ class _DenseDp:
 
 
 def dp_train(
-    model: nn.Module,
-    task: Task,
-    examples: Sequence[dict],
+    trainee: Trainee,
     optimizer: LoraDpOptimizer,
     plan: DpSteps,
+    dense: DenseUpdate,
     *,
-    lr: float,
-    device: torch.device,
     rngs: tuple[np.random.Generator, torch.Generator] | None = None,
-    before_steps: Callable[[int, int], None] | None = None,
-    block: int = 0,
+    blocks: StepBlocks | None = None,
     desc: str = "DP steps",
-    dense_rule: str = "adamw",
 ) -> dict[str, float]:
-    """Run ``plan.steps`` DP steps; returns ``steps``, ``examples-used`` and ``empty-batches``.
-    ``dense_rule``: the update rule of the dense trainables (``adamw`` or ``sgd``).
-
-    ``before_steps(first, count)`` is called before each block of ``block`` steps (0 = all at once):
-    the caller charges its ledger there, before the steps run.
-    """
+    """Run ``plan.steps`` DP steps on ``trainee``; returns ``steps``, ``examples-used`` and
+    ``empty-batches``. ``optimizer`` moves the LoRA factors, ``dense`` the dense trainables;
+    ``blocks``: a call before each block of steps (None: none)."""
+    model, task, examples, device = trainee.model, trainee.task, trainee.examples, trainee.device
     if len(examples) == 0:
         raise ValueError("no training examples")
     rng, generator = rngs or os_rngs(device)
-    dense = _DenseDp(model, lr, dense_rule)
+    dense_dp = _DenseDp(model, dense.lr, dense.rule)
     denom = plan.expected_batch or plan.sample_rate * len(examples)  # expected batch size
     noise_std = plan.noise_multiplier * plan.clip
     used, empty = 0, 0
-    block = block or plan.steps
+    block = (blocks.size if blocks else 0) or plan.steps
     layer_io = getattr(optimizer, "needs_layer_io", False)  # wishart: inputs and output gradients
     trains_dense = getattr(optimizer, "trains_dense", True)
     model.train()
     with GradSampler(model) as sampler:
         for step in tqdm(range(plan.steps), desc=desc, leave=False, disable=None):
-            if before_steps is not None and step % block == 0:
-                before_steps(step, min(block, plan.steps - step))
+            if blocks is not None and step % block == 0:
+                blocks.before(step, min(block, plan.steps - step))
             idx = poisson_batch(len(examples), plan.sample_rate, rng)
             selecting = getattr(optimizer, "selecting", False)
             optimizer.begin()
-            dense.begin()
+            dense_dp.begin()
             for part in chunks(by_length(idx, examples), plan.microbatch):
                 batch = task.collate([examples[i] for i in part], device)
                 task.per_example_loss(model, batch).sum().backward()
@@ -136,10 +149,10 @@ def dp_train(
                     sq = sq + g.flatten(1).square().sum(1)
                 alpha = clip_coefficients([sq], plan.clip)
                 optimizer.accumulate(grads, alpha)
-                dense.accumulate(dense_grads, alpha)
+                dense_dp.accumulate(dense_grads, alpha)
             optimizer.step(noise_std, denom, generator)
             if trains_dense and not selecting:  # SPARTA's selection steps move nothing, the head included
-                dense.step(noise_std, denom, generator)
+                dense_dp.step(noise_std, denom, generator)
             used += len(idx)
             empty += len(idx) == 0
     model.eval()

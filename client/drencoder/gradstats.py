@@ -17,36 +17,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from autoencoder.synthetic import H1, export_all, pack_stats, track, update_all
 from client.increment import increment
 from common.models import adapter_state
 from common.privacy.release import clip_and_noise
-from common.tasks import Task
-from common.tasks.training import train_steps
+from common.tasks.training import StepSchedule, Trainee, train_steps
 
 
 def local_stats(
-    model: nn.Module,
-    task: Task,
-    examples: Sequence[dict],
+    trainee: Trainee,
+    schedule: StepSchedule,
     *,
     factors: Sequence[str],
     granularity: str,
     form: str = "raw",
     floor: float = H1,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seed: int,
-    device: torch.device,
-    optimizer: str = "adamw",
 ) -> Tensor:
     """Moments ``(F, 2, w)`` of ``factors`` (increments in ``form``, Algorithm 1 floor h1 = ``floor``) in
-    sorted-name order (:func:`autoencoder.synthetic.pack_stats`) after ``steps`` steps of the clients'
-    ``optimizer`` (adamw or sgd: the increments their train rounds make); the model is left trained
-    (a train round reloads the global state)."""
+    sorted-name order (:func:`autoencoder.synthetic.pack_stats`) after the clients' local steps
+    ``schedule`` (its optimizer adamw or sgd: the increments their train rounds make); the model is
+    left trained (a train round reloads the global state)."""
+    model = trainee.model
     names = sorted(factors)
     start = {k: adapter_state(model)[k].detach().clone() for k in names}
     stats = track({k: tuple(v.shape) for k, v in start.items()}, floor=floor)
@@ -55,19 +48,7 @@ def local_stats(
         now = adapter_state(model)
         update_all(stats, increment({k: now[k].detach() for k in start}, start, form))
 
-    train_steps(
-        model,
-        task,
-        examples,
-        steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        seed=seed,
-        device=device,
-        desc="statistics",
-        after_step=record,
-        optimizer=optimizer,
-    )
+    train_steps(trainee, schedule, desc="statistics", after_step=record)
     return pack_stats(export_all(stats, granularity, debias=True), names).cpu()
 
 

@@ -24,6 +24,7 @@ from common.models.lora import LoraTargetsError
 from common.models.registry import MODELS
 from common.runtime import base_precision, columns_of, lora_spec, open_model, open_split
 from common.tasks import Task, make_task
+from common.tasks.training import Trainee
 
 DATA_PATH, MODEL_PATH = "data-path", "model-path"
 
@@ -33,6 +34,11 @@ class Shard:
     bundle: ModelBundle
     task: Task
     examples: list[dict]
+
+    @property
+    def trainee(self) -> Trainee:
+        """The shard's model trained on its examples, on the model's device."""
+        return Trainee(self.bundle.model, self.task, self.examples, self.bundle.device)
 
 
 def partition_of(node_config: dict, cfg: RunConfig) -> tuple[int, int]:

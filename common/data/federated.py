@@ -32,22 +32,39 @@ class FederatedSplit:
         return [self.corpus.labels[i] for i in idx]
 
 
+@dataclass(frozen=True)
+class SplitSettings:
+    """How :func:`federated_split` splits a corpus (hashable: a process computes each split once).
+
+    method: how the training pool is partitioned over the clients (common/data/split.py:
+        ``iid``, ``dirichlet`` over labels, ``natural`` by user).
+    alpha: the Dirichlet concentration of ``dirichlet`` (smaller: more skewed label mixes).
+    test_fraction: share of the corpus held out as the test set, in [0, 1) (ignored when the
+        corpus has its own test split).
+    max_train: cap on the training pool's examples, 0 = none.
+    max_test: cap on the test set's examples, 0 = none.
+    seed: seeds the test split, the public share, the caps and the partition.
+    public_fraction: share of the training pool that becomes the server's public data, 0 = none.
+    columns: the text, label and user columns of a data owner's file (and ``--partition-by``).
+    """
+
+    method: str = "dirichlet"
+    alpha: float = 1.0
+    test_fraction: float = 0.2
+    max_train: int = 0
+    max_test: int = 0
+    seed: int = 0
+    public_fraction: float = 0.0
+    columns: Columns = DEFAULT_COLUMNS
+
+
 def federated_split(
-    dataset: str,
-    num_clients: int,
-    *,
-    method: str = "dirichlet",
-    alpha: float = 1.0,
-    test_fraction: float = 0.2,
-    max_train: int = 0,
-    max_test: int = 0,
-    seed: int = 0,
-    public_fraction: float = 0.0,
-    columns: Columns = DEFAULT_COLUMNS,
+    dataset: str, num_clients: int, settings: SplitSettings = SplitSettings()
 ) -> FederatedSplit:
-    """Seeded split: ``public_fraction`` of the training pool becomes the server's public data (for a
-    corpus that names ``public_groups``, e.g. shakespeare's held-out plays: exactly those units, which
-    are then never client or test data whatever the fraction), then
+    """Seeded split (the fields named below are ``settings``'): ``public_fraction`` of the training
+    pool becomes the server's public data (for a corpus that names ``public_groups``, e.g.
+    shakespeare's held-out plays: exactly those units, which are then never client or test data
+    whatever the fraction), then
     the test set is capped at ``max_test`` and the rest of the pool at ``max_train`` (0 = no cap)
     before partitioning it over ``num_clients``. All copies of a text (equal ``text_key``) go
     where its first occurrence in the corpus goes, so test, public and client data share no text;
@@ -55,6 +72,9 @@ def federated_split(
     A corpus with its own test split (:attr:`Corpus.given_test`, a dataset directory's test file)
     keeps exactly those rows as the test set (``test_fraction`` is ignored; ``max_test`` still caps
     it) and the other rows, less any copy of a test text, as the training pool."""
+    method, alpha, seed, columns = settings.method, settings.alpha, settings.seed, settings.columns
+    test_fraction, public_fraction = settings.test_fraction, settings.public_fraction
+    max_train, max_test = settings.max_train, settings.max_test
     corpus = open_corpus(dataset, columns)
     groups = corpus_groups(corpus)
     public = np.zeros(0, dtype=np.int64)

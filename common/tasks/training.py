@@ -3,47 +3,79 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from common.config import RunConfig
 from common.tasks.base import Task, by_length, chunks, sample_batches
 
 
+@dataclass(frozen=True)
+class Trainee:
+    """What local steps train, on what and where (the non-private steps here, the DP steps of
+    client/dp/engine.py, the DR-Encoder statistics of client/drencoder/gradstats.py).
+
+    model: the model; its trainable parameters (``requires_grad``) are updated in place.
+    task: collates examples into a batch on ``device`` and gives the per-example loss.
+    examples: the training examples (the task's encoded dicts), drawn by index.
+    device: the model's device, where every batch is placed.
+    """
+
+    model: nn.Module
+    task: Task
+    examples: Sequence[dict]
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """Non-private local steps: ``steps`` steps of ``optimizer`` (``adamw``: AdamW from a fresh
+    state, no weight decay; ``sgd``: plain SGD) at learning rate ``lr``, each on ``batch_size``
+    examples (at most all of them) drawn by :func:`common.tasks.base.sample_batches` from ``seed``
+    (which also seeds torch), computed in length-sorted micro-batches of ``microbatch`` examples."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+    optimizer: str = "adamw"
+    microbatch: int = 32
+
+    @classmethod
+    def of(cls, cfg: RunConfig, seed: int) -> StepSchedule:
+        """The clients' local recipe of ``cfg`` (its local steps, batch size, lr and
+        ``--client-optimizer``) from ``seed``."""
+        return cls(cfg.local_steps, cfg.batch_size, cfg.lr, seed, cfg.client_optimizer)
+
+
 def train_steps(
-    model: nn.Module,
-    task: Task,
-    examples: Sequence[dict],
+    trainee: Trainee,
+    schedule: StepSchedule,
     *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seed: int,
-    device: torch.device,
     desc: str = "local steps",
     after_step: Callable[[], None] | None = None,
-    optimizer: str = "adamw",
-    microbatch: int = 32,
 ) -> dict[str, float]:
-    """Run ``steps`` steps of ``optimizer`` (AdamW from a fresh state, or plain SGD) on batches of
-    ``examples``; returns the mean training loss. ``after_step()`` runs after each step (the
-    DR-Encoder statistics). A batch is computed in length-sorted pieces of ``microbatch`` examples
-    (the same gradient as one padded batch, less padding and memory)."""
+    """Run ``schedule`` on ``trainee``; returns the mean training loss. ``after_step()`` runs after
+    each step (the DR-Encoder statistics). A batch is computed in length-sorted pieces of
+    ``schedule.microbatch`` examples (the same gradient as one padded batch, less padding and memory)."""
+    model, examples, s = trainee.model, trainee.examples, schedule
     params = [p for p in model.parameters() if p.requires_grad]
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=lr)
+    if s.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=s.lr)
     else:
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    rng = np.random.default_rng(seed)
-    torch.manual_seed(seed)
+        opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0)
+    rng = np.random.default_rng(s.seed)
+    torch.manual_seed(s.seed)
     model.train()
     losses = []
-    batches = sample_batches(len(examples), min(batch_size, len(examples)), steps, rng)
-    for idx in tqdm(batches, total=steps, desc=desc, leave=False, disable=None):
+    batches = sample_batches(len(examples), min(s.batch_size, len(examples)), s.steps, rng)
+    for idx in tqdm(batches, total=s.steps, desc=desc, leave=False, disable=None):
         opt.zero_grad(set_to_none=True)
-        losses.append(mean_loss_backward(model, task, examples, idx, device, microbatch))
+        losses.append(mean_loss_backward(model, trainee.task, examples, idx, trainee.device, s.microbatch))
         opt.step()
         if after_step is not None:
             after_step()
@@ -65,4 +97,4 @@ def mean_loss_backward(
     return total
 
 
-__all__ = ["mean_loss_backward", "train_steps"]
+__all__ = ["StepSchedule", "Trainee", "mean_loss_backward", "train_steps"]

@@ -73,6 +73,7 @@ from server.evaluation import Evaluator
 from server.exchange import exchange
 from server.inprocess import InProcessGrid, load_component
 from server.public_prior import public_increments
+from server.releases import RunHandles
 from server.simulate import CLIENT_APP, add_config_arguments, config_from_args
 
 ORDERS = ("client", "decode-then-aggregate", "aggregate-then-decode")
@@ -183,19 +184,9 @@ def build_coders(
     """Every codec as the server builds it (``ae`` first: its call runs the statistics round and trains
     the autoencoder; the others reuse the statistics saved in ``run_dir``); with the phase records."""
     records: list[dict] = []
+    handles = RunHandles(run_dir, None, "bench", records.append, echo, evaluator)  # no ledger: no charge
     coders = {
-        name: prepare_codec(
-            grid,
-            cfg.replace(codec=name),
-            run_dir,
-            nodes,
-            state,
-            None,
-            "bench",
-            records.append,
-            echo,
-            evaluator,
-        )[0]
+        name: prepare_codec(grid, cfg.replace(codec=name), nodes, state, handles)[0]
         for name in sorted(CODECS, key=lambda n: not CODEC_REGISTRY[n].spec.trains_autoencoder)
         if not CODEC_REGISTRY[name].spec.fitted_on_public
     }

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import PRECISIONS
@@ -76,21 +77,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
 
-def _options(
-    preset: str, population: int, cohort: int, rounds: int, precision: str = "auto", workers: int = 0
-) -> dict[str, object]:
-    return {
-        "preset": preset,
-        "precision": precision,
-        **({"workers": workers} if workers else {}),
-        "mechanism": "fedavg",
-        "num-clients": population,
-        "sample-rate": min(1.0, cohort / population),
-        "rounds": rounds,
-        "local-steps": 1,
-        "eval-examples": 50,
-        "eval-every": rounds,
-    }
+@dataclass(frozen=True)
+class ScaleCase:
+    """One federation the bench measures: ``preset`` with ``population`` nodes, about ``cohort``
+    sampled per round (Poisson rate cohort / population), ``rounds`` rounds (the first is warm-up),
+    run by ``backend`` (``inprocess`` or ``ray``) with the frozen base at ``precision`` and
+    ``workers`` client worker processes (0: the preset's; in-process only)."""
+
+    preset: str
+    population: int
+    cohort: int
+    rounds: int
+    backend: str = "inprocess"
+    precision: str = "auto"
+    workers: int = 0
+
+    def options(self) -> dict[str, object]:
+        """The ``fedlora simulate`` options (or the Flower run config) of this federation."""
+        return {
+            "preset": self.preset,
+            "precision": self.precision,
+            **({"workers": self.workers} if self.workers else {}),
+            "mechanism": "fedavg",
+            "num-clients": self.population,
+            "sample-rate": min(1.0, self.cohort / self.population),
+            "rounds": self.rounds,
+            "local-steps": 1,
+            "eval-examples": 50,
+            "eval-every": self.rounds,
+        }
 
 
 def _inprocess(options: dict[str, object], out: Path) -> tuple[subprocess.CompletedProcess, float | None]:
@@ -123,21 +138,13 @@ def _ray(options: dict[str, object], out: Path) -> tuple[subprocess.CompletedPro
     return done, None
 
 
-def measure(
-    preset: str,
-    population: int,
-    cohort: int,
-    rounds: int,
-    work: Path,
-    backend: str = "inprocess",
-    precision: str = "auto",
-    workers: int = 0,
-) -> dict:
-    """One population in a fresh process; ``client_s`` and ``round_s`` over rounds 2..``rounds``."""
+def measure(case: ScaleCase, work: Path) -> dict:
+    """``case`` in a fresh process under ``work``; ``client_s`` and ``round_s`` over rounds 2..``rounds``."""
+    population, backend, precision, workers = case.population, case.backend, case.precision, case.workers
     out = work / f"{backend}-n{population}-{precision}-w{workers}"
     start = time.monotonic()
     runner = _ray if backend == "ray" else _inprocess
-    done, peak = runner(_options(preset, population, cohort, rounds, precision, workers), out)
+    done, peak = runner(case.options(), out)
     if done.returncode != 0 or not (out / "metrics.jsonl").exists():
         lines = [x for x in (done.stderr + done.stdout).strip().splitlines() if "peak-rss-kib" not in x]
         raise FedloraError(f"population {population} ({backend}): {(lines or ['failed'])[-1][:300]}")
@@ -193,18 +200,7 @@ def client_flops(preset: str, cohort: int) -> float:
     _, _, shard = node_shard({"partition-id": 0, "num-partitions": cfg.num_clients}, cfg)
     counter = FlopCounterMode(display=False)
     with counter:
-        local_update(
-            shard.bundle.model,
-            shard.task,
-            shard.examples,
-            cfg,
-            steps=1,
-            lr=cfg.lr,
-            seed=0,
-            device=shard.bundle.device,
-            plan=None,
-            desc="flops",
-        )
+        local_update(shard.trainee, cfg, None, seed=0, desc="flops")  # cfg: one local step
     return float(counter.get_total_flops())
 
 
@@ -224,9 +220,8 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         for n in populations:  # each in its own process: its own peak RSS
             for backend, precision, count in combos:
-                rows.append(
-                    measure(args.preset, n, args.cohort, args.rounds, Path(work), backend, precision, count)
-                )
+                case = ScaleCase(args.preset, n, args.cohort, args.rounds, backend, precision, count)
+                rows.append(measure(case, Path(work)))
                 print(f"N = {n}, {backend}, {precision}, workers {count}: {rows[-1]}", file=sys.stderr)
     peaks = {p: round(matmul_peak(resolve(p)), 1) for p in precisions}
     flops = client_flops(args.preset, args.cohort)

@@ -6,6 +6,7 @@ and broadcasts the encoder to nodes that lack it; replies are coded updates, dec
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from flwr.serverapp import Grid
 
@@ -23,18 +24,7 @@ class DrEncoderRelease(MechanismRelease):
     def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
         super().prepare(grid, nodes, state, run)
         self.run, self.fitted = run, None  # fitted: the round the pca basis was fitted for
-        self.coder, info = prepare_codec(
-            grid,
-            self.cfg,
-            run.run_dir,
-            nodes,
-            state,
-            run.ledger,
-            run.run_id,
-            run.log,
-            run.echo,
-            run.evaluator,
-        )
+        self.coder, info = prepare_codec(grid, self.cfg, nodes, state, run)
         return info
 
     def before_round(self, rnd: int, state: AdapterState, echo: Callable[[str], None]) -> None:
@@ -42,10 +32,8 @@ class DrEncoderRelease(MechanismRelease):
         global adapter every ``prior-refresh`` rounds (a new version: every node gets the new basis or
         encoder with its next instruction)."""
         if self.cfg.public_prior:
-            run = self.run
-            self.coder, self.fitted = refresh_public_codec(
-                self.coder, self.fitted, self.cfg, rnd, state, run.run_dir, run.evaluator, echo
-            )
+            run = replace(self.run, echo=echo)
+            self.coder, self.fitted = refresh_public_codec(self.coder, self.fitted, self.cfg, rnd, state, run)
 
     @property
     def codec(self) -> dict[str, object]:

@@ -12,7 +12,7 @@ import pytest
 
 from common.config import RunConfig
 from common.data.dedup import text_key
-from common.data.federated import federated_split, open_corpus
+from common.data.federated import SplitSettings, federated_split, open_corpus
 from common.data.files import Columns, is_file_dataset, load_file_corpus
 from common.errors import FedloraError
 from tests.conftest import run_cli
@@ -57,14 +57,16 @@ def test_the_test_file_is_the_test_set_and_training_holds_none_of_its_texts(data
     assert corpus.texts[121] == "test note 0: extra" and corpus.labels[126] == 2
     for seed, fraction in ((0, 0.2), (3, 0.9)):
         split = federated_split(
-            str(data_dir), 4, method="iid", seed=seed, test_fraction=fraction, columns=COLUMNS
+            str(data_dir), 4, SplitSettings(method="iid", seed=seed, test_fraction=fraction, columns=COLUMNS)
         )
         assert split.test.tolist() == list(range(121, 151))  # the test file's rows, whatever the fraction
         train = np.concatenate(split.clients)
         assert sorted(train.tolist()) == list(range(120))  # row 120 copies a test text: dropped
         test_keys = {text_key(t) for t in split.texts(split.test)}
         assert not test_keys & {text_key(t) for t in split.texts(train)}
-    split = federated_split(str(data_dir), 4, method="iid", public_fraction=0.25, columns=COLUMNS)
+    split = federated_split(
+        str(data_dir), 4, SplitSettings(method="iid", public_fraction=0.25, columns=COLUMNS)
+    )
     assert len(split.public) == 30 and len(np.concatenate(split.clients)) == 90
     assert split.test.tolist() == list(range(121, 151))
 
@@ -120,7 +122,7 @@ def test_a_training_pool_of_test_copies_only_is_refused(tmp_path):
     (folder / "train.csv").write_text("review,mood\nSame,x\nother,y\n")
     (folder / "test.csv").write_text("review,mood\nsame,x\nOTHER,y\n")
     with pytest.raises(FedloraError, match="every training text is also a test text"):
-        federated_split(str(folder), 1, columns=Columns("review", "mood"))
+        federated_split(str(folder), 1, SplitSettings(columns=Columns("review", "mood")))
 
 
 def test_the_help_says_what_a_directory_holds():

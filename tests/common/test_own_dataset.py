@@ -9,7 +9,7 @@ import json
 import pytest
 
 from client.node import sdk
-from common.data.federated import federated_split
+from common.data.federated import SplitSettings, federated_split
 from common.data.files import Columns, load_file_corpus
 from common.data.owner import read_jsonl
 from common.errors import FedloraError
@@ -35,7 +35,7 @@ def test_a_three_class_csv_reads_its_labels_and_users(tmp_path):
     assert corpus.label_names == ("angry", "calm", "sad") and corpus.task == "classification"
     assert len(corpus) == 200 and corpus.labels[:3] == (1, 0, 2) and len(set(corpus.users)) == 20
     split = federated_split(
-        str(path), 10, method="natural", seed=1, columns=Columns("review", "mood", "user")
+        str(path), 10, SplitSettings(method="natural", seed=1, columns=Columns("review", "mood", "user"))
     )
     owners = [{corpus.users[i] for i in c} for c in split.clients]
     assert len(split.clients) == 10 and all(len(o) == 1 for o in owners)  # one user per client

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from common.data import dirichlet_partition, federated_split, iid_partition, train_test_split
+from common.data import SplitSettings, dirichlet_partition, federated_split, iid_partition, train_test_split
 from common.data.dedup import text_groups
 from common.errors import FedloraError
 from common.presets import preset
@@ -61,8 +61,8 @@ def test_more_clients_than_examples_is_an_error():
 
 @pytest.mark.parametrize("method", ["iid", "dirichlet"])
 def test_the_public_split_never_overlaps_a_clients_data_or_the_test_set(method):
-    whole = federated_split("rotten-tomatoes", 7, method=method, seed=3)
-    split = federated_split("rotten-tomatoes", 7, method=method, seed=3, public_fraction=0.25)
+    whole = federated_split("rotten-tomatoes", 7, SplitSettings(method=method, seed=3))
+    split = federated_split("rotten-tomatoes", 7, SplitSettings(method=method, seed=3, public_fraction=0.25))
     clients = np.concatenate(split.clients)
     assert len(np.intersect1d(split.public, clients)) == 0
     assert len(np.intersect1d(split.public, split.test)) == 0
@@ -71,7 +71,7 @@ def test_the_public_split_never_overlaps_a_clients_data_or_the_test_set(method):
     np.testing.assert_array_equal(pool, np.sort(np.concatenate(whole.clients)))
     copies = np.count_nonzero(text_groups(split.corpus.texts)[pool] != pool)  # copies follow their first
     assert abs(len(split.public) - round(0.25 * len(pool))) <= copies
-    assert len(federated_split("rotten-tomatoes", 7, method=method, seed=3).public) == 0
+    assert len(federated_split("rotten-tomatoes", 7, SplitSettings(method=method, seed=3)).public) == 0
 
 
 @pytest.mark.parametrize("fraction", [-0.1, 0.6, 1.0])

@@ -11,7 +11,7 @@ import torch
 from flwr.app import Context, Message, RecordDict
 
 from client.dp import engine
-from client.dp.engine import DpSteps, dp_train
+from client.dp.engine import DenseUpdate, DpSteps, dp_train
 from client.dp.optimizers import make_dp_optimizer
 from client.node.shard import node_shard
 from common.config import to_flat
@@ -79,7 +79,7 @@ def test_per_example_contributions_are_clipped_in_fp32_under_bf16(monkeypatch):
     monkeypatch.setattr(engine, "clip_coefficients", spy_clip)
     opt.accumulate = spy_accumulate
     plan = DpSteps(steps=2, sample_rate=0.5, clip=SAMPLE_CLIP, noise_multiplier=1.0)
-    dp_train(model, shard.task, shard.examples, opt, plan, lr=1e-3, device=shard.bundle.device)
+    dp_train(shard.trainee, opt, plan, DenseUpdate(1e-3))
     assert seen and dtypes == {torch.float32}
     assert SAMPLE_CLIP * 0.5 < max(seen) <= SAMPLE_CLIP * (1 + 1e-5)
 

@@ -9,7 +9,7 @@ import pytest
 from common import assets
 from common.data import load_corpus
 from common.data.corpora import Corpus
-from common.data.federated import federated_split
+from common.data.federated import SplitSettings, federated_split
 from common.data.files import Columns
 from common.data.shakespeare import MIN_LINES, PUBLIC_PLAYS, parse_play, roles, shakespeare_corpus
 from common.errors import AssetMissingError, FedloraError
@@ -163,7 +163,7 @@ def test_corpus_groups_default_empty_and_must_align():
 def test_natural_partition_gives_each_client_one_role_and_holds_out_whole_plays():
     """Clients are single roles; test roles are never clients; the public plays appear in neither."""
     split = federated_split(
-        "shakespeare", 300, method="natural", test_fraction=0.1, seed=2, public_fraction=0.1
+        "shakespeare", 300, SplitSettings(method="natural", test_fraction=0.1, seed=2, public_fraction=0.1)
     )
     corpus = split.corpus
     assert len(split.clients) == 300 and all(len(c) == 1 for c in split.clients)
@@ -172,15 +172,21 @@ def test_natural_partition_gives_each_client_one_role_and_holds_out_whole_plays(
     public_plays = {corpus.groups[i] for i in split.public}
     assert public_plays == set(PUBLIC_PLAYS)
     assert all(corpus.groups[i] not in public_plays for i in (*train, *split.test))
-    unseeded = federated_split("shakespeare", 300, method="natural", test_fraction=0.1, seed=2)
+    unseeded = federated_split("shakespeare", 300, SplitSettings(method="natural", test_fraction=0.1, seed=2))
     assert len(unseeded.public) == 0 and all(corpus.groups[i] not in public_plays for i in unseeded.test)
     everyone = len(corpus) - len(split.public) - len(split.test)
     assert (
-        len(federated_split("shakespeare", everyone, method="natural", test_fraction=0.1, seed=2).clients)
+        len(
+            federated_split(
+                "shakespeare", everyone, SplitSettings(method="natural", test_fraction=0.1, seed=2)
+            ).clients
+        )
         == everyone
     )
     with pytest.raises(FedloraError, match="natural partition"):
-        federated_split("shakespeare", everyone + 1, method="natural", test_fraction=0.1, seed=2)
+        federated_split(
+            "shakespeare", everyone + 1, SplitSettings(method="natural", test_fraction=0.1, seed=2)
+        )
 
 
 def test_partition_by_play_makes_each_play_one_silo():
@@ -189,10 +195,7 @@ def test_partition_by_play_makes_each_play_one_silo():
     split = federated_split(
         "shakespeare",
         4,
-        method="natural",
-        test_fraction=0.2,
-        seed=0,
-        columns=Columns(user="play"),
+        SplitSettings(method="natural", test_fraction=0.2, seed=0, columns=Columns(user="play")),
     )
     corpus = split.corpus
     plays = [{corpus.groups[i] for i in c} for c in split.clients]
@@ -211,4 +214,4 @@ def test_partition_by_a_unit_the_dataset_lacks_is_one_line(dataset, named, says)
     with pytest.raises(
         FedloraError, match=f"--partition-by {named}: dataset {dataset} can be partitioned by {says}"
     ):
-        federated_split(dataset, 2, method="natural", columns=Columns(user=named))
+        federated_split(dataset, 2, SplitSettings(method="natural", columns=Columns(user=named)))

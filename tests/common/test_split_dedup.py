@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.data import DATASETS, federated_split, load_corpus
+from common.data import DATASETS, SplitSettings, federated_split, load_corpus
 from common.data import federated as federated_module
 from common.data.corpora import Corpus
 from common.data.dedup import keep_together, text_groups, text_key
@@ -46,7 +46,7 @@ def _split_ignoring_copies(corpus, num_clients, method, seed, test_fraction, pub
 @pytest.mark.parametrize("dataset", list(DATASETS))
 def test_packaged_corpora_share_no_text_between_test_public_and_clients(dataset):
     corpus = load_corpus(dataset)
-    split = federated_split(dataset, 7, method="dirichlet", seed=4, public_fraction=0.25)
+    split = federated_split(dataset, 7, SplitSettings(method="dirichlet", seed=4, public_fraction=0.25))
     _assert_no_text_in_two_splits(split)
     copies = _copies(corpus.texts)
     held = np.isin(np.asarray(corpus.groups), corpus.public_groups) if corpus.public_groups else None
@@ -58,7 +58,7 @@ def test_packaged_corpora_share_no_text_between_test_public_and_clients(dataset)
         assert split.public.tolist() == np.flatnonzero(held).tolist()
         assert abs(len(split.test) - round(0.2 * int((~held).sum()))) <= copies
     capped = federated_split(
-        dataset, 7, method="iid", seed=0, public_fraction=0.1, max_train=2000, max_test=300
+        dataset, 7, SplitSettings(method="iid", seed=0, public_fraction=0.1, max_train=2000, max_test=300)
     )
     _assert_no_text_in_two_splits(capped)
     assert len(capped.test) <= 300 and sum(map(len, capped.clients)) <= 2000
@@ -67,7 +67,7 @@ def test_packaged_corpora_share_no_text_between_test_public_and_clients(dataset)
 def test_a_packaged_corpus_without_copies_splits_as_before():
     corpus = load_corpus("boolq")
     assert _copies(corpus.texts) == 0
-    split = federated_split("boolq", 5, method="dirichlet", seed=2, public_fraction=0.1)
+    split = federated_split("boolq", 5, SplitSettings(method="dirichlet", seed=2, public_fraction=0.1))
     test, public, clients = _split_ignoring_copies(corpus, 5, "dirichlet", 2, 0.2, 0.1)
     np.testing.assert_array_equal(split.test, test)
     np.testing.assert_array_equal(split.public, public)
@@ -114,9 +114,9 @@ def corpora(draw, max_copies=4):
     )
 
 
-def _federated(corpus, **kw):
+def _federated(corpus, num_clients, **kw):
     with mock.patch.object(federated_module, "load_corpus", lambda name: corpus):
-        return federated_split("synthetic", **kw)
+        return federated_split("synthetic", num_clients, SplitSettings(**kw))
 
 
 @settings(max_examples=60, deadline=None)

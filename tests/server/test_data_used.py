@@ -20,7 +20,7 @@ from common.presets import preset
 from common.wire import DATA_SOURCE, TrainInstruction, data_source, parse_train_reply, train_reply
 from server.model_card import model_card
 from server.releases import make_release
-from server.round import run_round
+from server.round import RoundContext, run_round
 from server.summary import data_used, format_summary
 from tests.harness import TINY, card_summary, federate, message_identity, records
 
@@ -116,9 +116,8 @@ def test_a_round_counts_own_data_and_refusals_per_node_and_the_card_says_so():
     lines = [{"round": 0, "phase": "initial"}]
     for rnd in (1, 2):
         grid = _Grid(lambda node, msg, rnd=rnd: _retag(answer(node, msg), rnd))
-        state, record = run_round(
-            grid, make_release(cfg, None), cfg, rnd, [1001, 1002, 1003, 1004], state, SHAPES
-        )
+        ctx = RoundContext(grid, make_release(cfg, None), cfg, SHAPES)
+        state, record = run_round(ctx, rnd, [1001, 1002, 1003, 1004], state)
         line = json.loads(json.dumps(record.to_json()))  # as metrics.jsonl holds it
         assert line["data_sources"] == {"own": [1001, 1002]} and line["rejected_nodes"] == [1003, 1004]
         assert record.replied == 2 and len(record.rejected) == 2

@@ -23,6 +23,7 @@ from common.privacy.ledger import Ledger
 from common.privacy.plan import NoisePlan
 from common.wire import InvalidReply, TrainInstruction, parse_stats_reply, stats_reply
 from server.drencoder import AE_CONFIGS, AE_FILE, ServerCodec, ae_latent_size, fit_public_ae
+from server.releases import RunHandles
 from tests.harness import TINY, federate, message_identity, records
 
 pytestmark = pytest.mark.integration
@@ -193,7 +194,8 @@ def test_the_server_autoencoder_runs_on_the_device_the_run_names(tmp_path, monke
     cfg = preset("minilm-rt", **DR, device=device).check()
     layout = Layout.from_shapes({"m.A": (40, 4), "m.B": (24, 4)}, multiple=AE_CONFIGS["tiny"]().downsample)
     with pytest.raises(FedloraError, match=f"device '{device}' requested but CUDA is not available"):
-        fit_public_ae(cfg, AE_CONFIGS["tiny"](), layout, {}, tmp_path, object(), 1, print)
+        run = RunHandles(tmp_path, None, "r", lambda record: None, print, object())
+        fit_public_ae(cfg, AE_CONFIGS["tiny"](), layout, {}, 1, run)
     assert not any(tmp_path.iterdir())
 
 
@@ -368,9 +370,9 @@ def test_the_statistics_round_trains_with_the_clients_optimizer(tmp_path, monkey
 
     used, real = [], gradstats.train_steps
 
-    def spy(*args, **kwargs):
-        used.append(kwargs.get("optimizer", "adamw"))
-        return real(*args, **kwargs)
+    def spy(trainee, schedule, **kwargs):
+        used.append(schedule.optimizer)
+        return real(trainee, schedule, **kwargs)
 
     monkeypatch.setattr(gradstats, "train_steps", spy)
     cfg = preset("minilm-rt", **TINY, **DR, client_optimizer="sgd", out_dir=str(tmp_path / "r")).check()

@@ -17,7 +17,7 @@ from common.presets import preset
 from common.wire import train_reply
 from server.exchange import exchange
 from server.releases import make_release
-from server.round import run_round
+from server.round import RoundContext, run_round
 from tests.harness import message_identity
 
 SHAPES = {"l.A": (4, 2), "l.B": (3, 2)}
@@ -68,6 +68,7 @@ def test_a_lost_node_is_a_dropout_of_its_round_not_a_rejection_from_node_1(caplo
         return train_reply({n: torch.ones(s) for n, s in SHAPES.items()}, 3, 5, {}, EXPECTED)
 
     with caplog.at_level(logging.WARNING, logger="fedlora.server"):
-        _, record = run_round(_Grid(9, content), make_release(cfg, None), cfg, 3, [7, 9, 11], state, SHAPES)
+        ctx = RoundContext(_Grid(9, content), make_release(cfg, None), cfg, SHAPES)
+        _, record = run_round(ctx, 3, [7, 9, 11], state)
     assert (record.replied, record.dropouts, record.rejected) == (2, [9], [])
     assert "node 9 unreachable" in caplog.text and "node 1" not in caplog.text

@@ -42,7 +42,7 @@ from common.wire import (
     train_reply,
 )
 from server.releases import make_release
-from server.round import accept_reply, run_round
+from server.round import RoundContext, accept_reply, run_round
 from tests.harness import message_identity
 
 ROUND = 3
@@ -903,9 +903,8 @@ def test_round_applies_exactly_the_accepted_replies(batch, seed):
     logger.addHandler(reasons)
     logger.setLevel(logging.WARNING)
     try:
-        new, record = run_round(
-            ListGrid(replies), make_release(cfg, None), cfg, ROUND, sampled, state, shapes
-        )
+        ctx = RoundContext(ListGrid(replies), make_release(cfg, None), cfg, shapes)
+        new, record = run_round(ctx, ROUND, sampled, state)
         replied = record.replied
     finally:
         logger.removeHandler(reasons)
@@ -949,7 +948,9 @@ def test_round_with_only_rejected_replies_leaves_the_state_alone():
     state = {n: torch.zeros(s) for n, s in shapes.items()}
     cfg = preset("minilm-rt", mechanism="fedavg", num_clients=len(batch), min_replies=1)
     grid = ListGrid([c.message() for c in batch])
-    new, record = run_round(grid, make_release(cfg, None), cfg, ROUND, [c.node for c in batch], state, shapes)
+    new, record = run_round(
+        RoundContext(grid, make_release(cfg, None), cfg, shapes), ROUND, [c.node for c in batch], state
+    )
     assert not record.applied and record.replied == 0 and len(record.rejected) == 4
     assert all(torch.equal(new[n], torch.zeros(s)) for n, s in shapes.items())
 

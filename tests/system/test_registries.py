@@ -25,7 +25,7 @@ from autoencoder.codecs import CODEC_REGISTRY, CODECS, Codec, make_codec
 from autoencoder.layout import Layout
 from autoencoder.train import TrainConfig, train_autoencoder
 from autoencoder.uformer import AeConfig
-from client.dp.engine import DpSteps, dp_train
+from client.dp.engine import DenseUpdate, DpSteps, dp_train
 from client.dp.optimizers import DP_OPTIMIZERS, OptimizerDescriptor, make_dp_optimizer, register, unregister
 from common import config
 from common.codec_specs import CODEC_SPECS
@@ -43,6 +43,7 @@ from common.privacy.mechanism import (
 )
 from common.privacy.plan import plan_noise
 from common.privacy.threat import THREATS
+from common.tasks.training import Trainee
 from tests.harness import LmTask
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,9 +225,8 @@ def check_optimizer_contract(name: str, model) -> None:
     optimizer = make_dp_optimizer(name, layers, 1e-2, **descriptor.options(cfg, STEPS))
     plan = DpSteps(steps=STEPS, sample_rate=1.0, clip=1.0, noise_multiplier=0.5)
     rngs = (np.random.default_rng(0), torch.Generator().manual_seed(0))
-    stats = dp_train(
-        model, LmTask(), _examples(), optimizer, plan, lr=1e-2, device=torch.device("cpu"), rngs=rngs
-    )
+    trainee = Trainee(model, LmTask(), _examples(), torch.device("cpu"))
+    stats = dp_train(trainee, optimizer, plan, DenseUpdate(1e-2), rngs=rngs)
     assert stats["steps"] == STEPS
     after, deltas = _factors(model), dense_deltas(model)
     assert all(torch.isfinite(v).all() for v in [*after.values(), *deltas.values()])

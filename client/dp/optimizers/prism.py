@@ -31,6 +31,7 @@ from torch import Tensor
 
 from client.dp.optimizers.base import FactorGrads
 from client.dp.prism import (
+    AdaptiveSettings,
     Geometry,
     Moments,
     adaptive_direction,
@@ -43,7 +44,7 @@ from client.dp.prism import (
     shape_noise,
     tangent_sq_norm,
 )
-from client.dp.prism.adaptive import Floor, FloorMode
+from client.dp.prism.adaptive import FloorMode
 from client.dp.prism.tangent import RANK_DEFICIENT
 from common.errors import FedloraError
 from common.models.lora import get_factors
@@ -82,6 +83,10 @@ def _by_group(groups: list[_Group], pairs: dict[str, tuple[Tensor, Tensor]]) -> 
     ]
 
 
+#: the adaptive step of :class:`PrismDp` unless told otherwise (the official code's: clamp floor)
+DEFAULT_ADAPTIVE = AdaptiveSettings()
+
+
 def _per_example(geo: Geometry) -> Geometry:
     """The geometry of ``(g, ·, ·)`` stacked modules, broadcastable over ``(g, b, ·, ·)`` examples."""
     return Geometry(**{f.name: getattr(geo, f.name).unsqueeze(1) for f in fields(Geometry)})
@@ -97,17 +102,17 @@ class PrismDp:
         layers: dict[str, LoraLayer],
         lr: float,
         *,
-        floor: Floor = "clamp",
+        adaptive: AdaptiveSettings = DEFAULT_ADAPTIVE,
         floor_mode: FloorMode = "scalar",
         floor_factor: float = 0.5,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        cond_max: float | None = 1e4,
         rcond: float = 1e-6,
     ) -> None:
+        """``adaptive``: the adaptive step's floor, betas, eps and condition clamp; ``floor_mode`` and
+        ``floor_factor``: the DP floor λ (:func:`~client.dp.prism.dp_floors`); ``rcond``: the
+        geometry's rank tolerance."""
         self.layers, self.lr = layers, lr
-        self.floor, self.floor_mode, self.floor_factor = floor, floor_mode, floor_factor
-        self.betas, self.eps, self.cond_max, self.rcond = betas, eps, cond_max, rcond
+        self.adaptive, self.floor_mode, self.floor_factor = adaptive, floor_mode, floor_factor
+        self.rcond = rcond
         members: dict[tuple, list[str]] = {}
         for name, layer in layers.items():
             A, B = get_factors(layer)
@@ -189,17 +194,7 @@ class PrismDp:
             lam_a, lam_b = dp_floors(
                 geo, tau, self.floor_mode if noise_std > 0 else "none", self.floor_factor
             )
-            UA, UB, group.moments = adaptive_direction(
-                group.moments,
-                dA,
-                dB,
-                lam_a,
-                lam_b,
-                floor=self.floor,
-                betas=self.betas,
-                eps=self.eps,
-                cond_max=self.cond_max,
-            )
+            UA, UB, group.moments = adaptive_direction(group.moments, dA, dB, lam_a, lam_b, self.adaptive)
             UA, UB = horizontalize(geo, UA, UB)  # before the retraction
             group.write(*retract(geo.A, geo.B, UA, UB, self.lr, align=True))  # Alg. 1 line 14
         self._stacked = None

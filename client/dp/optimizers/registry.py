@@ -34,6 +34,7 @@ from client.dp.optimizers.prism import PrismDp
 from client.dp.optimizers.sparta import SpartaDp, check_rows
 from client.dp.optimizers.sparta_base import SpartaBaseDp, check_base_rows
 from client.dp.optimizers.wishart import WishartDp, projection_shape
+from client.dp.prism import AdaptiveSettings
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.local_optimizers import (
@@ -84,7 +85,7 @@ def _factor_options(cfg: RunConfig, steps: int) -> dict:
 
 
 def _prism_options(cfg: RunConfig, steps: int) -> dict:
-    return {"floor": cfg.prism_floor}
+    return {"adaptive": AdaptiveSettings(floor=cfg.prism_floor)}
 
 
 def _prism_report(cfg: RunConfig, stats: dict) -> dict:

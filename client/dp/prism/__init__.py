@@ -5,6 +5,7 @@ side, ``B: (n, r)`` input side, ``Z = A Bᵀ``.
 """
 
 from client.dp.prism.adaptive import (
+    AdaptiveSettings,
     Moments,
     adaptive_direction,
     dp_floors,
@@ -25,6 +26,7 @@ from client.dp.prism.tangent import (
 )
 
 __all__ = [
+    "AdaptiveSettings",
     "Geometry",
     "Moments",
     "adaptive_direction",

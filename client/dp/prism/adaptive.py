@@ -24,6 +24,22 @@ FloorMode = Literal["scalar", "geometry", "none"]
 
 
 @dataclass(frozen=True)
+class AdaptiveSettings:
+    """The hyper-parameters of :func:`adaptive_direction` (PRISM Eq. 24–25).
+
+    floor: how the DP floor ``λ`` enters ``P^{-1/2}`` (``clamp`` or ``ridge``: the module docstring).
+    betas: ``(β1, β2)``, the decay of the first moments ``mA, mB`` and of the second moments ``vA, vB``.
+    eps: added to the second moment's eigenvalues (numerical).
+    cond_max: the largest condition number of the preconditioner (None: no clamp).
+    """
+
+    floor: Floor = "clamp"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    cond_max: float | None = 1e4
+
+
+@dataclass(frozen=True)
 class Moments:
     """Adaptive state of one module: ``mA: (m, r)``, ``mB: (n, r)``, ``vA, vB: (r, r)``, ``step`` taken so far."""
 
@@ -106,11 +122,8 @@ def adaptive_direction(
     gB: Tensor,
     lam_A: float | Tensor,
     lam_B: float | Tensor,
+    settings: AdaptiveSettings = AdaptiveSettings(),
     *,
-    floor: Floor = "clamp",
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    cond_max: float | None = 1e4,
     debias: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Moments]:
     """One adaptive step on the noisy tangent lift ``gA: (m, r)``, ``gB: (n, r)`` → ``(UA, UB, new state)``.
@@ -120,7 +133,8 @@ def adaptive_direction(
     ``debias``: ``(E_A, E_B)`` subtracted from ``V̂`` (:func:`noise_second_moments`), or ``None`` (off).
     """
     gA, gB = gA.to(state.mA.dtype), gB.to(state.mB.dtype)
-    b1, b2 = betas
+    b1, b2 = settings.betas
+    floor, eps, cond_max = settings.floor, settings.eps, settings.cond_max
     t = state.step + 1
     m, n = gA.shape[-2], gB.shape[-2]
     mA = b1 * state.mA + (1 - b1) * gA

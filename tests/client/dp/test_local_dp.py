@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from client.dp.engine import DpSteps, dp_train, poisson_batch
+from client.dp.engine import DenseUpdate, DpSteps, dp_train, poisson_batch
 from client.dp.grad_sample import GradSampler
 from client.dp.optimizers import DP_OPTIMIZERS, PrismDp, make_dp_optimizer
 from client.dp.prism import clip_coefficients, lift, tangent_sq_norm
@@ -22,6 +22,7 @@ from common.privacy.calibration import epsilon_for
 from common.privacy.ledger import Ledger
 from common.runtime import open_split
 from common.tasks.base import by_length
+from common.tasks.training import Trainee
 from tests.conftest import run_cli
 from tests.harness import LmTask
 
@@ -66,7 +67,7 @@ def test_prism_step_keeps_rank_balance_and_descends(tiny_llama):
         before = float(task.per_example_loss(tiny_llama, batch).mean())
     opt = PrismDp(lora_layers(tiny_llama), lr=0.02)
     plan = DpSteps(steps=5, sample_rate=1.0, clip=1e6, noise_multiplier=0.0)  # non-private: pure descent
-    dp_train(tiny_llama, task, data, opt, plan, lr=0.02, device=torch.device("cpu"), rngs=_rngs())
+    dp_train(Trainee(tiny_llama, task, data, torch.device("cpu")), opt, plan, DenseUpdate(0.02), rngs=_rngs())
     with torch.no_grad():
         after = float(task.per_example_loss(tiny_llama, batch).mean())
     assert after < before - 1e-3
@@ -134,7 +135,9 @@ def test_empty_poisson_batches_release_noise_without_crashing(name, tiny_llama, 
     opt = make_dp_optimizer(name, lora_layers(tiny_llama), 1e-2)
     plan = DpSteps(steps=3, sample_rate=1e-9, clip=1.0, noise_multiplier=1.0)
     with caplog.at_level(logging.WARNING, logger="fedlora.client"):
-        stats = dp_train(tiny_llama, LmTask(), _examples(), opt, plan, lr=1e-2, device=torch.device("cpu"))
+        stats = dp_train(
+            Trainee(tiny_llama, LmTask(), _examples(), torch.device("cpu")), opt, plan, DenseUpdate(1e-2)
+        )
     assert stats["empty-batches"] == 3 and stats["examples-used"] == 0
     assert "3 of 3 steps drew no examples" in caplog.text
     moved = any(not torch.equal(get_factors(v)[0], before[k][0]) for k, v in lora_layers(tiny_llama).items())
@@ -300,5 +303,7 @@ def test_the_noised_sum_is_divided_by_the_planned_expected_batch(tiny_llama):
     opt.step = lambda noise_std, denom, generator: seen.append(denom) or step(noise_std, denom, generator)
     for expected in (0.0, 10.0):
         plan = DpSteps(steps=1, sample_rate=0.5, clip=1.0, noise_multiplier=1.0, expected_batch=expected)
-        dp_train(tiny_llama, task, data, opt, plan, lr=0.0, device=torch.device("cpu"), rngs=_rngs())
+        dp_train(
+            Trainee(tiny_llama, task, data, torch.device("cpu")), opt, plan, DenseUpdate(0.0), rngs=_rngs()
+        )
     assert seen == [3.0, 10.0]

@@ -20,13 +20,14 @@ from opacus.optimizers import DPOptimizer
 from torch import Tensor, nn
 
 import client.dp.engine as dp_train_module
-from client.dp.engine import DpSteps, _DenseDp, dp_train
+from client.dp.engine import DenseUpdate, DpSteps, _DenseDp, dp_train
 from client.dp.grad_sample import GradSampler
 from client.dp.optimizers.factor import FactorDp
 from client.dp.prism import clip_coefficients
 from common.models.lora import dense_trainables, lora_layers
 from common.tasks.classifier import ClassifierTask
 from common.tasks.language_model import LanguageModelTask
+from common.tasks.training import Trainee
 from tests.conftest import randomize_lora
 
 # Opacus's full backward hooks on LoRA Linears whose inputs need no gradient: expected and harmless.
@@ -233,7 +234,9 @@ def test_dp_train_step_matches_opacus_mean_mode(tiny_llama, smollm2_tokenizer, f
     _recording(opt.opt, {id(p): n for n, p in model.named_parameters()}, log)
     plan = DpSteps(steps=1, sample_rate=1.0, clip=clip, noise_multiplier=0.0, microbatch=4)
     rngs = (np.random.default_rng(0), torch.Generator().manual_seed(0))
-    stats = dp_train(model, task, examples, opt, plan, lr=1.0, device=torch.device("cpu"), rngs=rngs)
+    stats = dp_train(
+        Trainee(model, task, examples, torch.device("cpu")), opt, plan, DenseUpdate(1.0), rngs=rngs
+    )
     assert stats == {"steps": 1, "examples-used": len(examples), "empty-batches": 0}
     (got,) = log
 
@@ -258,7 +261,9 @@ def test_sgd_rule_steps_like_opacus_dp_sgd(tiny_llama, smollm2_tokenizer, freeze
         _freeze_lora_a(ref)
     plan = DpSteps(steps=1, sample_rate=1.0, clip=clip, noise_multiplier=0.0, microbatch=4)
     rngs = (np.random.default_rng(0), torch.Generator().manual_seed(0))
-    dp_train(model, task, examples, opt, plan, lr=lr, device=torch.device("cpu"), rngs=rngs, dense_rule="sgd")
+    dp_train(
+        Trainee(model, task, examples, torch.device("cpu")), opt, plan, DenseUpdate(lr, "sgd"), rngs=rngs
+    )
     want, _ = _opacus_pre_step(ref, lambda m: task.per_example_loss(m, full), clip, len(examples), "mean")
     after = dict(model.named_parameters())
     got = {k: (before[k] - after[k].detach()) / lr for k in want}
@@ -297,7 +302,7 @@ def test_classifier_head_global_clip_matches_opacus(minilm, monkeypatch):
     _recording(opt.opt, names, log)
     plan = DpSteps(steps=1, sample_rate=1.0, clip=clip, noise_multiplier=0.0, microbatch=4)
     rngs = (np.random.default_rng(0), torch.Generator().manual_seed(0))
-    dp_train(model, task, examples, opt, plan, lr=1.0, device=torch.device("cpu"), rngs=rngs)
+    dp_train(Trainee(model, task, examples, torch.device("cpu")), opt, plan, DenseUpdate(1.0), rngs=rngs)
     (got,), (got_dense,) = log, dense_log
     assert set(got_dense) == dense_names
     got = {**got, **got_dense}

@@ -14,10 +14,11 @@ import torch
 from transformers import LlamaForCausalLM
 
 from client.dp import prism as pm
-from client.dp.engine import DpSteps, dp_train
+from client.dp.engine import DenseUpdate, DpSteps, dp_train
 from client.dp.optimizers import PrismDp
 from common.models.lora import LoraSpec, attach_lora, get_factors, lora_layers, set_factors
 from common.models.lora_init import apply_lora_init
+from common.tasks.training import Trainee
 from tests.conftest import tiny_llama_config
 from tests.harness import LmTask
 
@@ -82,7 +83,7 @@ def test_batched_prism_steps_equal_the_per_module_steps(smollm2_tokenizer, floor
     for step in range(3):
         for net, opt in ((model, batched), (reference, unbatched)):
             rngs = np.random.default_rng(step), torch.Generator().manual_seed(step)
-            dp_train(net, LmTask(), data, opt, plan, lr=0.05, device=cpu, rngs=rngs)
+            dp_train(Trainee(net, LmTask(), data, cpu), opt, plan, DenseUpdate(0.05), rngs=rngs)
         for name, layer in lora_layers(model).items():
             want = get_factors(lora_layers(reference)[name])
             for got, ref in zip(get_factors(layer), want, strict=True):

@@ -13,6 +13,7 @@ import scipy.linalg
 import torch
 
 from client.dp.prism import (
+    AdaptiveSettings,
     adaptive_direction,
     balanced_random_init,
     clip_coefficients,
@@ -290,7 +291,7 @@ def test_9_preconditioner_bound_and_orthogonal_invariance(floor):
             XA, XB = tangent_noise(geometry(A, B), g_run)  # one draw, carried into both gauges
             dA, dB = horizontalize(geo, dA + tau * XA @ rot, dB + tau * XB @ rot)
             UA, UB, state = adaptive_direction(
-                state, dA, dB, lam_A, lam_B, floor=floor, debias=noise_second_moments(geo, tau)
+                state, dA, dB, lam_A, lam_B, AdaptiveSettings(floor), debias=noise_second_moments(geo, tau)
             )
             dirs.append(dense(a, b, UA, UB))
         runs.append(torch.stack(dirs))
@@ -317,19 +318,20 @@ def test_9_adaptive_bias_correction_floor_and_debias(floor):
     state = init_moments(randn(m, r, g=g), randn(n, r, g=g))
     gA, gB = randn(m, r, g=g), randn(n, r, g=g)
     # A constant gradient gives the same direction at every step (bias correction of m and V).
-    first = adaptive_direction(state, gA, gB, 0.0, 0.0, floor=floor)
+    settings = AdaptiveSettings(floor=floor)
+    first = adaptive_direction(state, gA, gB, 0.0, 0.0, settings)
     s = first[2]
     for _ in range(4):
-        UA, UB, s = adaptive_direction(s, gA, gB, 0.0, 0.0, floor=floor)
+        UA, UB, s = adaptive_direction(s, gA, gB, 0.0, 0.0, settings)
     torch.testing.assert_close((UA, UB), first[:2], atol=0, rtol=1e-9)
     # Without a floor (nor ε), Adam normalises pure noise: ‖U_A‖_F² = m r whatever its scale (Prop. A.29).
     for tau in (1e-3, 1.0):
-        UA, _, _ = adaptive_direction(state, tau * gA, tau * gB, 0.0, 0.0, floor=floor, eps=0.0)
+        UA, _, _ = adaptive_direction(state, tau * gA, tau * gB, 0.0, 0.0, AdaptiveSettings(floor, eps=0.0))
         assert abs(float(UA.square().sum()) / (m * r) - 1) < 1e-6
     # Debiasing away the whole second moment leaves the floor alone: U = g / sqrt(λ).
     lam = 0.04
     debias = (gA.mT @ gA / m, gB.mT @ gB / n)
-    UA, UB, _ = adaptive_direction(state, gA, gB, lam, lam, floor=floor, debias=debias)
+    UA, UB, _ = adaptive_direction(state, gA, gB, lam, lam, settings, debias=debias)
     torch.testing.assert_close((UA, UB), (gA / math.sqrt(lam), gB / math.sqrt(lam)), atol=0, rtol=1e-6)
 
 

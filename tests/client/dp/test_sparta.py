@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from client.dp.engine import DpSteps, dp_train
+from client.dp.engine import DenseUpdate, DpSteps, dp_train
 from client.dp.grad_sample import GradSampler
 from client.dp.optimizers.sparta import SpartaDp
 from common.config import RunConfig
@@ -20,6 +20,7 @@ from common.models.lora_init import apply_lora_init
 from common.presets import preset
 from common.privacy.ledger import Ledger
 from common.sparta import kept_rows, selection_steps
+from common.tasks.training import Trainee
 from server.simulate import simulate
 from tests.client.dp.test_local_dp import FAST_LOCAL, _examples
 from tests.conftest import run_cli
@@ -59,7 +60,11 @@ def test_selection_keeps_the_rows_with_most_clipped_gradient_mass(tiny_llama):
     opt = SpartaDp(lora_layers(tiny_llama), 1e-2, keep=3, selection=2)
     plan = DpSteps(steps=2, sample_rate=1.0, clip=clip, noise_multiplier=0.0)
     stats = dp_train(
-        tiny_llama, task, data, opt, plan, lr=1e-2, device=CPU, rngs=(np.random.default_rng(0), None)
+        Trainee(tiny_llama, task, data, CPU),
+        opt,
+        plan,
+        DenseUpdate(1e-2),
+        rngs=(np.random.default_rng(0), None),
     )
     assert opt.masks is not None and stats["selection_steps"] == 2
     for name, (b, a) in _peft_weights(tiny_llama).items():
@@ -80,7 +85,9 @@ def test_training_clips_and_noises_the_kept_rows_only(tiny_llama):
     task, data = LmTask(), _examples(12)
     opt = SpartaDp(lora_layers(tiny_llama), 1e-2, keep=0.25, selection=1)
     rngs = (np.random.default_rng(1), torch.Generator().manual_seed(1))
-    dp_train(tiny_llama, task, data, opt, DpSteps(1, 0.5, 1.0, 1.0), lr=1e-2, device=CPU, rngs=rngs)
+    dp_train(
+        Trainee(tiny_llama, task, data, CPU), opt, DpSteps(1, 0.5, 1.0, 1.0), DenseUpdate(1e-2), rngs=rngs
+    )
     before = {k: (b.detach().clone(), a.detach().clone()) for k, (b, a) in _peft_weights(tiny_llama).items()}
     # mask-then-clip: the clipped norms are those of the kept coordinates only
     opt.begin()
@@ -97,7 +104,9 @@ def test_training_clips_and_noises_the_kept_rows_only(tiny_llama):
     torch.testing.assert_close(opt.sq_norms(grads), masked)
     assert bool((masked < full).all())
     # noise 5: everything kept moves, nothing else does
-    dp_train(tiny_llama, task, data, opt, DpSteps(2, 0.5, 1.0, 5.0), lr=1e-2, device=CPU, rngs=rngs)
+    dp_train(
+        Trainee(tiny_llama, task, data, CPU), opt, DpSteps(2, 0.5, 1.0, 5.0), DenseUpdate(1e-2), rngs=rngs
+    )
     for name, (b, a) in _peft_weights(tiny_llama).items():
         mask_b, mask_a = (m.bool() for m in opt.masks[name])
         moved_b = (b != before[name][0]).any(1)
@@ -114,12 +123,15 @@ def test_selection_freezes_a_dense_head(tiny_llama):
     before = head.weight.detach().clone()
     opt = SpartaDp(lora_layers(tiny_llama), 1e-2, keep=0.5, selection=2)
     rngs = (np.random.default_rng(0), torch.Generator().manual_seed(0))
-    dp_train(
-        tiny_llama, LmTask(), _examples(6), opt, DpSteps(2, 0.5, 1.0, 1.0), lr=1e-2, device=CPU, rngs=rngs
-    )
+    trainee = Trainee(tiny_llama, LmTask(), _examples(6), CPU)
+    dp_train(trainee, opt, DpSteps(2, 0.5, 1.0, 1.0), DenseUpdate(1e-2), rngs=rngs)
     assert torch.equal(head.weight, before)
     dp_train(
-        tiny_llama, LmTask(), _examples(6), opt, DpSteps(1, 0.5, 1.0, 1.0), lr=1e-2, device=CPU, rngs=rngs
+        Trainee(tiny_llama, LmTask(), _examples(6), CPU),
+        opt,
+        DpSteps(1, 0.5, 1.0, 1.0),
+        DenseUpdate(1e-2),
+        rngs=rngs,
     )
     assert not torch.equal(head.weight, before)  # trained in full after selection, as SPARTA's head
 
