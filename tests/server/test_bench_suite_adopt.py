@@ -130,3 +130,16 @@ def test_a_miniature_profile_cannot_overwrite_the_repositorys_results(tmp_path, 
     assert main(argv) != 0
     assert "full profile's report" in capsys.readouterr().err
     assert (docs / "RESULTS.md").read_bytes() == before and not (tmp_path / "o").exists()
+
+
+def test_a_what_if_row_says_so_and_runs_its_own_seeds():
+    arms = [r for r in runs(profile("full")) if r.section == "generative"]
+    what_if = [r for r in arms if "--noise-cohort" in r.argv]
+    assert [r.seed for r in what_if] == [0] and "WHAT-IF" in what_if[0].arm.label
+    assert {r.seed for r in arms if r not in what_if} == {0, 1, 2}
+    out = _lm(4.4, 4.3, 8.0)
+    out["client_privacy"]["what_if"] = "valid for a population of 10,000 clients ... "
+    arm = Arm("w", (), 8.0)
+    done = [{"run": Run("generative", "w", (), arm=arm, seed=0), "output": out, "error": None, "wall_s": 1.0}]
+    (row,) = generative(done)["rows"]
+    assert row["ε (PLD)"] == "8.00 (what-if)"

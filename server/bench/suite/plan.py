@@ -31,6 +31,7 @@ class Arm:
     label: str
     argv: tuple[str, ...] = ()
     target_epsilon: float | None = None  # the budget the arm claims (None: not private)
+    seeds: tuple[int, ...] | None = None  # None: the profile's seeds (a labelled side row may run fewer)
 
 
 @dataclass(frozen=True)
@@ -132,13 +133,22 @@ def _sample_arms(epsilon: float, lrs: dict[str, str] | None = None) -> tuple[Arm
 
 
 def _lm_arms(epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
-    """Non-private fedavg and user-level dp-fedavg (central noise, adaptive clipping) at each ε."""
+    """Non-private fedavg and user-level dp-fedavg (central noise, adaptive clipping) at each ε, and
+    one seed of the first ε's what-if row: noise sized for 1,000 roles per round (a population of
+    10,000 at p = 0.1), its ε valid for that deployment, not for the run (labelled)."""
     dp = "--mechanism dp-fedavg --threat-model central --clip 1.0 --adaptive-clip"
+    e0 = epsilons[0]
     return (
         Arm("SmolLM2 fedavg (not private)", _args("--mechanism fedavg")),
         *(
             Arm(f"SmolLM2 dp-fedavg central ε={e:g}", _args(f"{dp} --target-epsilon {e:g}"), e)
             for e in epsilons
+        ),
+        Arm(
+            f"SmolLM2 dp-fedavg central ε={e0:g}, WHAT-IF cohort 1000 (ε for 10,000 roles, not this run)",
+            _args(f"{dp} --target-epsilon {e0:g} --noise-cohort 1000"),
+            e0,
+            seeds=(0,),
         ),
     )
 
@@ -222,7 +232,7 @@ def runs(p: Profile) -> list[Run]:
         ("generative", p.lm_base, p.lm_arms),
     ):
         for i, arm in enumerate(arms):
-            for seed in p.seeds:
+            for seed in arm.seeds or p.seeds:
                 out.append(Run(section, f"{section}-{i}-s{seed}", (*base, *arm.argv), arm=arm, seed=seed))
     for section, argv in (("communication", p.codec), ("speed", p.prism_step), ("scale", p.scale)):
         if argv:

@@ -204,7 +204,8 @@ def generative(done: Sequence[dict]) -> dict:
                 "perplexity after (mean ± std)": _mean_std([s["after"]["perplexity"] for s in outs]),
                 "log-perplexity drop (mean ± std)": _mean_std([_log_drop(s) for s in outs]),
                 "share of the non-private drop (same seed)": _mean_std(shares) if shares else "n/a",
-                "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"),
+                "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f")
+                + (" (what-if)" if any(p.get("what_if") for p in privacy) else ""),
                 "δ": privacy[0].get("delta", "n/a") if privacy and privacy[0] else "n/a",
                 "min / round": _mean(
                     [
