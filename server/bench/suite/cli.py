@@ -90,7 +90,12 @@ def _commit() -> str:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         )
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(  # the suite's own outputs in docs/ do not make the code dirty
+            ["git", "status", "--porcelain", "--", ".", ":!docs/RESULTS.md", ":!docs/results"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
     except OSError:
         return "unknown"
     if head.returncode != 0:
