@@ -20,6 +20,7 @@ from pathlib import Path
 from common.device import resolve_device
 from common.models.precision import resolve_precision
 from server.bench.suite.plan import Run
+from server.bench.suite.runner import finished
 from server.run_dir import NOT_IDENTITY
 from server.simulate import add_config_arguments, config_from_args
 
@@ -65,7 +66,7 @@ def _resolved(config: dict) -> dict:
     return {**config, "precision": resolve_precision(config["precision"], device)}
 
 
-def _stored(directory: Path) -> dict | None:
+def stored_config(directory: Path) -> dict | None:
     """The stored configuration of a finished run directory (None: unfinished or not a run)."""
     if not (directory / "summary.json").exists() or not (directory / "config.json").exists():
         return None
@@ -78,17 +79,17 @@ def adopt(
     """Copy each finished run directory that matches a plan run with no output yet into that run's
     place under ``runs_dir`` (``command.json`` records the plan's command, the run's own wall time and
     where it came from); returns the keys adopted. A directory matches at most one run."""
-    candidates = {d: s for d in map(Path, directories) if (s := _stored(d)) is not None}
+    candidates = {d: s for d in map(Path, directories) if (s := stored_config(d)) is not None}
     adopted = []
     for run in plan:
         planned = plan_config(run)
-        target = runs_dir / run.key
-        if planned is None or (target / "summary.json").exists():
+        if planned is None or finished(run, runs_dir) is not None:
             continue
         match = next((d for d, s in candidates.items() if not differences(planned, s)), None)
         if match is None:
             continue
         del candidates[match]
+        target = runs_dir / run.key
         target.mkdir(parents=True, exist_ok=True)
         for name in FILES:
             if (match / name).exists():

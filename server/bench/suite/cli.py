@@ -20,7 +20,7 @@ import torch
 
 from common.errors import FedloraError
 from server.bench.suite import plots
-from server.bench.suite.adopt import adopt
+from server.bench.suite.adopt import adopt, stored_config
 from server.bench.suite.plan import PROFILES, profile, runs
 from server.bench.suite.report import FIGURES, markdown
 from server.bench.suite.runner import ROOT, execute, finished
@@ -213,8 +213,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
     for path in args.adopt:
-        if not (Path(path) / "summary.json").exists():
-            raise FedloraError(f"--adopt {path}: not a finished run directory (no summary.json)")
+        if stored_config(Path(path)) is None:
+            raise FedloraError(
+                f"--adopt {path}: not a finished run directory (no config.json and summary.json)"
+            )
     results = suite(args.profile, out, sections, echo, [Path(a) for a in args.adopt], args.stored_only)
     if args.docs:
         publish(out, Path(args.docs))

@@ -7,8 +7,9 @@ is run, so any figure in the report can be reproduced by pasting its command.
 - ``full``: the real presets (``minilm-rt-xdev``: 1,000 clients, 30 rounds; MiniLM ``train-local``:
   100 logical batches of 128 from the whole train split, each method at its own learning rate, the
   best of a validation grid: ``fedlora bench compare``, docs/prism.md), 3 seeds; ``fedlora audit``
-  at its defaults; SmolLM2 on Shakespeare roles (``smollm2-shakespeare-xdev``, user-level ε 8 and 2). Hours on a 2-core CPU; a run directory that already holds a finished run with the
-  same command is reused, so an interrupted suite picks up where it stopped.
+  at its defaults; SmolLM2 on Shakespeare roles (``smollm2-shakespeare-xdev``, user-level ε 8 and
+  2). Hours on a 2-core CPU; a run directory that already holds a finished run with the same
+  command is reused, so an interrupted suite picks up where it stopped.
 - ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
   local steps), 3 seeds, and ``audit ... --quick``: about 30 minutes on 2 cores. Its accuracies
   check the pipeline and the accounting; at that size nothing has time to learn, and the report

@@ -33,6 +33,17 @@ def _mean(values: Sequence[float | None], fmt: str = ".3f") -> str:
     return format(statistics.mean(present), fmt) if present else "n/a"
 
 
+def _delta(privacy: Sequence[dict]) -> object:
+    """The δ of an arm's runs (its first run's privacy record; ``n/a`` when not private)."""
+    return privacy[0].get("delta", "n/a") if privacy and privacy[0] else "n/a"
+
+
+def _client_guarantees(done: Sequence[dict], section: str) -> list[str]:
+    """One note per distinct client-level guarantee the finished runs of ``section`` state."""
+    outputs = [d["output"] for d in done if d["run"].section == section and d["output"]]
+    return [f"guarantee: {g}" for g in sorted({s["privacy"] for s in outputs if s.get("client_privacy")})]
+
+
 def _group(done: Sequence[dict], section: str) -> list[tuple[Arm, list[dict]]]:
     """Runs of ``section`` grouped by arm, in plan order."""
     arms: dict[str, tuple[Arm, list[dict]]] = {}
@@ -94,7 +105,7 @@ def _utility(done: Sequence[dict], name: str, title: str, read: Callable[[dict],
                 "top-class share": _mean([v["top"] for v in values]),
                 "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"),
                 "ε (CLT μ-GDP)": _mean([p.get("eps_gdp") for p in privacy], ".2f"),
-                "δ": privacy[0].get("delta", "n/a") if privacy and privacy[0] else "n/a",
+                "δ": _delta(privacy),
                 extra: _mean([v["extra"] for v in values], ".2f"),
                 "_target": arm.target_epsilon,
                 "_after": [v["after"] for v in values],
@@ -120,9 +131,7 @@ def client_level(done: Sequence[dict]) -> dict:
         read,
         "up per round (MB)",
     )
-    outputs = [d["output"] for d in done if d["run"].section == "client-level" and d["output"]]
-    guarantees = {s["privacy"] for s in outputs if s.get("client_privacy")}
-    sec["notes"] += [f"guarantee: {g}" for g in sorted(guarantees)]
+    sec["notes"] += _client_guarantees(done, "client-level")
     return sec
 
 
@@ -206,7 +215,7 @@ def generative(done: Sequence[dict]) -> dict:
                 "share of the non-private drop (same seed)": _mean_std(shares) if shares else "n/a",
                 "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f")
                 + (" (what-if)" if any(p.get("what_if") for p in privacy) else ""),
-                "δ": privacy[0].get("delta", "n/a") if privacy and privacy[0] else "n/a",
+                "δ": _delta(privacy),
                 "min / round": _mean(
                     [
                         s["wall_time_s"] / 60 / s["rounds_completed"]
@@ -217,10 +226,7 @@ def generative(done: Sequence[dict]) -> dict:
                 ),
             }
         )
-    outputs = [d["output"] for d in runs if d["output"]]
-    sec["notes"] += [
-        f"guarantee: {g}" for g in sorted({s["privacy"] for s in outputs if s.get("client_privacy")})
-    ]
+    sec["notes"] += _client_guarantees(done, "generative")
     sec["notes"].append(
         "perplexity of held-out roles (users never seen in training), before: the untrained adapter; "
         "a share is the private run's log-perplexity drop over the non-private run's of the same seed"
