@@ -11,7 +11,10 @@ Wrappers change one concern of any mechanism, as Flower's DP wrappers wrap any s
 pfl-research's adaptive clipping wraps a mechanism: :class:`AdaptiveClipping` (the clip-bit, its
 noised count and the clip's move, Andrew et al. 2021) wraps :class:`GaussianMechanism`, and
 :class:`PostProcessed` (the public-subspace projection) wraps any round sum. A what-if noise cohort
-is the plan's (common/privacy/plan.py ``cohort_scale``): every mechanism sizes its noise from it.
+is the plan's (common/privacy/plan.py ``cohort_scale``), not a wrapper: it scales every noise a
+mechanism adds (the client's share, the server's σ and the clip count's) while the ledger charges
+the unscaled σ, so it belongs where both halves and the charge are sized, as pfl-research keeps it
+in the accountant (``PrivacyAccountant.noise_scale``, read as ``cohort_noise_parameter``).
 
 The round interface is a :class:`RoundSum`: the server adds each usable reply to it and asks for the
 release once. Nothing else sees the replies one by one, so a mechanism whose server may only learn
