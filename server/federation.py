@@ -221,7 +221,7 @@ def _train(run: FederationRun, rnd: int, sampled: list[int]) -> RoundRecord:
     """Round ``rnd`` with the ``sampled`` nodes (skipped when nobody was); moves ``run.state`` on."""
     if not sampled:
         return RoundRecord.skipped(rnd)
-    run.release.before_round(rnd, run.state, run.echo)
+    run.release.before_round(rnd, run.state)
     if run.subspace:
         run.subspace.refresh(rnd, run.state, run.echo)
     run.state, result = run_round(run.round_context(), rnd, sampled, run.state)

@@ -65,7 +65,7 @@ class Release:
         run summary records of it (empty: nothing)."""
         return {}
 
-    def before_round(self, rnd: int, state: AdapterState, echo: Callable[[str], None]) -> None:
+    def before_round(self, rnd: int, state: AdapterState) -> None:
         """Work before round ``rnd`` is sent (the ``pca`` codec's refit); nothing by default."""
 
     def noise_std(self, sampled: int) -> float:

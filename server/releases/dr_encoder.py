@@ -5,8 +5,7 @@ and broadcasts the encoder to nodes that lack it; replies are coded updates, dec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 
 from flwr.serverapp import Grid
 
@@ -27,13 +26,14 @@ class DrEncoderRelease(MechanismRelease):
         self.coder, info = prepare_codec(grid, self.cfg, nodes, state, run)
         return info
 
-    def before_round(self, rnd: int, state: AdapterState, echo: Callable[[str], None]) -> None:
+    def before_round(self, rnd: int, state: AdapterState) -> None:
         """A public-prior codec (``pca``, or ``ae`` on the public prior) is refitted from the current
         global adapter every ``prior-refresh`` rounds (a new version: every node gets the new basis or
         encoder with its next instruction)."""
         if self.cfg.public_prior:
-            run = replace(self.run, echo=echo)
-            self.coder, self.fitted = refresh_public_codec(self.coder, self.fitted, self.cfg, rnd, state, run)
+            self.coder, self.fitted = refresh_public_codec(
+                self.coder, self.fitted, self.cfg, rnd, state, self.run
+            )
 
     @property
     def codec(self) -> dict[str, object]:
