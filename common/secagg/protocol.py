@@ -18,10 +18,11 @@ Stages, for the round's nodes U and each node u with neighbours N(u) (|N(u)| = k
 3. :func:`unmask` (client): shares of b_v for surviving neighbours and of s_v for dropped ones, never
    both for one node. :func:`unmask_sum` (server): Σ_{u ∈ U_3} x_u mod 2^b, and nothing else.
 
-Costs per client, with k neighbours and d coordinates: 2 key pairs; k key agreements to seal the
-shares plus k to open the received ones and k for the mask seeds (3k ECDH); 2k shares created
-(t-of-k each, O(k·t) GF(2^128) products per chunk) and k sealed, k opened; k+1 PRF expansions of d
-coordinates (8·d keystream bytes each); messages of O(k) keys and shares plus one vector of d·b bits.
+Costs per client, with k neighbours and d coordinates: 2 key pairs; 2k key agreements (k per key
+pair: the share key ECDH(c_u, c_v^PK) seals and opens both directions, the mask seed s_uv); 2k
+Shamir shares created (of b_u and of s_u, t-of-k, O(k·t) GF(2^128) products per 16-byte chunk),
+sealed two per neighbour into k ciphertexts, and k opened; k+1 PRF expansions of d coordinates
+(8·d keystream bytes each); messages of O(k) keys and shares plus one vector of d·b bits.
 Server, with D nodes dropped after sharing: |U_3| + D Shamir reconstructions (t shares each), at
 most k·D key agreements and |U_3| + k·D PRF expansions of length d, then O(|U_3|·d) additions.
 
@@ -129,6 +130,7 @@ class Client:
     mask_key: ec.EllipticCurvePrivateKey = field(repr=False)
     self_seed: bytes = field(repr=False)
     peers: Mapping[int, PublicKeys] = field(default_factory=dict)
+    share_keys: Mapping[int, bytes] = field(default_factory=dict, repr=False)
     held: Mapping[int, Held] = field(default_factory=dict, repr=False)
 
 
@@ -196,12 +198,12 @@ def share_keys(client: Client, peers: Mapping[int, PublicKeys]) -> tuple[Client,
     order = sorted(peers)
     seed_shares = shamir.split(client.self_seed, params.threshold, len(order))
     key_shares = shamir.split(keys.private_to_scalar(client.mask_key), params.threshold, len(order))
+    pair_keys = {v: keys.agree(client.cipher_key, peers[v].cipher) for v in order}
     outbox = {}
     for v, seed_share, key_share in zip(order, seed_shares, key_shares, strict=True):
-        pair_key = keys.agree(client.cipher_key, peers[v].cipher)
         payload = len(seed_share).to_bytes(2, "little") + seed_share + key_share
-        outbox[v] = keys.seal_share(pair_key, _pair_where(client, me, v), payload)
-    return replace(client, peers=dict(peers)), outbox
+        outbox[v] = keys.seal_share(pair_keys[v], _pair_where(client, me, v), payload)
+    return replace(client, peers=dict(peers), share_keys=pair_keys), outbox
 
 
 def route_shares(params: Params, outboxes: Mapping[int, Mapping[int, bytes]]) -> dict[int, dict[int, bytes]]:
@@ -258,9 +260,7 @@ def masked_input(client: Client, inbox: Mapping[int, bytes], x: np.ndarray) -> t
         )
     held = {}
     for v, token in inbox.items():
-        payload = keys.open_share(
-            keys.agree(client.cipher_key, client.peers[v].cipher), _pair_where(client, v, me), token
-        )
+        payload = keys.open_share(client.share_keys[v], _pair_where(client, v, me), token)
         size = int.from_bytes(payload[:2], "little")
         held[v] = Held(payload[2 : 2 + size], payload[2 + size :])
     y = x + prf.mask(
@@ -333,6 +333,9 @@ def unmask_sum(
         )
     if len(survivors) < params.threshold:
         raise SecAggError(f"only {len(survivors)} masked inputs arrived, threshold is {params.threshold}")
+    strangers = {r.node_id for r in replies} - survivors
+    if strangers:
+        raise SecAggError(f"unmask replies from nodes that sent no masked input: {sorted(strangers)}")
     modulus_mask = np.uint64((1 << params.bits) - 1)
     total = np.zeros(params.length, dtype=np.uint64)
     for u in sorted(survivors):
