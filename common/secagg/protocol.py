@@ -1,0 +1,372 @@
+"""The SecAgg+ protocol as pure stage functions: no messages, no network (Bonawitz et al. 2017, CCS,
+"Practical Secure Aggregation for Privacy-Preserving Machine Learning", §4, with Bell et al. 2020's
+sparse neighbour graph, common/secagg/graph.py). Honest-but-curious server; no signatures on the
+advertised keys (the malicious-server variant of Bonawitz §6 is not implemented).
+
+Stages, for the round's nodes U and each node u with neighbours N(u) (|N(u)| = k):
+
+0. :func:`setup` (client): two fresh P-384 key pairs, (c_u, c_u^PK) to encrypt shares and
+   (s_u, s_u^PK) to agree pairwise mask seeds, and a self-mask seed b_u of 32 bytes from
+   ``os.urandom``. :func:`route_keys` (server) hands each node its neighbours' public keys.
+1. :func:`share_keys` (client): t-of-|N(u)| Shamir shares of b_u and of the scalar s_u, the pair
+   for neighbour v sealed under ECDH(c_u, c_v^PK) and bound to (round, u, v) (common/secagg/keys.py).
+   :func:`route_shares` (server) forwards them; the senders are U_2.
+2. :func:`masked_input` (client): for x_u in [0, 2^b)^d,
+   y_u = x_u + PRF(b_u) + Σ_{v ∈ N(u) ∩ U_2, v > u} PRF(s_uv) − Σ_{v ∈ N(u) ∩ U_2, v < u} PRF(s_uv)  mod 2^b,
+   with s_uv = HKDF(ECDH(s_u, s_v^PK)) and PRF = HKDF + ChaCha20 (common/secagg/prf.py, Bonawitz eq. 1-2).
+   The senders of a masked input are the survivors U_3.
+3. :func:`unmask` (client): shares of b_v for surviving neighbours and of s_v for dropped ones, never
+   both for one node. :func:`unmask_sum` (server): Σ_{u ∈ U_3} x_u mod 2^b, and nothing else.
+
+Costs per client, with k neighbours and d coordinates: 2 key pairs; 2k key agreements (k per key
+pair: the share key ECDH(c_u, c_v^PK) seals and opens both directions, the mask seed s_uv); 2k
+Shamir shares created (of b_u and of s_u, t-of-k, O(k·t) GF(2^128) products per 16-byte chunk),
+sealed two per neighbour into k ciphertexts, and k opened; k+1 PRF expansions of d coordinates
+(8·d keystream bytes each); messages of O(k) keys and shares plus one vector of d·b bits.
+Server, with D nodes dropped after sharing: |U_3| + D Shamir reconstructions (t shares each), at
+most k·D key agreements and |U_3| + k·D PRF expansions of length d, then O(|U_3|·d) additions.
+
+The sum is exact mod 2^b: choose b so that the true sum never wraps (b >= log2(n · max coordinate)).
+Secret randomness comes only from the OS CSPRNG (``os.urandom``, OpenSSL, pycryptodome's
+``get_random_bytes``). A client must answer :func:`unmask` at most once per round (the caller drops
+its :class:`Client` state afterwards): the both-shares refusal only holds per answer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from common.secagg import graph, keys, prf, shamir
+from common.secagg.errors import SecAggError
+
+_SEED = prf.SEED_BYTES
+
+
+@dataclass(frozen=True)
+class Params:
+    """One round's public parameters, the same at every node.
+
+    ``node_ids``: the round's distinct node ids (< 2^64); ``k``: neighbours per node; ``threshold``:
+    t, the shares needed to reconstruct a secret; ``bits``: b, the modulus 2^b of the masked sum;
+    ``length``: d, coordinates per input; ``public_seed``: fixes the neighbour graph (>= 16 bytes).
+    """
+
+    round_number: int
+    node_ids: tuple[int, ...]
+    k: int
+    threshold: int
+    bits: int
+    length: int
+    public_seed: bytes
+
+    def validate(self) -> Params:
+        """``self``, or a one-line :class:`SecAggError` (a FedloraError) naming the broken rule.
+
+        The threshold bound enforced is k/2 < t <= k, precisely 2t > the largest neighbourhood
+        (k, or k+1 when k and n are odd): two disjoint sets of t share holders cannot both exist
+        among a node's neighbours, so one honest neighbour would see a request for b_u and one for
+        s_u (and refuse, :func:`unmask`). Bonawitz et al. take t > n/2 for the same reason; Flower's
+        SecAggPlusWorkflow only requires t < its share count (k+1, itself included) and t >= 2.
+        """
+        n, k, t = len(self.node_ids), self.k, self.threshold
+        if not 1 <= self.bits <= prf.MAX_BITS:
+            raise SecAggError(f"bits per coordinate must be in [1, {prf.MAX_BITS}], got {self.bits}")
+        if self.length < 1:
+            raise SecAggError(f"inputs need at least one coordinate, got length {self.length}")
+        if len(set(self.node_ids)) != n or any(not 0 <= node < 2**64 for node in self.node_ids):
+            raise SecAggError("node ids must be distinct integers in [0, 2^64)")
+        if len(self.public_seed) < 16:
+            raise SecAggError(f"the public graph seed needs at least 16 bytes, got {len(self.public_seed)}")
+        if k < 2:
+            raise SecAggError(f"each node needs at least 2 neighbours, got k={k}")
+        if n < k + 1:
+            raise SecAggError(f"{n} nodes cannot each have k={k} neighbours: need at least k+1={k + 1} nodes")
+        if t > k:
+            raise SecAggError(f"threshold t={t} exceeds the k={k} shares each node hands out")
+        widest = graph.max_degree(n, k)
+        if 2 * t <= widest:
+            raise SecAggError(
+                f"threshold t={t} must exceed half of the {widest} shares a node hands out (t > {widest}/2), "
+                "so that no server request can gather both a node's self-mask and its mask key"
+            )
+        return self
+
+    @cached_property
+    def neighbours(self) -> dict[int, frozenset[int]]:
+        """The round's SecAgg+ graph (common/secagg/graph.py), from public data only."""
+        return graph.neighbours(self.node_ids, self.k, self.public_seed)
+
+
+@dataclass(frozen=True)
+class PublicKeys:
+    """What node ``node_id`` advertises in stage 0: two PEM P-384 public keys (c_u^PK, s_u^PK)."""
+
+    node_id: int
+    cipher: bytes
+    mask: bytes
+
+
+@dataclass(frozen=True)
+class Held:
+    """A neighbour's shares that this client keeps: of its self-mask seed b_v and of its mask scalar s_v."""
+
+    self_seed: bytes = field(repr=False)
+    mask_key: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Client:
+    """One client's state after a stage. The secrets never leave it except as Shamir shares."""
+
+    params: Params
+    node_id: int
+    cipher_key: ec.EllipticCurvePrivateKey = field(repr=False)
+    mask_key: ec.EllipticCurvePrivateKey = field(repr=False)
+    self_seed: bytes = field(repr=False)
+    peers: Mapping[int, PublicKeys] = field(default_factory=dict)
+    share_keys: Mapping[int, bytes] = field(default_factory=dict, repr=False)
+    held: Mapping[int, Held] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """The server's stage-3 claim: who sent a masked input (``survivors``) and who shared but did not."""
+
+    survivors: frozenset[int]
+    dropped: frozenset[int]
+
+
+@dataclass(frozen=True)
+class UnmaskReply:
+    """One surviving client's answer: owner id -> share, of b_owner (survivors) or of s_owner (dropped)."""
+
+    node_id: int
+    self_seed_shares: Mapping[int, bytes] = field(repr=False)
+    mask_key_shares: Mapping[int, bytes] = field(repr=False)
+
+
+def setup(params: Params, node_id: int) -> tuple[Client, PublicKeys]:
+    """Stage 0 (client): fresh keys and self-mask seed; returns the state and the keys to advertise."""
+    params.validate()
+    if node_id not in params.neighbours:
+        raise SecAggError(f"node {node_id} is not in round {params.round_number}")
+    cipher_key, cipher_public = keys.new_key_pair()
+    mask_key, mask_public = keys.new_key_pair()
+    client = Client(params, node_id, cipher_key, mask_key, os.urandom(_SEED))
+    return client, PublicKeys(node_id, cipher_public, mask_public)
+
+
+def route_keys(params: Params, advertised: Mapping[int, PublicKeys]) -> dict[int, dict[int, PublicKeys]]:
+    """Stage 0 (server): each advertising node -> its advertising neighbours' keys."""
+    for node, public in advertised.items():
+        if node not in params.neighbours or public.node_id != node:
+            raise SecAggError(
+                f"keys advertised for node {node} by node {public.node_id} in round {params.round_number}"
+            )
+    return {
+        node: {v: advertised[v] for v in sorted(params.neighbours[node]) if v in advertised}
+        for node in advertised
+    }
+
+
+def _pair_where(client: Client, sender: int, receiver: int) -> tuple[int, int, int]:
+    return client.params.round_number, sender, receiver
+
+
+def share_keys(client: Client, peers: Mapping[int, PublicKeys]) -> tuple[Client, dict[int, bytes]]:
+    """Stage 1 (client): seal one share of b_u and one of s_u for each neighbour that advertised keys.
+
+    Refuses when fewer than t neighbours advertised (the secrets could not be recovered) or when a
+    peer is no neighbour or reuses a key. Returns the new state and receiver -> sealed token.
+    """
+    params, me = client.params, client.node_id
+    if not set(peers) <= params.neighbours[me] or any(p.node_id != v for v, p in peers.items()):
+        raise SecAggError(f"node {me} was sent keys of nodes that are not its neighbours: {sorted(peers)}")
+    if len(peers) < params.threshold:
+        raise SecAggError(
+            f"node {me}: only {len(peers)} neighbours advertised keys, threshold is {params.threshold}"
+        )
+    published = [key for p in peers.values() for key in (p.cipher, p.mask)]
+    if len(set(published)) != len(published):
+        raise SecAggError(f"node {me}: neighbours advertised repeated public keys")
+    order = sorted(peers)
+    seed_shares = shamir.split(client.self_seed, params.threshold, len(order))
+    key_shares = shamir.split(keys.private_to_scalar(client.mask_key), params.threshold, len(order))
+    pair_keys = {v: keys.agree(client.cipher_key, peers[v].cipher) for v in order}
+    outbox = {}
+    for v, seed_share, key_share in zip(order, seed_shares, key_shares, strict=True):
+        payload = len(seed_share).to_bytes(2, "little") + seed_share + key_share
+        outbox[v] = keys.seal_share(pair_keys[v], _pair_where(client, me, v), payload)
+    return replace(client, peers=dict(peers), share_keys=pair_keys), outbox
+
+
+def route_shares(params: Params, outboxes: Mapping[int, Mapping[int, bytes]]) -> dict[int, dict[int, bytes]]:
+    """Stage 1 (server): sender -> receiver -> token becomes receiver -> sender -> token. The
+    senders are U_2; keep ``{u: set(outboxes[u])}`` for :func:`unmask_sum`."""
+    inboxes: dict[int, dict[int, bytes]] = {}
+    for sender, outbox in outboxes.items():
+        if not set(outbox) <= params.neighbours.get(sender, frozenset()):
+            raise SecAggError(f"node {sender} sealed shares for nodes that are not its neighbours")
+        for receiver, token in outbox.items():
+            inboxes.setdefault(receiver, {})[sender] = token
+    return inboxes
+
+
+def _pair_mask(client: Client, peer: int) -> np.ndarray:
+    """± PRF(s_uv) for u = client, v = ``peer``: + when u < v, − otherwise (so the pair cancels)."""
+    params, me = client.params, client.node_id
+    seed = keys.agree(client.mask_key, client.peers[peer].mask)
+    info = prf.context(params.round_number, "pair", min(me, peer), max(me, peer))
+    pad = prf.mask(seed, params.length, params.bits, info)
+    return pad if me < peer else -pad
+
+
+def check_input(params: Params, x: np.ndarray) -> np.ndarray:
+    """``x`` as uint64 of shape (d,), or a one-line error: no coordinate outside [0, 2^b) is clipped."""
+    x = np.asarray(x)
+    if x.shape != (params.length,) or not np.issubdtype(x.dtype, np.integer):
+        raise SecAggError(
+            f"an input is an integer vector of shape ({params.length},), got {x.dtype} {x.shape}"
+        )
+    if x.size and (int(x.min()) < 0 or int(x.max()) >= 1 << params.bits):
+        raise SecAggError(
+            f"input coordinates must lie in [0, 2^{params.bits}), got [{int(x.min())}, {int(x.max())}]"
+        )
+    return x.astype(np.uint64)
+
+
+def masked_input(client: Client, inbox: Mapping[int, bytes], x: np.ndarray) -> tuple[Client, np.ndarray]:
+    """Stage 2 (client): open the neighbours' shares, keep them, and mask ``x`` (Bonawitz eq. 2).
+
+    ``inbox``: sender -> token from :func:`route_shares`; ``x``: integers in [0, 2^b), shape (d,).
+    Returns the new state and y_u, shape (d,), uint64 in [0, 2^b). The pairwise masks cover the
+    neighbours whose shares arrived (N(u) ∩ U_2): those are the ones that masked with u.
+    """
+    params, me = client.params, client.node_id
+    x = check_input(params, x)
+    if not set(inbox) <= set(client.peers):
+        raise SecAggError(
+            f"node {me} received shares from nodes it did not share with: {sorted(set(inbox) - set(client.peers))}"
+        )
+    if len(inbox) < params.threshold:
+        raise SecAggError(
+            f"node {me}: only {len(inbox)} neighbours shared keys, threshold is {params.threshold}"
+        )
+    held = {}
+    for v, token in inbox.items():
+        payload = keys.open_share(client.share_keys[v], _pair_where(client, v, me), token)
+        size = int.from_bytes(payload[:2], "little")
+        held[v] = Held(payload[2 : 2 + size], payload[2 + size :])
+    y = x + prf.mask(
+        client.self_seed, params.length, params.bits, prf.context(params.round_number, "self", me)
+    )
+    for v in sorted(held):
+        y += _pair_mask(client, v)
+    client = replace(client, held=held)
+    return client, y & np.uint64((1 << params.bits) - 1)
+
+
+def unmask_request(shared: Collection[int], survivors: Collection[int]) -> UnmaskRequest:
+    """Stage 3 (server): U_3 = the nodes whose masked input arrived, dropped = U_2 \\ U_3."""
+    return UnmaskRequest(frozenset(survivors), frozenset(shared) - frozenset(survivors))
+
+
+def unmask(client: Client, request: UnmaskRequest) -> UnmaskReply:
+    """Stage 3 (client): shares of b_v for surviving neighbours v, of s_v for dropped ones.
+
+    Refuses (one line) when a node is claimed both survived and dropped, when this node is claimed
+    dropped, or when fewer than t of its neighbourhood (itself included) survived: the server
+    could otherwise learn a single input or strip a survivor's masks.
+    """
+    params, me = client.params, client.node_id
+    both = request.survivors & request.dropped
+    if both:
+        raise SecAggError(
+            f"node {me} refuses to unmask: nodes {sorted(both)} are claimed both survived and dropped"
+        )
+    if me not in request.survivors:
+        raise SecAggError(f"node {me} refuses to unmask: it is not listed among the survivors")
+    alive = len(request.survivors & (params.neighbours[me] | {me}))
+    if alive < params.threshold:
+        raise SecAggError(
+            f"node {me} refuses to unmask: {alive} of its neighbourhood survived, threshold is {params.threshold}"
+        )
+    return UnmaskReply(
+        me,
+        {v: h.self_seed for v, h in client.held.items() if v in request.survivors},
+        {v: h.mask_key for v, h in client.held.items() if v in request.dropped},
+    )
+
+
+def _recover(owner: int, what: str, shares: list[bytes], params: Params, size: int) -> bytes:
+    if len(shares) < params.threshold:
+        raise SecAggError(
+            f"only {len(shares)} shares of node {owner}'s {what} arrived, {params.threshold} needed to remove its mask"
+        )
+    return shamir.combine(shares, params.threshold, size)
+
+
+def unmask_sum(
+    params: Params,
+    advertised: Mapping[int, PublicKeys],
+    shared: Mapping[int, Collection[int]],
+    masked: Mapping[int, np.ndarray],
+    replies: Collection[UnmaskReply],
+) -> np.ndarray:
+    """Stage 3 (server): Σ_{u ∈ U_3} x_u mod 2^b, shape (d,), uint64; no individual input is formed.
+
+    ``advertised``: stage-0 keys; ``shared``: U_2, sender -> the receivers of its shares; ``masked``:
+    U_3, survivor -> y_u; ``replies``: the survivors' :class:`UnmaskReply`. Removes each survivor's
+    self-mask (b_u from t shares) and, for each dropped u, its pairwise masks with the surviving
+    neighbours (s_u from t shares, then ECDH with their s_v^PK, Bonawitz §4 round 4).
+    """
+    survivors = set(masked)
+    if not survivors <= set(shared):
+        raise SecAggError(
+            f"masked inputs from nodes that did not share keys: {sorted(survivors - set(shared))}"
+        )
+    if len(survivors) < params.threshold:
+        raise SecAggError(f"only {len(survivors)} masked inputs arrived, threshold is {params.threshold}")
+    strangers = {r.node_id for r in replies} - survivors
+    if strangers:
+        raise SecAggError(f"unmask replies from nodes that sent no masked input: {sorted(strangers)}")
+    modulus_mask = np.uint64((1 << params.bits) - 1)
+    total = np.zeros(params.length, dtype=np.uint64)
+    for u in sorted(survivors):
+        total += check_input(params, masked[u])
+    for u in sorted(survivors):
+        seed = _recover(
+            u,
+            "self-mask seed",
+            [r.self_seed_shares[u] for r in replies if u in r.self_seed_shares],
+            params,
+            _SEED,
+        )
+        total -= prf.mask(seed, params.length, params.bits, prf.context(params.round_number, "self", u))
+    for u in sorted(set(shared) - survivors):
+        scalar = _recover(
+            u,
+            "mask key",
+            [r.mask_key_shares[u] for r in replies if u in r.mask_key_shares],
+            params,
+            keys.SCALAR_BYTES,
+        )
+        mask_key = keys.scalar_to_private(scalar)
+        if keys.public_bytes(mask_key) != advertised[u].mask:
+            raise SecAggError(f"node {u}'s reconstructed mask key does not match the key it advertised")
+        for v in sorted(survivors & set(shared[u])):
+            seed = keys.agree(mask_key, advertised[v].mask)
+            pad = prf.mask(
+                seed,
+                params.length,
+                params.bits,
+                prf.context(params.round_number, "pair", min(u, v), max(u, v)),
+            )
+            total -= pad if v < u else -pad  # y_v carried +PRF(s_uv) when v < u
+    return total & modulus_mask

@@ -1,0 +1,258 @@
+"""The SecAgg+ stages end to end (common/secagg/protocol.py): the server's sum is exact mod 2^b
+with and without dropouts, one client's masked vector looks uniform to the server, clients refuse
+requests that would reveal a single input, misrouted shares fail authentication, and bad
+parameters fail in one line."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from common.errors import FedloraError
+from common.secagg import protocol as sa
+from common.secagg.errors import SecAggError, ShareAuthError
+
+
+@dataclass
+class Round:
+    """A round run up to the masked inputs: the clients' states and what the server holds."""
+
+    params: sa.Params
+    clients: dict[int, sa.Client]
+    advertised: dict[int, sa.PublicKeys]
+    shared: dict[int, set[int]]
+    inputs: dict[int, np.ndarray]
+    masked: dict[int, np.ndarray]
+
+
+def params(n=10, k=4, t=3, bits=16, d=64, round_number=1) -> sa.Params:
+    return sa.Params(
+        round_number, tuple(range(1000, 1000 + 7 * n, 7)), k, t, bits, d, os.urandom(32)
+    ).validate()
+
+
+def run_to_masked(p: sa.Params, inputs=None, never_share=()) -> Round:
+    """Stages 0-2 for every node; ``never_share``: nodes that drop after advertising their keys."""
+    rng = np.random.default_rng()
+    clients, advertised = {}, {}
+    for u in p.node_ids:
+        clients[u], advertised[u] = sa.setup(p, u)
+    routed = sa.route_keys(p, advertised)
+    outboxes = {}
+    for u in p.node_ids:
+        clients[u], outbox = sa.share_keys(clients[u], routed[u])
+        if u not in never_share:
+            outboxes[u] = outbox
+    inboxes = sa.route_shares(p, outboxes)
+    inputs = inputs or {u: rng.integers(0, 2 ** (p.bits - 5), p.length) for u in outboxes}
+    masked = {}
+    for u in outboxes:
+        clients[u], masked[u] = sa.masked_input(clients[u], inboxes[u], inputs[u])
+    return Round(p, clients, advertised, {u: set(o) for u, o in outboxes.items()}, inputs, masked)
+
+
+def finish(r: Round, dropped=(), silent=()) -> np.ndarray:
+    """Stage 3: ``dropped`` never send their masked input; ``silent`` send it, then drop before unmasking."""
+    survivors = {u: y for u, y in r.masked.items() if u not in dropped}
+    request = sa.unmask_request(r.shared, survivors)
+    replies = [sa.unmask(r.clients[u], request) for u in survivors if u not in silent]
+    return sa.unmask_sum(r.params, r.advertised, r.shared, survivors, replies)
+
+
+def exact(r: Round, nodes) -> np.ndarray:
+    return sum(r.inputs[u].astype(np.uint64) for u in nodes) % np.uint64(2**r.params.bits)
+
+
+def test_the_sum_is_exact_without_dropouts():
+    r = run_to_masked(params(n=12, k=6, t=4, bits=20, d=500))
+    total = finish(r)
+    assert total.dtype == np.uint64 and total.shape == (500,)
+    assert np.array_equal(total, exact(r, r.params.node_ids))
+    assert all(int(y.max()) < 2**20 for y in r.masked.values())
+
+
+def test_the_sum_wraps_mod_2_to_the_b():
+    p = params(n=6, k=2, t=2, bits=3, d=200)
+    inputs = {u: np.full(200, 7) for u in p.node_ids}
+    assert np.array_equal(finish(run_to_masked(p, inputs)), np.full(200, 6 * 7 % 8, dtype=np.uint64))
+
+
+def test_twenty_percent_dropping_after_sharing_leave_the_survivors_sum():
+    r = run_to_masked(params(n=20, k=10, t=6, d=300))  # any 4 lost leave each node 6 of 10 holders
+    dropped = set(r.params.node_ids[::5])  # 4 of 20: their pairwise masks come back through s_u's shares
+    assert np.array_equal(finish(r, dropped=dropped), exact(r, set(r.params.node_ids) - dropped))
+
+
+def test_twenty_percent_dropping_after_the_masked_upload_still_count():
+    r = run_to_masked(params(n=20, k=10, t=6, d=300))  # any 4 lost leave each node 6 of 10 holders
+    silent = set(r.params.node_ids[2::5])  # their y arrived; their self-masks come back through b_u's shares
+    assert np.array_equal(finish(r, silent=silent), exact(r, r.params.node_ids))
+
+
+def test_dropouts_at_every_stage_together():
+    p = params(n=15, k=10, t=6, d=100)  # 4 of 15 lost: every node keeps at least 6 of its 10 share holders
+    ids = p.node_ids
+    r = run_to_masked(p, never_share={ids[0]})
+    total = finish(r, dropped={ids[4], ids[9]}, silent={ids[7]})
+    assert np.array_equal(total, exact(r, set(ids) - {ids[0], ids[4], ids[9]}))
+
+
+def _chi_square(values: np.ndarray, bins: int) -> float:
+    counts = np.bincount(values.astype(np.int64), minlength=bins)
+    expected = values.size / bins
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+#: chi-square, 15 degrees of freedom, upper 1e-4 quantile (scipy.stats.chi2.ppf(1 - 1e-4, 15))
+CHI2_15_1E4 = 44.263
+
+
+def test_the_server_sees_a_uniform_vector_for_an_all_zero_input():
+    views = []
+    for round_number in range(4):  # fresh keys and seeds each round, as in a deployment
+        p = params(n=5, k=2, t=2, bits=4, d=1000, round_number=round_number)
+        r = run_to_masked(p, {u: np.zeros(1000, dtype=np.int64) for u in p.node_ids})
+        views.append(r.masked[p.node_ids[0]])
+    view = np.concatenate(views)
+    assert _chi_square(view, 16) < CHI2_15_1E4
+    assert (
+        _chi_square(np.zeros(view.size), 16) > CHI2_15_1E4
+    )  # the test can fail: the bare input is not uniform
+    skewed = np.where(np.arange(view.size) % 4 == 0, 0, view)  # a quarter of the coordinates left unmasked
+    assert _chi_square(skewed, 16) > CHI2_15_1E4
+
+
+def test_a_client_never_reveals_both_shares_of_a_node():
+    r = run_to_masked(params())
+    ids = r.params.node_ids
+    me = ids[0]
+    both = sa.UnmaskRequest(frozenset(ids), frozenset({ids[3]}))
+    with pytest.raises(
+        SecAggError, match=rf"node {me} refuses to unmask: nodes \[{ids[3]}\] are claimed both"
+    ):
+        sa.unmask(r.clients[me], both)
+    reply = sa.unmask(r.clients[me], sa.unmask_request(ids, set(ids) - {ids[3]}))
+    assert not set(reply.self_seed_shares) & set(reply.mask_key_shares)
+
+
+def test_a_client_refuses_when_too_few_survived_or_it_is_called_dropped():
+    r = run_to_masked(params(n=10, k=4, t=3))
+    me = r.params.node_ids[0]
+    mates = sorted(r.params.neighbours[me])
+    few = sa.unmask_request(r.params.node_ids, {me, mates[0]})
+    with pytest.raises(
+        SecAggError, match=f"node {me} refuses to unmask: 2 of its neighbourhood survived, threshold is 3"
+    ):
+        sa.unmask(r.clients[me], few)
+    with pytest.raises(SecAggError, match="not listed among the survivors"):
+        sa.unmask(r.clients[me], sa.unmask_request(r.params.node_ids, set(mates)))
+
+
+def test_the_server_says_when_too_few_shares_arrived():
+    r = run_to_masked(params(n=10, k=4, t=3))
+    victim = r.params.node_ids[0]
+    request = sa.unmask_request(r.shared, r.masked)
+    holders = r.params.neighbours[victim]
+    silent = set(sorted(holders)[:2])  # 2 of its 4 share holders do not answer: 2 < t = 3 shares
+    replies = [sa.unmask(r.clients[u], request) for u in r.params.node_ids if u not in silent]
+    with pytest.raises(
+        SecAggError, match=f"only 2 shares of node {victim}'s self-mask seed arrived, 3 needed"
+    ):
+        sa.unmask_sum(r.params, r.advertised, r.shared, r.masked, replies)
+
+
+def test_misrouted_or_tampered_shares_fail_authentication():
+    p = params()
+    clients, advertised = {}, {}
+    for u in p.node_ids:
+        clients[u], advertised[u] = sa.setup(p, u)
+    routed = sa.route_keys(p, advertised)
+    outboxes = {}
+    for u in p.node_ids:
+        clients[u], outboxes[u] = sa.share_keys(clients[u], routed[u])
+    me = p.node_ids[0]
+    inbox = sa.route_shares(p, outboxes)[me]
+    a, b = sorted(inbox)[:2]
+    swapped = {**inbox, a: inbox[b], b: inbox[a]}  # b's share presented as a's
+    with pytest.raises(ShareAuthError, match="failed authentication"):
+        sa.masked_input(clients[me], swapped, np.zeros(p.length, dtype=np.int64))
+    # the same ciphertext replayed into the next round between the same nodes (fresh keys there)
+    later = sa.Params(p.round_number + 1, p.node_ids, p.k, p.threshold, p.bits, p.length, p.public_seed)
+    fresh = {u: sa.setup(later, u) for u in p.node_ids}
+    keys_later = sa.route_keys(later, {u: pub for u, (_, pub) in fresh.items()})
+    states, outboxes_later = {}, {}
+    for u, (client, _) in fresh.items():
+        states[u], outboxes_later[u] = sa.share_keys(client, keys_later[u])
+    inbox_later = sa.route_shares(later, outboxes_later)[me]
+    assert sa.masked_input(states[me], inbox_later, np.zeros(p.length, dtype=np.int64))[1].shape == (
+        p.length,
+    )
+    with pytest.raises(
+        ShareAuthError, match=f"round {later.round_number}: the share from node {a} to node {me} failed"
+    ):
+        sa.masked_input(states[me], {**inbox_later, a: inbox[a]}, np.zeros(p.length, dtype=np.int64))
+
+
+def test_inputs_outside_the_modulus_are_refused_not_clipped():
+    r = run_to_masked(params(bits=8, d=16))
+    client = r.clients[r.params.node_ids[0]]
+    for bad, message in [
+        (np.full(16, 256), r"input coordinates must lie in \[0, 2\^8\), got \[256, 256\]"),
+        (np.full(16, -1), r"input coordinates must lie in \[0, 2\^8\)"),
+        (np.zeros(15, dtype=np.int64), r"an input is an integer vector of shape \(16,\)"),
+        (np.zeros(16), r"an input is an integer vector of shape \(16,\), got float64"),
+    ]:
+        with pytest.raises(SecAggError, match=message):
+            sa.masked_input(client, {}, bad)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"threshold": 5}, "threshold t=5 exceeds the k=4 shares each node hands out"),
+        ({"threshold": 2}, r"threshold t=2 must exceed half of the 4 shares a node hands out \(t > 4/2\)"),
+        ({"k": 3, "threshold": 2, "ids": 9}, r"threshold t=2 must exceed half of the 4 shares"),  # k, n odd
+        ({"ids": 4}, "4 nodes cannot each have k=4 neighbours: need at least k\\+1=5 nodes"),
+        ({"bits": 0}, r"bits per coordinate must be in \[1, 62\], got 0"),
+        ({"bits": 63}, r"bits per coordinate must be in \[1, 62\], got 63"),
+        ({"k": 1, "threshold": 1}, "each node needs at least 2 neighbours, got k=1"),
+        ({"length": 0}, "inputs need at least one coordinate"),
+        ({"seed": b"short"}, "the public graph seed needs at least 16 bytes"),
+    ],
+)
+def test_bad_parameters_fail_in_one_line(changes, message):
+    fields = {"k": 4, "threshold": 3, "bits": 16, "length": 8, "ids": 10, "seed": os.urandom(32)} | changes
+    p = sa.Params(
+        3,
+        tuple(range(fields["ids"])),
+        fields["k"],
+        fields["threshold"],
+        fields["bits"],
+        fields["length"],
+        fields["seed"],
+    )
+    with pytest.raises(FedloraError, match=message) as raised:
+        p.validate()
+    assert "\n" not in str(raised.value)
+    with pytest.raises(SecAggError):
+        sa.setup(p, 0)
+
+
+def test_odd_k_on_an_even_cohort_takes_the_usual_bound():
+    sa.Params(1, tuple(range(10)), 3, 2, 8, 4, os.urandom(32)).validate()  # 3-regular: t=2 > 3/2
+
+
+def test_the_server_takes_unmask_replies_only_from_survivors():
+    r = run_to_masked(params())
+    gone = r.params.node_ids[1]
+    survivors = {u: y for u, y in r.masked.items() if u != gone}
+    request = sa.unmask_request(r.shared, survivors)
+    replies = [sa.unmask(r.clients[u], request) for u in survivors]
+    stray = sa.UnmaskReply(gone, {}, {})
+    with pytest.raises(
+        SecAggError, match=rf"unmask replies from nodes that sent no masked input: \[{gone}\]"
+    ):
+        sa.unmask_sum(r.params, r.advertised, r.shared, survivors, [*replies, stray])
