@@ -106,8 +106,9 @@ def _chi_square(values: np.ndarray, bins: int) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-#: chi-square, 15 degrees of freedom, upper 1e-4 quantile (scipy.stats.chi2.ppf(1 - 1e-4, 15))
-CHI2_15_1E4 = 44.263
+#: chi-square, 15 degrees of freedom, upper 1e-9 quantile (scipy.stats.chi2.ppf(1 - 1e-9, 15)): a
+#: uniform view fails one run in a billion (the suite must not flake); the controls below exceed it ~50x
+CHI2_15 = 73.63
 
 
 def test_the_server_sees_a_uniform_vector_for_an_all_zero_input():
@@ -117,12 +118,10 @@ def test_the_server_sees_a_uniform_vector_for_an_all_zero_input():
         r = run_to_masked(p, {u: np.zeros(1000, dtype=np.int64) for u in p.node_ids})
         views.append(r.masked[p.node_ids[0]])
     view = np.concatenate(views)
-    assert _chi_square(view, 16) < CHI2_15_1E4
-    assert (
-        _chi_square(np.zeros(view.size), 16) > CHI2_15_1E4
-    )  # the test can fail: the bare input is not uniform
+    assert _chi_square(view, 16) < CHI2_15
+    assert _chi_square(np.zeros(view.size), 16) > CHI2_15  # the test can fail: the bare input is not uniform
     skewed = np.where(np.arange(view.size) % 4 == 0, 0, view)  # a quarter of the coordinates left unmasked
-    assert _chi_square(skewed, 16) > CHI2_15_1E4
+    assert _chi_square(skewed, 16) > CHI2_15
 
 
 def test_a_client_never_reveals_both_shares_of_a_node():
