@@ -8,8 +8,8 @@ the sum (pass the variance of the shares that were actually summed: dropouts low
 
 Mechanism. An integer query f (a client's scaled, rotated, conditionally rounded update; see
 common/privacy/discrete.py) with L1 sensitivity Δ1 and L2 sensitivity Δ2, released as f + Sk(μ)^d.
-Agarwal et al. (Theorem 3.5 of arXiv 2110.04995, the d-dimensional Skellam RDP; their notation,
-variance 2μ_p) give, for α > 1,
+Agarwal et al. (arXiv 2110.04995, the d-dimensional Skellam RDP bound, Theorem 3.5 in the
+numbering we could trace; their notation, variance 2μ_p) give, for α > 1,
 
     ε(α) ≤ αΔ2²/(4μ_p) + min(((2α − 1)Δ2² + 6Δ1)/(16μ_p²), 3Δ1/(4μ_p)),
 
@@ -20,8 +20,8 @@ against the exact Rényi divergence between shifted Skellams summed from scipy's
 
 Sensitivities. After conditional rounding every client's integer vector z has ``‖z‖_2 ≤ Δ2`` (the
 rounding bound, enforced); for an integer vector |z_i| ≤ z_i², so ``‖z‖_1 ≤ ‖z‖_2²``, and by
-Cauchy–Schwarz ``‖z‖_1 ≤ √D·‖z‖_2``: Δ1 = min(Δ2², √D·Δ2) (:func:`integer_sensitivities`, the same
-bound the paper uses for the rounded vector). :func:`rounding_norm_bound` is Kairouz, Liu &
+Cauchy–Schwarz ``‖z‖_1 ≤ √D·‖z‖_2``: Δ1 = min(Δ2², √D·Δ2) (:func:`integer_sensitivities`; the
+Skellam paper's experiments bound the rounded vector's L1 norm the same way). :func:`rounding_norm_bound` is Kairouz, Liu &
 Steinke's (ICML 2021, arXiv 2102.06387, the conditional randomized rounding lemma of §4) bound
 for choosing Δ2 so that re-rounding is rarely needed.
 
