@@ -73,7 +73,8 @@ def test_conditional_rounding():
     assert z.dtype == np.int64 and np.all(np.abs(z - x.numpy()) < 1)
     assert np.linalg.norm(z) <= bound
     draws = np.stack([conditional_round(x, bound) for _ in range(400)])
-    assert np.abs(draws.mean(axis=0) - x.numpy()).max() < 0.1  # unbiased (4.5 sd of a mean of 400 draws)
+    # unbiased: 6 sd of a mean of 400 draws (sd <= 0.025), so the max over 256 coordinates flakes ~1e-6
+    assert np.abs(draws.mean(axis=0) - x.numpy()).max() < 0.15
     assert not all(np.array_equal(draws[0], d) for d in draws[1:])  # fresh OS-seeded randomness
 
 
@@ -184,7 +185,7 @@ def test_fifty_clients_decode_to_the_clipped_sum(sigma):
     assert error.std() == pytest.approx(predicted, rel=0.1)
     assert abs(error.mean()) < 5 * predicted / math.sqrt(dim)
     mean_error = np.abs(error / clients).max()
-    assert mean_error < 5 * predicted / clients  # the decoded mean is the clipped mean within 5 sd
+    assert mean_error < 6 * predicted / clients  # within 6 sd on all 1,000 coordinates (flakes ~2e-6)
     if sigma == 0:  # noiseless: only rounding, each rotated coordinate off by < 1 per client
         assert np.linalg.norm(error) <= clients * math.sqrt(padded_dim(dim)) / scale
 
