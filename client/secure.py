@@ -1,0 +1,119 @@
+"""A node's side of a secure-aggregation round (SecAgg+, common/secagg/protocol.py) on the Message API.
+
+The round's ``train`` message carries the protocol's parameters; the node trains, encodes its
+update to an integer vector x in [0, 2^b)^d and calls :func:`begin`, which keeps its secrets and x in
+``context.state`` (the node's own memory: nothing of it leaves except as the protocol sends it) and
+answers with its public keys. The three ``train.secagg_*`` stages then read and update that state;
+the last one deletes it, so a node answers an unmask request at most once per round (the refusal to
+reveal both shares of one node holds per answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message
+
+from common.errors import FedloraError
+from common.secagg import keys, protocol
+from common.secagg import wire as sw
+from common.secagg.protocol import Client, Held, PublicKeys
+
+STATE = "secagg-state"  # context.state record of the round in progress
+
+
+def _save(context: Context, client: Client, x: np.ndarray) -> None:
+    p = client.params
+    peers, held = sorted(client.peers), sorted(client.held)
+    values = {
+        "round": p.round_number,
+        **sw.params_record(p),
+        "node": client.node_id,
+        "cipher-key": keys.private_to_scalar(client.cipher_key),
+        "mask-key": keys.private_to_scalar(client.mask_key),
+        "self-seed": client.self_seed,
+        "peers": peers,
+        "peer-cipher": [client.peers[v].cipher for v in peers],
+        "peer-mask": [client.peers[v].mask for v in peers],
+        "pair-keys": [client.share_keys[v] for v in peers if v in client.share_keys],
+        "held": held,
+        "held-seed": [client.held[v].self_seed for v in held],
+        "held-key": [client.held[v].mask_key for v in held],
+        "x": sw.vector_values(x)["masked"],
+    }
+    context.state[STATE] = ConfigRecord(
+        {k: v for k, v in values.items() if v != []}
+    )  # Flower: no empty lists
+
+
+def _load(context: Context, round_number: int) -> tuple[Client, np.ndarray]:
+    record = context.state.get(STATE)
+    if not isinstance(record, ConfigRecord) or record.get("round") != round_number:
+        raise FedloraError(f"no secure-aggregation state for round {round_number} on this node")
+    v = dict(record)
+    params = sw.params_from(v, round_number)
+    peers, pair_keys, held = v.get("peers", []), v.get("pair-keys", []), v.get("held", [])
+    peer_cipher, peer_mask = v.get("peer-cipher", []), v.get("peer-mask", [])
+    client = Client(
+        params,
+        int(v["node"]),
+        keys.scalar_to_private(v["cipher-key"]),
+        keys.scalar_to_private(v["mask-key"]),
+        v["self-seed"],
+        {u: PublicKeys(u, c, m) for u, c, m in zip(peers, peer_cipher, peer_mask, strict=True)},
+        dict(zip(peers, pair_keys, strict=True)) if pair_keys else {},
+        {u: Held(s, k) for u, s, k in zip(held, v.get("held-seed", []), v.get("held-key", []), strict=True)},
+    )
+    return client, sw.vector_from({"masked": v["x"]}, params)
+
+
+def begin(context: Context, values: dict, round_number: int, node: int, x: np.ndarray) -> dict[str, object]:
+    """Stage 0: the round's parameters (a train message's ``secagg`` values), this node's id and its
+    encoded input ``x`` (d,) -> the public keys to advertise (the train reply's ``secagg`` values).
+    Checks the parameters (one-line error) and the input range before anything is kept."""
+    params = sw.params_from(values, round_number)
+    protocol.check_input(params, x)
+    client, public = protocol.setup(params, node)
+    _save(context, client, np.asarray(x))
+    return sw.keys_values(public)
+
+
+def _stage(run: Callable[[Client, np.ndarray, dict, Context], dict[str, object]]):
+    """A ``train.secagg_*`` handler around ``run(client, x, values, context) -> reply values``."""
+
+    def handler(msg: Message, context: Context) -> Message:
+        rnd = int(msg.metadata.group_id)
+        values = sw.fields(msg, rnd)
+        client, x = _load(context, rnd)
+        reply = run(client, x, values, context)
+        return Message(sw.record(rnd, **reply), reply_to=msg)
+
+    return handler
+
+
+def _share(client: Client, x: np.ndarray, values: dict, context: Context) -> dict[str, object]:
+    client, outbox = protocol.share_keys(client, sw.peers_from(values))
+    _save(context, client, x)
+    return sw.tokens_values(outbox)
+
+
+def _mask(client: Client, x: np.ndarray, values: dict, context: Context) -> dict[str, object]:
+    client, y = protocol.masked_input(client, sw.tokens_from(values), x)
+    _save(context, client, x)
+    return sw.vector_values(y)
+
+
+def _unmask(client: Client, x: np.ndarray, values: dict, context: Context) -> dict[str, object]:
+    del context.state[STATE]  # answered at most once, whatever happens next
+    return sw.unmask_values(protocol.unmask(client, sw.request_from(values)))
+
+
+#: message type -> handler, for a ClientApp to register (``@app.train("secagg_share")`` ...)
+HANDLERS: dict[str, Callable[[Message, Context], Message]] = {
+    "train.secagg_share": _stage(_share),
+    "train.secagg_mask": _stage(_mask),
+    "train.secagg_unmask": _stage(_unmask),
+}
+
+__all__ = ["HANDLERS", "STATE", "begin"]

@@ -1,0 +1,225 @@
+"""The SecAgg+ stages as Flower records: what the server and a client send each other, validated,
+never pickled. Vectors travel as raw little-endian uint64 bytes, keys and sealed shares as bytes.
+
+Messages (server -> client, then the reply), each a ``RecordDict`` with one ``ConfigRecord``
+``secagg`` (schema :data:`SCHEMA`, ``round``):
+
+``train`` (the round's instruction)    + ``params`` (:func:`params_record`)
+    reply                              ``node``, ``cipher``, ``mask``: the node's public keys
+``train.secagg_share``                 ``nodes``, ``cipher``, ``mask``: its neighbours' keys
+    reply                              ``nodes``, ``tokens``: one sealed pair of shares per neighbour
+``train.secagg_mask``                  ``nodes``, ``tokens``: the shares sealed for it
+    reply                              ``masked``: y_u, d uint64 words (< 2^b)
+``train.secagg_unmask``                ``survivors``, ``dropped``
+    reply                              ``self-nodes``, ``self-shares``, ``key-nodes``, ``key-shares``
+
+A parse error is an :class:`common.wire.InvalidReply` (one line); the protocol's own checks
+(common/secagg/protocol.py) run after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from common.secagg.protocol import Params, PublicKeys, UnmaskReply, UnmaskRequest
+from common.wire import InvalidReply
+
+SCHEMA = "fedlora-secagg/1"
+RECORD = "secagg"
+STAGES = ("train.secagg_share", "train.secagg_mask", "train.secagg_unmask")
+
+
+def record(round_number: int, **values: object) -> RecordDict:
+    """A stage message's content: one ``secagg`` ConfigRecord of ``values``. Empty lists are left
+    out (Flower's ConfigRecord cannot size one); a reader takes a missing list as empty."""
+    kept = {k: v for k, v in values.items() if not (isinstance(v, list) and not v)}
+    return RecordDict({RECORD: ConfigRecord({"schema": SCHEMA, "round": round_number, **kept})})
+
+
+def fields(msg: Message | RecordDict, round_number: int | None = None) -> dict:
+    """The ``secagg`` record's values of a stage message or reply, schema and round checked."""
+    if isinstance(msg, Message) and msg.has_error():
+        raise InvalidReply(f"client error: {' '.join(str(msg.error.reason).split())[:200]}")
+    content = msg.content if isinstance(msg, Message) else msg
+    got = content.get(RECORD) if isinstance(content, RecordDict) else None
+    if not isinstance(got, ConfigRecord):
+        raise InvalidReply(f"no {RECORD!r} record")
+    values = dict(got)
+    if values.pop("schema", None) != SCHEMA:
+        raise InvalidReply(f"secure-aggregation record of another schema than {SCHEMA!r}")
+    rnd = values.pop("round", None)
+    if round_number is not None and rnd != round_number:
+        raise InvalidReply(f"secure-aggregation record for round {rnd!r}, expected {round_number}")
+    return values
+
+
+def _ints(values: Mapping, key: str) -> list[int]:
+    got = values.get(key, [])
+    if not isinstance(got, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in got):
+        raise InvalidReply(f"{key}: not a list of integers")
+    return got
+
+
+def _blobs(values: Mapping, key: str, count: int) -> list[bytes]:
+    got = values.get(key, [])
+    if not isinstance(got, list) or len(got) != count or not all(isinstance(v, bytes) for v in got):
+        raise InvalidReply(f"{key}: not a list of {count} byte strings")
+    return got
+
+
+def _blob(values: Mapping, key: str) -> bytes:
+    got = values.get(key)
+    if not isinstance(got, bytes):
+        raise InvalidReply(f"{key}: not bytes")
+    return got
+
+
+def params_record(params: Params) -> dict[str, object]:
+    """``params``'s values for a ``secagg`` record (prefixed ``p-``)."""
+    return {
+        "p-nodes": list(params.node_ids),
+        "p-k": params.k,
+        "p-threshold": params.threshold,
+        "p-bits": params.bits,
+        "p-length": params.length,
+        "p-seed": params.public_seed,
+    }
+
+
+def params_from(values: Mapping, round_number: int) -> Params:
+    """The :class:`Params` a message names, validated (a one-line error names the broken rule)."""
+    scalars = {}
+    for key in ("p-k", "p-threshold", "p-bits", "p-length"):
+        value = values.get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidReply(f"{key}: not an integer")
+        scalars[key] = value
+    return Params(
+        round_number,
+        tuple(_ints(values, "p-nodes")),
+        scalars["p-k"],
+        scalars["p-threshold"],
+        scalars["p-bits"],
+        scalars["p-length"],
+        _blob(values, "p-seed"),
+    ).validate()
+
+
+def keys_values(keys: PublicKeys) -> dict[str, object]:
+    return {"node": keys.node_id, "cipher": keys.cipher, "mask": keys.mask}
+
+
+def keys_from(values: Mapping, node: int) -> PublicKeys:
+    """The public keys a node advertised; they must be its own (``node``)."""
+    if values.get("node") != node:
+        raise InvalidReply(f"keys advertised for node {values.get('node')!r} by node {node}")
+    return PublicKeys(node, _blob(values, "cipher"), _blob(values, "mask"))
+
+
+def peers_values(peers: Mapping[int, PublicKeys]) -> dict[str, object]:
+    nodes = sorted(peers)
+    return {
+        "nodes": nodes,
+        "cipher": [peers[v].cipher for v in nodes],
+        "mask": [peers[v].mask for v in nodes],
+    }
+
+
+def peers_from(values: Mapping) -> dict[int, PublicKeys]:
+    nodes = _ints(values, "nodes")
+    cipher, mask = _blobs(values, "cipher", len(nodes)), _blobs(values, "mask", len(nodes))
+    return {v: PublicKeys(v, c, m) for v, c, m in zip(nodes, cipher, mask, strict=True)}
+
+
+def tokens_values(tokens: Mapping[int, bytes]) -> dict[str, object]:
+    nodes = sorted(tokens)
+    return {"nodes": nodes, "tokens": [tokens[v] for v in nodes]}
+
+
+def tokens_from(values: Mapping) -> dict[int, bytes]:
+    nodes = _ints(values, "nodes")
+    if len(set(nodes)) != len(nodes):
+        raise InvalidReply("nodes: repeated ids")
+    return dict(zip(nodes, _blobs(values, "tokens", len(nodes)), strict=True))
+
+
+def vector_values(vector: np.ndarray) -> dict[str, object]:
+    """``vector`` (d,) of integers in [0, 2^62) as little-endian uint64 bytes."""
+    return {"masked": np.ascontiguousarray(vector, dtype="<u8").tobytes()}
+
+
+def vector_from(values: Mapping, params: Params) -> np.ndarray:
+    """The masked vector of a reply: exactly d words, each < 2^b (int64 array (d,))."""
+    data = _blob(values, "masked")
+    if len(data) != 8 * params.length:
+        raise InvalidReply(f"masked: {len(data)} bytes, expected {8 * params.length}")
+    words = np.frombuffer(data, dtype="<u8")
+    if int(words.max(initial=0)) >> params.bits:
+        raise InvalidReply(f"masked: a word is not below 2^{params.bits}")
+    return words.astype(np.int64)
+
+
+def request_values(request: UnmaskRequest) -> dict[str, object]:
+    return {"survivors": sorted(request.survivors), "dropped": sorted(request.dropped)}
+
+
+def request_from(values: Mapping) -> UnmaskRequest:
+    return UnmaskRequest(frozenset(_ints(values, "survivors")), frozenset(_ints(values, "dropped")))
+
+
+def unmask_values(reply: UnmaskReply) -> dict[str, object]:
+    own, keys = sorted(reply.self_seed_shares), sorted(reply.mask_key_shares)
+    return {
+        "node": reply.node_id,
+        "self-nodes": own,
+        "self-shares": [reply.self_seed_shares[v] for v in own],
+        "key-nodes": keys,
+        "key-shares": [reply.mask_key_shares[v] for v in keys],
+    }
+
+
+def unmask_from(values: Mapping, node: int) -> UnmaskReply:
+    if values.get("node") != node:
+        raise InvalidReply(f"unmask reply for node {values.get('node')!r} from node {node}")
+    own, keys = _ints(values, "self-nodes"), _ints(values, "key-nodes")
+    return UnmaskReply(
+        node,
+        dict(zip(own, _blobs(values, "self-shares", len(own)), strict=True)),
+        dict(zip(keys, _blobs(values, "key-shares", len(keys)), strict=True)),
+    )
+
+
+def stage_message(stage: str, node: int, round_number: int, values: Mapping[str, object]) -> Message:
+    """A ``train.secagg_*`` message to ``node``."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown secure-aggregation stage {stage!r}")
+    return Message(
+        record(round_number, **values), dst_node_id=node, message_type=stage, group_id=str(round_number)
+    )
+
+
+__all__ = [
+    "RECORD",
+    "SCHEMA",
+    "STAGES",
+    "fields",
+    "keys_from",
+    "keys_values",
+    "params_from",
+    "params_record",
+    "peers_from",
+    "peers_values",
+    "record",
+    "request_from",
+    "request_values",
+    "stage_message",
+    "tokens_from",
+    "tokens_values",
+    "unmask_from",
+    "unmask_values",
+    "vector_from",
+    "vector_values",
+]
