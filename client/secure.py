@@ -40,7 +40,7 @@ def _save(context: Context, client: Client, x: np.ndarray) -> None:
         "held": held,
         "held-seed": [client.held[v].self_seed for v in held],
         "held-key": [client.held[v].mask_key for v in held],
-        "x": sw.vector_values(x)["masked"],
+        "x": sw.vector_values(x, p.bits)["masked"],
     }
     context.state[STATE] = ConfigRecord(
         {k: v for k, v in values.items() if v != []}
@@ -101,7 +101,7 @@ def _share(client: Client, x: np.ndarray, values: dict, context: Context) -> dic
 def _mask(client: Client, x: np.ndarray, values: dict, context: Context) -> dict[str, object]:
     client, y = protocol.masked_input(client, sw.tokens_from(values), x)
     _save(context, client, x)
-    return sw.vector_values(y)
+    return sw.vector_values(y, client.params.bits)
 
 
 def _unmask(client: Client, x: np.ndarray, values: dict, context: Context) -> dict[str, object]:

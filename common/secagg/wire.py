@@ -1,5 +1,6 @@
 """The SecAgg+ stages as Flower records: what the server and a client send each other, validated,
-never pickled. Vectors travel as raw little-endian uint64 bytes, keys and sealed shares as bytes.
+never pickled. Vectors travel as raw little-endian words (the smallest of 2, 4 or 8 bytes that
+holds b bits), keys and sealed shares as bytes.
 
 Messages (server -> client, then the reply), each a ``RecordDict`` with one ``ConfigRecord``
 ``secagg`` (schema :data:`SCHEMA`, ``round``):
@@ -9,7 +10,7 @@ Messages (server -> client, then the reply), each a ``RecordDict`` with one ``Co
 ``train.secagg_share``                 ``nodes``, ``cipher``, ``mask``: its neighbours' keys
     reply                              ``nodes``, ``tokens``: one sealed pair of shares per neighbour
 ``train.secagg_mask``                  ``nodes``, ``tokens``: the shares sealed for it
-    reply                              ``masked``: y_u, d uint64 words (< 2^b)
+    reply                              ``masked``: y_u, d words of 2, 4 or 8 bytes (< 2^b)
 ``train.secagg_unmask``                ``survivors``, ``dropped``
     reply                              ``self-nodes``, ``self-shares``, ``key-nodes``, ``key-shares``
 
@@ -146,17 +147,22 @@ def tokens_from(values: Mapping) -> dict[int, bytes]:
     return dict(zip(nodes, _blobs(values, "tokens", len(nodes)), strict=True))
 
 
-def vector_values(vector: np.ndarray) -> dict[str, object]:
-    """``vector`` (d,) of integers in [0, 2^62) as little-endian uint64 bytes."""
-    return {"masked": np.ascontiguousarray(vector, dtype="<u8").tobytes()}
+def word(bits: int) -> np.dtype:
+    """The smallest little-endian unsigned word holding ``bits`` bits (2, 4 or 8 bytes)."""
+    return np.dtype("<u2" if bits <= 16 else "<u4" if bits <= 32 else "<u8")
+
+
+def vector_values(vector: np.ndarray, bits: int) -> dict[str, object]:
+    """``vector`` (d,) of integers in [0, 2^bits) as little-endian words of :func:`word` (bits)."""
+    return {"masked": np.ascontiguousarray(vector).astype(word(bits)).tobytes()}
 
 
 def vector_from(values: Mapping, params: Params) -> np.ndarray:
     """The masked vector of a reply: exactly d words, each < 2^b (int64 array (d,))."""
-    data = _blob(values, "masked")
-    if len(data) != 8 * params.length:
-        raise InvalidReply(f"masked: {len(data)} bytes, expected {8 * params.length}")
-    words = np.frombuffer(data, dtype="<u8")
+    data, dtype = _blob(values, "masked"), word(params.bits)
+    if len(data) != dtype.itemsize * params.length:
+        raise InvalidReply(f"masked: {len(data)} bytes, expected {dtype.itemsize * params.length}")
+    words = np.frombuffer(data, dtype=dtype)
     if int(words.max(initial=0)) >> params.bits:
         raise InvalidReply(f"masked: a word is not below 2^{params.bits}")
     return words.astype(np.int64)
@@ -222,4 +228,5 @@ __all__ = [
     "unmask_values",
     "vector_from",
     "vector_values",
+    "word",
 ]

@@ -3,14 +3,19 @@ ClientApp handlers behind the in-process grid, the node's state kept in ``contex
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from client import secure
+from common.privacy import discrete
+from common.privacy.skellam import rounding_norm_bound
 from common.secagg import wire as sw
 from common.secagg.protocol import Params, PublicKeys
 from server.exchange import exchange
@@ -24,14 +29,14 @@ def _input(node: int) -> np.ndarray:
     return (np.arange(LENGTH, dtype=np.int64) * node) % (1 << BITS)
 
 
-def _app(drop_at: dict[int, str] | None = None) -> ClientApp:
-    """Nodes whose train handler encodes ``_input(node)``; ``drop_at``: node -> the stage it dies at."""
+def _app(drop_at: dict[int, str] | None = None, inputs: Callable[[int], np.ndarray] = _input) -> ClientApp:
+    """Nodes whose train handler encodes ``inputs(node)``; ``drop_at``: node -> the stage it dies at."""
     app, drop_at = ClientApp(), drop_at or {}
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         rnd = int(msg.metadata.group_id)
-        keys = secure.begin(context, sw.fields(msg, rnd), rnd, context.node_id, _input(context.node_id))
+        keys = secure.begin(context, sw.fields(msg, rnd), rnd, context.node_id, inputs(context.node_id))
         return Message(sw.record(rnd, **keys), reply_to=msg)
 
     for stage, handler in secure.HANDLERS.items():
@@ -45,9 +50,9 @@ def _app(drop_at: dict[int, str] | None = None) -> ClientApp:
     return app
 
 
-def _round(grid: InProcessGrid, rnd: int = 1, k: int = 4, t: int = 3):
+def _round(grid: InProcessGrid, rnd: int = 1, k: int = 4, t: int = 3, bits: int = BITS, length: int = LENGTH):
     nodes = tuple(sorted(grid.get_node_ids()))
-    params = Params(rnd, nodes, k, t, BITS, LENGTH, os.urandom(16)).validate()
+    params = Params(rnd, nodes, k, t, bits, length, os.urandom(16)).validate()
     messages = [
         Message(
             sw.record(rnd, **sw.params_record(params)), dst_node_id=n, message_type="train", group_id=str(rnd)
@@ -71,7 +76,9 @@ def test_the_sum_of_every_node_comes_out_and_nothing_else():
     assert not result.failure and result.survivors == list(params.node_ids)
     assert np.array_equal(result.total.astype(np.int64), _expected(params.node_ids))
     assert all(secure.STATE not in c.state for c in grid.contexts.values())  # secrets gone after unmask
-    assert result.bytes_up > 8 * LENGTH * len(params.node_ids)  # the masked vectors went up
+    assert result.bytes_up > 4 * LENGTH * len(
+        params.node_ids
+    )  # the masked vectors went up, 4-byte words at b = 20
 
 
 @pytest.mark.parametrize("stage", ["train.secagg_mask", "train.secagg_unmask"])
@@ -112,8 +119,40 @@ def test_a_node_refuses_parameters_that_break_the_threshold_rule():
 def test_a_forged_masked_vector_is_rejected_not_summed():
     params = Params(1, (1, 2, 3), 2, 2, 8, 4, os.urandom(16)).validate()
     with pytest.raises(Exception, match="below 2"):
-        sw.vector_from(sw.vector_values(np.array([0, 1, 2, 256])), params)
+        sw.vector_from(sw.vector_values(np.array([0, 1, 2, 256]), 16), params)
     with pytest.raises(Exception, match="bytes"):
-        sw.vector_from({"masked": b"\x00" * 7}, params)
+        sw.vector_from({"masked": b"\x00" * 7}, params)  # 4 words of 2 bytes expected
     with pytest.raises(Exception, match="keys advertised"):
         sw.keys_from(sw.keys_values(PublicKeys(2, b"a", b"b")), 3)
+
+
+def test_float_updates_encoded_with_skellam_shares_decode_to_the_survivors_clipped_sum():
+    """The whole data path: each node clips, scales, rotates, rounds and adds its Skellam share
+    (common/privacy/discrete.py), the protocol sums mod 2^b, the server decodes; a node dying after
+    its masked upload still counts, one dying before it does not."""
+    dim, clip, scale, nodes = 500, 1.0, 200.0, 12
+    signs = discrete.rotation_signs(b"round-1-rotation", dim)
+    bound = rounding_norm_bound(scale * clip, discrete.padded_dim(dim), 1e-6)
+    mu = (0.5 * scale * clip) ** 2  # summed noise variance: std 0.5·C in model units
+    bits = discrete.choose_bits(nodes, bound, mu, 6.0)
+    updates = {
+        1001 + i: torch.randn(dim, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        for i in range(nodes)
+    }
+    encoded = {
+        n: discrete.encode(u, clip, scale, signs, bound, mu / nodes, bits).astype(np.int64)
+        for n, u in updates.items()
+    }
+
+    drop = {1003: "train.secagg_mask", 1007: "train.secagg_unmask"}
+    grid = InProcessGrid(_app(drop, encoded.__getitem__), nodes, {}, raise_errors=False)
+    params, result = _round(grid, k=6, t=4, bits=bits, length=discrete.padded_dim(dim))
+    assert result.survivors == [n for n in params.node_ids if n != 1003]
+    total = discrete.decode(
+        result.total, bits, signs, dim, scale, discrete.decode_limit(nodes, bound, mu, 6.0)
+    )
+    truth = sum(discrete.clip_l2(updates[n], clip) for n in result.survivors)
+    error = (total - truth).numpy()
+    # noise of 11 of 12 shares (std 0.5·C·sqrt(11/12)) plus rounding: within 6 sd on every coordinate
+    assert np.abs(error).max() < 6 * 0.5 * clip * math.sqrt(11 / 12) + 1e-3
+    assert 0.3 < error.std() / (0.5 * clip * math.sqrt(11 / 12)) < 1.3
