@@ -1,22 +1,30 @@
 """Privacy accountants behind one interface, composed from (σ, p, count) events.
 
 ``gdp``  the DR-Encoder paper's CLT μ-GDP (an approximation, neither upper nor lower bound);
-``rdp``  Poisson-subsampled Gaussian RDP at Opacus's default orders (an upper bound, looser);
+``rdp``  Poisson-subsampled RDP at Opacus's default orders (an upper bound, looser);
 ``pld``  privacy-loss distribution, pessimistic estimate (a tight upper bound; dp_accounting's algorithm).
 
+An :class:`Event` is a Gaussian mechanism; a :class:`SkellamEvent` the Skellam mechanism of secure
+aggregation's distributed discrete noise (common/privacy/skellam.py), whose σ is its Gaussian
+equivalent √μ/Δ2. ``rdp`` composes both (each event gives its own RDP curve); ``gdp`` takes a
+Skellam event at its Gaussian equivalent (the same CLT approximation); ``pld`` refuses one (no PLD
+of the multi-dimensional Skellam mechanism here: account such a history with ``rdp``).
+
 All three take heterogeneous events and serialise to a plain dict: ``{"name", "events"}``,
-where events are ``[σ, p, count]`` triples replayed on load (like dp_accounting's ledger).
+where events are ``[σ, p, count]`` triples (``[σ, p, count, Δ1, Δ2]`` for a Skellam event)
+replayed on load (like dp_accounting's ledger).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 
-from common.privacy import gdp, pld, rdp
+from common.privacy import gdp, pld, rdp, skellam
 
 #: Opacus RDPAccountant.DEFAULT_ALPHAS
 RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
@@ -36,6 +44,9 @@ class Event:
     p: float
     count: int = 1
 
+    kind: ClassVar[str] = "gaussian"
+    has_pld: ClassVar[bool] = True  # the pld accountant can compose it
+
     def __post_init__(self) -> None:
         if not (self.sigma >= 0 and math.isfinite(self.sigma)):
             raise ValueError(f"noise multiplier must be finite and >= 0, got {self.sigma}")
@@ -43,6 +54,68 @@ class Event:
             raise ValueError(f"sample rate p must be in (0, 1], got {self.p}")
         if self.count < 0 or int(self.count) != self.count:
             raise ValueError(f"count must be a non-negative integer, got {self.count}")
+
+    def rdp(self, orders: tuple[float, ...]) -> np.ndarray:
+        """The RDP of all ``count`` rounds at ``orders`` (Mironov et al. 2019's sampled Gaussian)."""
+        return rdp.rdp_curve(self.p, self.sigma, self.count, orders)
+
+    def fields(self) -> list[float]:
+        """The event as stored: ``[σ, p, count, ...]``."""
+        return [self.sigma, self.p, self.count]
+
+    def same_mechanism(self, other: Event) -> bool:
+        """``other`` is this event but for its count (they merge into one)."""
+        return type(other) is type(self) and replace(other, count=self.count) == self
+
+
+@dataclass(frozen=True)
+class SkellamEvent(Event):
+    """``count`` rounds of the Skellam mechanism (Agarwal, Kairouz & Liu 2021) on an integer query of
+    sensitivities ``l1`` = Δ1 and ``l2`` = Δ2 (integer units) with summed noise variance μ, each
+    participant included with probability ``p``. ``sigma`` is its Gaussian equivalent √μ/Δ2 (so
+    μ = (σ·Δ2)², :attr:`mu`), what a report shows beside Gaussian rounds."""
+
+    l1: float = 0.0
+    l2: float = 0.0
+
+    kind: ClassVar[str] = "skellam"
+    has_pld: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (self.l2 > 0 and self.l1 >= self.l2 and math.isfinite(self.l1)):
+            raise ValueError(f"Skellam sensitivities need l1 >= l2 > 0, got l1 {self.l1}, l2 {self.l2}")
+
+    @property
+    def mu(self) -> float:
+        return (self.sigma * self.l2) ** 2
+
+    def rdp(self, orders: tuple[float, ...]) -> np.ndarray:
+        """``count`` times the Skellam RDP at ``orders``; under sampling (p < 1) Zhu & Wang's bound
+        needs integer orders, so a fractional α takes ⌈α⌉'s value (RDP does not decrease in α)."""
+        if self.sigma == 0:
+            return np.full(len(orders), np.inf)
+        if self.p == 1:
+            curve = np.asarray(skellam.skellam_rdp(np.asarray(orders), self.mu, self.l1, self.l2))
+        else:
+            whole = sorted({max(2, math.ceil(a)) for a in orders})
+            values = dict(
+                zip(whole, skellam.skellam_curve(self.mu, self.l1, self.l2, self.p, whole), strict=True)
+            )
+            curve = np.array([values[max(2, math.ceil(a))] for a in orders])
+        return self.count * curve
+
+    def fields(self) -> list[float]:
+        return [self.sigma, self.p, self.count, self.l1, self.l2]
+
+
+def event_from(fields: list | tuple) -> Event:
+    """The event :meth:`Event.fields` stored: 3 numbers a Gaussian one, 5 a Skellam one."""
+    if len(fields) == 3:
+        sigma, p, count = fields
+        return Event(float(sigma), float(p), int(count))
+    sigma, p, count, l1, l2 = fields
+    return SkellamEvent(float(sigma), float(p), int(count), float(l1), float(l2))
 
 
 @dataclass
@@ -56,8 +129,8 @@ class Accountant:
     def compose(self, event: Event) -> None:
         if event.count:
             last = self.events[-1] if self.events else None
-            if last and (last.sigma, last.p) == (event.sigma, event.p):
-                self.events[-1] = Event(last.sigma, last.p, last.count + event.count)
+            if last and last.same_mechanism(event):
+                self.events[-1] = replace(last, count=last.count + event.count)
             else:
                 self.events.append(event)
 
@@ -88,14 +161,14 @@ class Accountant:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
-        return {"name": self.name, "events": [[e.sigma, e.p, e.count] for e in self.events]}
+        return {"name": self.name, "events": [e.fields() for e in self.events]}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("name") != self.name:
             raise ValueError(f"state is for accountant {state.get('name')!r}, not {self.name!r}")
         self.events = []
-        for sigma, p, count in state["events"]:
-            self.compose(Event(float(sigma), float(p), int(count)))
+        for fields in state["events"]:
+            self.compose(event_from(fields))
 
 
 class GdpAccountant(Accountant):
@@ -128,6 +201,13 @@ class PldAccountant(Accountant):
         super().__init__("pld")
         self.discretization = discretization
 
+    def compose(self, event: Event) -> None:
+        if not event.has_pld:
+            raise ValueError(
+                f"the pld accountant cannot compose a {event.kind} event: use the rdp accountant"
+            )
+        super().compose(event)
+
     def _triples(self) -> list[tuple[float, float, int]]:
         return [(e.sigma, e.p, e.count) for e in self.events]
 
@@ -155,7 +235,7 @@ class PldAccountant(Accountant):
 
 
 class RdpAccountant(Accountant):
-    """Subsampled-Gaussian RDP at Opacus's default orders, summed over events."""
+    """RDP at Opacus's default orders, summed over events (each event's :meth:`Event.rdp`)."""
 
     def __init__(self) -> None:
         super().__init__("rdp")
@@ -163,7 +243,7 @@ class RdpAccountant(Accountant):
     def _curve(self):
         total = np.zeros(len(RDP_ORDERS))
         for e in self.events:
-            total += rdp.rdp_curve(e.p, e.sigma, e.count, RDP_ORDERS)
+            total += e.rdp(RDP_ORDERS)
         return total
 
     def _epsilon(self, delta: float) -> float:

@@ -12,8 +12,11 @@ A charge stores the accounting events its mechanism names (common/privacy/mechan
 compose every charge's events: a mechanism may charge several events per round (correlated noise,
 a secure-aggregation round). The charge's own σ, p and count are its headline event, the one its
 report shows; a charge with no ``events`` rows (every ledger written before the table existed) is
-that one event. Events are Gaussian (common/privacy/accountants.py ``Event``); ``kind`` names the
-mechanism an event is of, so that other kinds can be composed beside them.
+that one event. ``kind`` names the mechanism an event is of (common/privacy/accountants.py):
+``gaussian``, or ``skellam`` (secure aggregation's distributed discrete noise, its σ the Gaussian
+equivalent, with its sensitivities in ``l1`` / ``l2``). A history of Gaussian events has the PLD as
+its tight accountant; one with a Skellam event has RDP (Agarwal et al.'s bound), and the report
+names which.
 
 Releases of client data that no row covers (statistics sent in the clear) are recorded in the
 ``uncovered`` table, so that every report of the ledger says what its ε does not cover.
@@ -26,13 +29,20 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 from common.config import THREAT_MODELS
 from common.errors import FedloraError
-from common.privacy.accountants import Accountant, Event, GdpAccountant, PldAccountant
+from common.privacy.accountants import (
+    Accountant,
+    Event,
+    GdpAccountant,
+    PldAccountant,
+    RdpAccountant,
+    event_from,
+)
 from common.privacy.threat import CLIENT_LEVEL, SAMPLE_LEVEL, Guarantee, what_if_label
 
 SCHEMA = "fedlora-ledger/1"
@@ -71,9 +81,14 @@ CREATE TABLE IF NOT EXISTS events (
     kind TEXT NOT NULL,
     sigma REAL NOT NULL,
     p REAL NOT NULL,
-    count INTEGER NOT NULL
+    count INTEGER NOT NULL,
+    l1 REAL,
+    l2 REAL
 );
 """
+_EVENT_COLUMNS = ("l1", "l2")  # added after the events table: absent from older files
+#: the tight accountant of a history, by whether every event has a PLD
+TIGHT = {True: "PLD (pessimistic)", False: "RDP (Skellam: Agarwal et al. 2021; sampling: Zhu & Wang 2019)"}
 _UNCOVERED = """
 CREATE TABLE IF NOT EXISTS uncovered (
     run TEXT NOT NULL,
@@ -213,10 +228,16 @@ class Ledger:
         """Every charged event, in order (a charge without ``events`` rows is its headline event)."""
         stored: dict[int, list[Event]] = {}
         if self._has("events"):
-            cur = self._conn.execute("SELECT charge, sigma, p, count FROM events ORDER BY rowid")
-            for seq, sigma, p, count in cur.fetchall():
-                stored.setdefault(seq, []).append(Event(sigma, p, count))
+            extra = "".join(f", {c}" for c in _EVENT_COLUMNS if c in self._event_columns())
+            cur = self._conn.execute(
+                f"SELECT charge, kind, sigma, p, count{extra} FROM events ORDER BY rowid"
+            )
+            for seq, kind, *fields in cur.fetchall():
+                stored.setdefault(seq, []).append(event_from(fields if kind == "skellam" else fields[:3]))
         return [e for r in self.rows() for e in stored.get(r["seq"], [_event(r)])]
+
+    def _event_columns(self) -> set[str]:
+        return {row[1] for row in self._conn.execute("PRAGMA table_info(events)")}
 
     def _has(self, table: str) -> bool:
         return (
@@ -247,9 +268,14 @@ class Ledger:
                 )
                 if charge.events:  # one transaction: the charge and its events, or neither
                     self._conn.execute(_EVENTS)
+                    for column in set(_EVENT_COLUMNS) - self._event_columns():  # an older file
+                        self._conn.execute(f"ALTER TABLE events ADD COLUMN {column} REAL")
                     self._conn.executemany(
-                        "INSERT INTO events VALUES (?, 'gaussian', ?, ?, ?)",
-                        [(cur.lastrowid, e.sigma, e.p, e.count) for e in charge.events],
+                        "INSERT INTO events (charge, kind, sigma, p, count, l1, l2) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            (cur.lastrowid, e.kind, *e.fields(), *[None] * (5 - len(e.fields())))
+                            for e in charge.events
+                        ],
                     )
         except sqlite3.IntegrityError:
             raise FedloraError(f"round {charge.round} of run {charge.run} is already charged") from None
@@ -293,7 +319,10 @@ class Ledger:
             "ledger": str(self.path),
             **meta,
             "what_if": what_if_label(self.validity),  # "" for a run's own ε
-            "accountants": {"gdp": "CLT mu-GDP (DR-Encoder paper)", "tight": "PLD (pessimistic)"},
+            "accountants": {
+                "gdp": "CLT mu-GDP (DR-Encoder paper)",
+                "tight": TIGHT[all(e.has_pld for e in self.events())],
+            },
             "epsilon": max(last["eps_gdp"], last["eps_tight"]),
             "mu": last["mu"],
             "eps_gdp": last["eps_gdp"],
@@ -319,20 +348,22 @@ def _replay(acc: Accountant, events: list[Event]) -> Accountant:
 
 
 def _totals(events: list[Event], delta: float) -> dict[str, float]:
-    """Running μ, ε_gdp and ε_tight of ``events`` at ``delta``. Both accountants compose
-    commutatively, so the history is keyed as a multiset: a node's ledger repeats its (σ, p) rows,
-    and every node of a simulation has the same history at the same round."""
-    merged: dict[tuple[float, float], int] = {}
+    """Running μ, ε_gdp and ε_tight of ``events`` at ``delta`` (ε_tight: the PLD, or RDP when an event
+    has no PLD, :data:`TIGHT`). The accountants compose commutatively, so the history is keyed as a
+    multiset: a node's ledger repeats its rows, and every node of a simulation has the same history
+    at the same round."""
+    merged: dict[Event, int] = {}
     for e in events:
-        merged[(e.sigma, e.p)] = merged.get((e.sigma, e.p), 0) + e.count
+        key = replace(e, count=1)
+        merged[key] = merged.get(key, 0) + e.count
     return dict(_totals_of(tuple(merged.items()), delta))
 
 
 @lru_cache(maxsize=256)
-def _totals_of(history: tuple[tuple[tuple[float, float], int], ...], delta: float) -> tuple:
-    events = [Event(sigma, p, count) for (sigma, p), count in history if count]
+def _totals_of(history: tuple[tuple[Event, int], ...], delta: float) -> tuple:
+    events = [replace(e, count=count) for e, count in history if count]
     gdp_acc = _replay(GdpAccountant(), events)
-    tight = _replay(PldAccountant(), events)
+    tight = _replay(PldAccountant() if all(e.has_pld for e in events) else RdpAccountant(), events)
     return (("mu", gdp_acc.mu), ("eps_gdp", gdp_acc.epsilon(delta)), ("eps_tight", tight.epsilon(delta)))
 
 

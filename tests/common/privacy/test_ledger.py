@@ -207,3 +207,39 @@ def test_ledger_cli_states_the_guarantee_and_what_it_does_not_cover(ledger, caps
     out = capsys.readouterr().out
     assert "guarantee: add/remove one client; against everyone but the server" in out
     assert "NOT covered by this epsilon: run r1 round 0: statistics sent in the clear" in out
+
+
+def test_a_secure_aggregation_round_charges_skellam_events_accounted_by_rdp(ledger):
+    """Skellam events (secure aggregation's distributed discrete noise) are stored with their
+    sensitivities, survive a reopen, and make RDP the ledger's tight accountant: its ε_tight is the
+    RDP accountant's over the same history, Gaussian rounds included, and the report says so."""
+    from common.privacy.accountants import RdpAccountant, SkellamEvent
+
+    skellam = SkellamEvent(0.9, 1.0, 1, 1.0e6, 1000.0)
+    ledger.charge(_charge(1, 1.2, 0.5))
+    totals = ledger.charge(_charge(2, 0.9, 1.0, events=(skellam,)))
+    reopened = Ledger.open(ledger.path, "client-level")
+    assert reopened.events() == [Event(1.2, 0.5), skellam]
+    rdp = RdpAccountant()
+    for e in (Event(1.2, 0.5), skellam):
+        rdp.compose(e)
+    assert totals["eps_tight"] == pytest.approx(rdp.epsilon(DELTA))
+    assert reopened.report()["accountants"]["tight"].startswith("RDP (Skellam")
+    assert Ledger.open(ledger.path.with_name("ledger.sqlite"), "client-level").spent() == totals
+    plain = Ledger.create(ledger.path.with_name("plain.sqlite"), "client-level", "x", DELTA)
+    plain.charge(_charge(1))
+    assert plain.report()["accountants"]["tight"] == "PLD (pessimistic)"
+
+
+def test_an_events_table_of_an_older_file_gains_the_sensitivity_columns(ledger):
+    ledger.charge(_charge(1, events=(Event(1.2, 0.5),)))
+    with sqlite3.connect(ledger.path) as conn:  # the events table as the first files had it
+        conn.execute("ALTER TABLE events DROP COLUMN l1")
+        conn.execute("ALTER TABLE events DROP COLUMN l2")
+    reopened = Ledger.open(ledger.path, "client-level")
+    assert reopened.events() == [Event(1.2, 0.5)]
+    from common.privacy.accountants import SkellamEvent
+
+    skellam = SkellamEvent(0.9, 1.0, 1, 1.0e6, 1000.0)
+    reopened.charge(_charge(2, 0.9, 1.0, events=(skellam,)))
+    assert reopened.events() == [Event(1.2, 0.5), skellam]
