@@ -1,5 +1,6 @@
 """``fedlora privacy epsilon|sigma``: plan a federation's noise and budget; ``epsilon --accountant
-wishart``: the Wishart-amplified ε of noise before a random projection (M2) beside the baseline."""
+wishart``: the Wishart-amplified ε of noise before a random projection (M2) beside the baseline;
+``secagg``: the numbers of a secure-aggregation release (common/privacy/secure_plan.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ WISHART_OPTIONS = {"rank": "--rank", "dim": "--dim", "grad_rank": "--grad-rank",
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="privacy_command", metavar="{epsilon,sigma,ledger}", required=True)
+    sub = parser.add_subparsers(
+        dest="privacy_command", metavar="{epsilon,sigma,secagg,ledger}", required=True
+    )
     eps = sub.add_parser("epsilon", help="epsilon spent by T rounds at noise multiplier sigma")
     eps.add_argument("--noise-multiplier", type=float, required=True, metavar="S")
     sig = sub.add_parser("sigma", help="noise multiplier that meets a target epsilon")
@@ -59,6 +62,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--rounds", type=int, required=True, metavar="T")
         p.add_argument("--delta", type=float, required=True, metavar="D")
         p.add_argument("--json", action="store_true", help="print one JSON object")
+    sec = sub.add_parser(
+        "secagg",
+        help="plan a secure-aggregation release: Skellam noise, bits per coordinate, bytes per client",
+    )
+    sec.add_argument("--epsilon", type=float, required=True, metavar="E", help="client-level target")
+    sec.add_argument("--delta", type=float, required=True, metavar="D")
+    sec.add_argument(
+        "--participations",
+        type=int,
+        required=True,
+        metavar="Z",
+        help="rounds a client may take part in (each charged at p = 1: the server sees who takes part)",
+    )
+    sec.add_argument("--dim", type=int, required=True, metavar="N", help="coordinates of the update")
+    sec.add_argument("--clip", type=float, required=True, metavar="C")
+    sec.add_argument("--min-survivors", type=int, required=True, metavar="M", help="fewest clients unmasked")
+    sec.add_argument("--cohort", type=int, required=True, metavar="K", help="most clients summed in a round")
+    sec.add_argument(
+        "--neighbours", type=int, required=True, metavar="K", help="SecAgg+ neighbours per client"
+    )
+    sec.add_argument(
+        "--threshold", type=int, required=True, metavar="T", help="shares that reconstruct a seed"
+    )
+    sec.add_argument(
+        "--bits", type=int, default=0, metavar="B", help="bits per coordinate (default: the fewest)"
+    )
+    sec.add_argument("--json", action="store_true", help="print one JSON object")
     led = sub.add_parser("ledger", help="show a privacy ledger; write its report (JSON + PNG plot)")
     led.add_argument("path", type=Path, help="ledger file (a run's ledger.sqlite or a node's)")
     led.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -83,6 +113,8 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.privacy_command == "ledger":
         return _ledger(args)
+    if args.privacy_command == "secagg":
+        return _secagg(args)
     _check(args)
     if args.privacy_command == "epsilon":
         given = [flag for dest, flag in WISHART_OPTIONS.items() if getattr(args, dest) is not None]
@@ -167,6 +199,29 @@ def _wishart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _secagg(args: argparse.Namespace) -> int:
+    from common.privacy.secure_plan import plan_secure
+
+    plan = plan_secure(
+        args.epsilon,
+        args.delta,
+        args.participations,
+        args.dim,
+        args.clip,
+        (args.min_survivors, args.cohort),
+        (args.neighbours, args.threshold),
+        args.bits,
+    )
+    result = {
+        "accountant": "rdp (Skellam: Agarwal et al. 2021), p = 1 per participation",
+        "guarantee": "client-level, zero-out adjacency; against the honest-but-curious server and every "
+        "other observer (secure aggregation); who participated is visible",
+        **plan.as_dict(),
+    }
+    _print(result, args.json)
+    return 0
+
+
 def _print(result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result))
@@ -196,7 +251,8 @@ def _ledger(args: argparse.Namespace) -> int:
     print(
         f"{report['what_if']}{report['unit']} ledger {args.path} (owner {report['owner']}), "
         f"delta {float(report['delta']):g}: "
-        f"epsilon {report['eps_gdp']:.4g} (gdp, mu {report['mu']:.4g}) / {report['eps_tight']:.4g} (pld)"
+        f"epsilon {report['eps_gdp']:.4g} (gdp, mu {report['mu']:.4g}) / {report['eps_tight']:.4g} "
+        f"({report['accountants']['tight'].split()[0].lower()})"
     )
     for guarantee in report["guarantees"]:
         print(f"  guarantee: {guarantee}")

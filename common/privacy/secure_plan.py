@@ -1,0 +1,142 @@
+"""The numbers of a secure-aggregation release, fixed before any round: scale, rounding bound,
+Skellam noise, bits per coordinate and what a client sends (common/privacy/discrete.py encodes,
+common/privacy/skellam.py accounts, common/secagg/ carries it).
+
+A client clips its update to C, scales it by s = ``scale_factor``·√D/C (so sC = ``scale_factor``·√D
+and conditional rounding inflates the norm by well under 1 %), rotates and rounds it to ‖z‖_2 ≤ Δ2
+(Kairouz, Liu & Steinke's bound at failure probability ``beta``), and adds a Skellam share of
+variance μ/m, sized for the fewest survivors m a round may be unmasked with: any m or more carry at
+least μ, the variance the accountant charges. μ meets the target ε over ``participations``
+rounds at p = 1: the server sees who takes part, so sampling does not amplify against it
+(docs/secure-aggregation.md); a client that took part fewer times has spent less.
+
+Bits: b is the smallest modulus with room for the worst-case sum of n = ``cohort`` clients plus
+``headroom`` standard deviations of their summed noise, and the detection margin of
+:func:`common.privacy.discrete.choose_bits`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from common.errors import FedloraError
+from common.privacy import discrete
+from common.privacy.skellam import integer_sensitivities, rounding_norm_bound, skellam_epsilon, skellam_mu
+
+#: sC = SCALE_FACTOR·√D: rounding inflates the norm by ~1/(8·factor²), 0.5 % at 5
+SCALE_FACTOR = 5.0
+#: conditional rounding's failure probability per draw (a failed draw is re-drawn, never sent)
+ROUNDING_BETA = 1e-3
+#: standard deviations of the summed noise kept inside the modulus
+HEADROOM_SDS = 6.0
+
+
+@dataclass(frozen=True)
+class SecurePlan:
+    """One run's secure-aggregation release. Integer units: s per unit of the update.
+
+    dim / padded: the update's coordinates d and the rotation's length D = 2^⌈log2 d⌉;
+    scale: s; l2 / l1: the sensitivities Δ2 (the rounding bound) and Δ1 = min(Δ2², √D·Δ2);
+    mu: the Skellam variance the charge assumes (m shares); share_variance: μ/m, each client's;
+    sigma: the Gaussian equivalent √μ/Δ2; epsilon: what ``participations`` rounds at p = 1 spend
+    (RDP, Agarwal et al.'s bound); bits: b; limit: the decode limit L (integer units);
+    vector_bytes: one client's masked vector (D words of 2, 4 or 8 bytes)."""
+
+    epsilon_target: float
+    delta: float
+    participations: int
+    dim: int
+    padded: int
+    clip: float
+    scale: float
+    l2: float
+    l1: float
+    mu: float
+    min_survivors: int
+    share_variance: float
+    sigma: float
+    epsilon: float
+    cohort: int
+    bits: int
+    limit: float
+    vector_bytes: int
+    neighbours: int
+    threshold: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_secure(
+    epsilon: float,
+    delta: float,
+    participations: int,
+    dim: int,
+    clip: float,
+    survivors: tuple[int, int],
+    graph: tuple[int, int],
+    bits: int = 0,
+) -> SecurePlan:
+    """The plan for client-level ``epsilon`` at ``delta`` over ``participations`` rounds (p = 1),
+    an update of ``dim`` coordinates clipped to ``clip``; ``survivors`` = (m, n): the fewest clients
+    a round may be unmasked with and the most that may be summed (the sampled cohort's bound);
+    ``graph`` = (k, t): SecAgg+ neighbours and threshold; ``bits``: b, 0 to choose it. Raises a
+    one-line :class:`FedloraError` for a plan that cannot hold: t outside (k/2, k], m < t, or b too
+    small for n·Δ2 plus the noise headroom."""
+    (least, most), (k, t) = survivors, graph
+    if not (epsilon > 0 and math.isfinite(epsilon)) or not 0 < delta < 1:
+        raise FedloraError(
+            f"secure aggregation needs epsilon > 0 and delta in (0, 1), got {epsilon}, {delta}"
+        )
+    if participations < 1 or dim < 1 or not clip > 0:
+        raise FedloraError(
+            f"participations and dim must be >= 1 and the clip > 0, got {participations}, {dim}, {clip}"
+        )
+    if not 2 * t > k >= t >= 1:
+        raise FedloraError(f"threshold {t} must be above half the {k} neighbours and at most {k}")
+    if not t <= least <= most:
+        raise FedloraError(
+            f"min survivors {least} must be at least the threshold {t} and at most the cohort {most}"
+        )
+    padded = discrete.padded_dim(dim)
+    scale = SCALE_FACTOR * math.sqrt(padded) / clip
+    l2 = rounding_norm_bound(scale * clip, padded, ROUNDING_BETA)
+    l1, l2 = integer_sensitivities(l2, padded)
+    mu = skellam_mu(epsilon, l1, l2, 1.0, participations, delta)
+    summed = most * mu / least  # the most noise a sum may carry: n shares of μ/m
+    needed = discrete.choose_bits(most, l2, summed, HEADROOM_SDS)
+    if bits and bits < needed:
+        raise FedloraError(
+            f"{bits} bits per coordinate are too few for {most} clients of norm {l2:.0f} (scale {scale:.4g} "
+            f"x clip {clip:g}) and the noise headroom: at least {needed} needed"
+        )
+    bits = bits or needed
+    if bits > discrete.MAX_BITS:
+        raise FedloraError(f"{bits} bits per coordinate exceed the {discrete.MAX_BITS} the encoding allows")
+    word = 2 if bits <= 16 else 4 if bits <= 32 else 8
+    return SecurePlan(
+        epsilon_target=epsilon,
+        delta=delta,
+        participations=participations,
+        dim=dim,
+        padded=padded,
+        clip=clip,
+        scale=scale,
+        l2=l2,
+        l1=l1,
+        mu=mu,
+        min_survivors=least,
+        share_variance=mu / least,
+        sigma=math.sqrt(mu) / l2,
+        epsilon=skellam_epsilon(mu, l1, l2, 1.0, participations, delta),
+        cohort=most,
+        bits=bits,
+        limit=discrete.decode_limit(most, l2, summed, HEADROOM_SDS),
+        vector_bytes=padded * word,
+        neighbours=k,
+        threshold=t,
+    )
+
+
+__all__ = ["HEADROOM_SDS", "ROUNDING_BETA", "SCALE_FACTOR", "SecurePlan", "plan_secure"]
