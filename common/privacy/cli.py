@@ -200,12 +200,10 @@ def _wishart(args: argparse.Namespace) -> int:
 
 
 def _secagg(args: argparse.Namespace) -> int:
-    from common.privacy.secure_plan import plan_secure
+    from common.privacy.secure_plan import SecureTarget, plan_secure
 
     plan = plan_secure(
-        args.epsilon,
-        args.delta,
-        args.participations,
+        SecureTarget(args.epsilon, args.delta, args.participations),
         args.dim,
         args.clip,
         (args.min_survivors, args.cohort),

@@ -33,6 +33,16 @@ HEADROOM_SDS = 6.0
 
 
 @dataclass(frozen=True)
+class SecureTarget:
+    """The guarantee a plan must meet: client-level ``epsilon`` at ``delta`` over ``participations``
+    rounds a client may take part in, each charged at p = 1."""
+
+    epsilon: float
+    delta: float
+    participations: int
+
+
+@dataclass(frozen=True)
 class SecurePlan:
     """One run's secure-aggregation release. Integer units: s per unit of the update.
 
@@ -69,22 +79,21 @@ class SecurePlan:
 
 
 def plan_secure(
-    epsilon: float,
-    delta: float,
-    participations: int,
+    target: SecureTarget,
     dim: int,
     clip: float,
     survivors: tuple[int, int],
     graph: tuple[int, int],
     bits: int = 0,
 ) -> SecurePlan:
-    """The plan for client-level ``epsilon`` at ``delta`` over ``participations`` rounds (p = 1),
-    an update of ``dim`` coordinates clipped to ``clip``; ``survivors`` = (m, n): the fewest clients
+    """The plan that meets ``target`` for an update of ``dim`` coordinates clipped to ``clip``;
+    ``survivors`` = (m, n): the fewest clients
     a round may be unmasked with and the most that may be summed (the sampled cohort's bound);
     ``graph`` = (k, t): SecAgg+ neighbours and threshold; ``bits``: b, 0 to choose it. Raises a
     one-line :class:`FedloraError` for a plan that cannot hold: t outside (k/2, k], m < t, or b too
     small for n·Δ2 plus the noise headroom."""
     (least, most), (k, t) = survivors, graph
+    epsilon, delta, participations = target.epsilon, target.delta, target.participations
     if not (epsilon > 0 and math.isfinite(epsilon)) or not 0 < delta < 1:
         raise FedloraError(
             f"secure aggregation needs epsilon > 0 and delta in (0, 1), got {epsilon}, {delta}"
@@ -139,4 +148,4 @@ def plan_secure(
     )
 
 
-__all__ = ["HEADROOM_SDS", "ROUNDING_BETA", "SCALE_FACTOR", "SecurePlan", "plan_secure"]
+__all__ = ["HEADROOM_SDS", "ROUNDING_BETA", "SCALE_FACTOR", "SecurePlan", "SecureTarget", "plan_secure"]

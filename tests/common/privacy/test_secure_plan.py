@@ -10,7 +10,7 @@ import pytest
 
 from common.errors import FedloraError
 from common.privacy.calibration import calibrate_sigma
-from common.privacy.secure_plan import HEADROOM_SDS, plan_secure
+from common.privacy.secure_plan import HEADROOM_SDS, SecureTarget, plan_secure
 from tests.conftest import run_cli
 
 MINILM = dict(dim=74_000, clip=0.5, survivors=(75, 130), graph=(10, 6))
@@ -21,7 +21,7 @@ def test_the_noise_meets_the_target_and_costs_little_more_than_the_gaussian(part
     """The Skellam variance meets ε 8 at p = 1 (its own RDP accountant), and its Gaussian
     equivalent σ sits just above the σ a Gaussian needs for the same ε by the PLD (dp_accounting's
     algorithm): RDP's conversion and the Skellam excess cost a few percent, never less noise."""
-    plan = plan_secure(8.0, 1e-6, participations, **MINILM)
+    plan = plan_secure(SecureTarget(8.0, 1e-6, participations), **MINILM)
     assert plan.epsilon <= 8.0 and plan.epsilon == pytest.approx(8.0, rel=1e-4)
     gaussian = calibrate_sigma("pld", 8.0, 1e-6, 1.0, participations)
     assert gaussian < plan.sigma < 1.12 * gaussian
@@ -29,7 +29,7 @@ def test_the_noise_meets_the_target_and_costs_little_more_than_the_gaussian(part
 
 
 def test_the_modulus_holds_the_worst_case_sum_with_its_headroom_and_no_more_bits():
-    plan = plan_secure(3.0, 1e-6, 5, **MINILM)
+    plan = plan_secure(SecureTarget(3.0, 1e-6, 5), **MINILM)
     signal = plan.cohort * plan.l2  # every client at its L2 bound on one coordinate
     sd = math.sqrt(plan.cohort * plan.mu / plan.min_survivors)  # n shares of μ/m
     need = 2 * signal + 3 * HEADROOM_SDS * sd
@@ -49,7 +49,7 @@ def test_the_modulus_holds_the_worst_case_sum_with_its_headroom_and_no_more_bits
 )
 def test_a_plan_that_cannot_hold_fails_in_one_line(change, message):
     with pytest.raises(FedloraError, match=message) as err:
-        plan_secure(8.0, 1e-6, 5, **{**MINILM, **change})
+        plan_secure(SecureTarget(8.0, 1e-6, 5), **{**MINILM, **change})
     assert "\n" not in str(err.value)
 
 
@@ -57,7 +57,7 @@ def test_the_cli_prints_the_plan(capsys):
     args = "--epsilon 8 --delta 1e-6 --participations 5 --dim 74000 --clip 0.5 --min-survivors 75"
     code = run_cli(f"privacy secagg {args} --cohort 130 --neighbours 10 --threshold 6 --json".split())
     out = json.loads(capsys.readouterr().out)
-    assert code == 0 and out["bits"] == plan_secure(8.0, 1e-6, 5, **MINILM).bits
+    assert code == 0 and out["bits"] == plan_secure(SecureTarget(8.0, 1e-6, 5), **MINILM).bits
     assert "who participated is visible" in out["guarantee"]
     assert run_cli(f"privacy secagg {args} --cohort 130 --neighbours 10 --threshold 5".split()) == 2
     assert "threshold 5" in capsys.readouterr().err
