@@ -51,7 +51,7 @@ class SecurePlan:
     mu: the Skellam variance the charge assumes (m shares); share_variance: μ/m, each client's;
     sigma: the Gaussian equivalent √μ/Δ2; epsilon: what ``participations`` rounds at p = 1 spend
     (RDP, Agarwal et al.'s bound); bits: b; limit: the decode limit L (integer units);
-    vector_bytes: one client's masked vector (D words of 2, 4 or 8 bytes)."""
+    vector_bytes: one client's masked vector (D words of b bits, packed: common/secagg/wire.py)."""
 
     epsilon_target: float
     delta: float
@@ -123,7 +123,6 @@ def plan_secure(
     bits = bits or needed
     if bits > discrete.MAX_BITS:
         raise FedloraError(f"{bits} bits per coordinate exceed the {discrete.MAX_BITS} the encoding allows")
-    word = 2 if bits <= 16 else 4 if bits <= 32 else 8
     return SecurePlan(
         epsilon_target=epsilon,
         delta=delta,
@@ -142,7 +141,7 @@ def plan_secure(
         cohort=most,
         bits=bits,
         limit=discrete.decode_limit(most, l2, summed, HEADROOM_SDS),
-        vector_bytes=padded * word,
+        vector_bytes=(padded * bits + 7) // 8,
         neighbours=k,
         threshold=t,
     )

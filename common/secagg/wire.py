@@ -1,6 +1,5 @@
 """The SecAgg+ stages as Flower records: what the server and a client send each other, validated,
-never pickled. Vectors travel as raw little-endian words (the smallest of 2, 4 or 8 bytes that
-holds b bits), keys and sealed shares as bytes.
+never pickled. Vectors travel as their b-bit words packed end to end, keys and sealed shares as bytes.
 
 Messages (server -> client, then the reply), each a ``RecordDict`` with one ``ConfigRecord``
 ``secagg`` (schema :data:`SCHEMA`, ``round``):
@@ -10,7 +9,7 @@ Messages (server -> client, then the reply), each a ``RecordDict`` with one ``Co
 ``train.secagg_share``                 ``nodes``, ``cipher``, ``mask``: its neighbours' keys
     reply                              ``nodes``, ``tokens``: one sealed pair of shares per neighbour
 ``train.secagg_mask``                  ``nodes``, ``tokens``: the shares sealed for it
-    reply                              ``masked``: y_u, d words of 2, 4 or 8 bytes (< 2^b)
+    reply                              ``masked``: y_u, d words of b bits packed end to end
 ``train.secagg_unmask``                ``survivors``, ``dropped``
     reply                              ``self-nodes``, ``self-shares``, ``key-nodes``, ``key-shares``
 
@@ -147,25 +146,31 @@ def tokens_from(values: Mapping) -> dict[int, bytes]:
     return dict(zip(nodes, _blobs(values, "tokens", len(nodes)), strict=True))
 
 
-def word(bits: int) -> np.dtype:
-    """The smallest little-endian unsigned word holding ``bits`` bits (2, 4 or 8 bytes)."""
-    return np.dtype("<u2" if bits <= 16 else "<u4" if bits <= 32 else "<u8")
+def packed_size(length: int, bits: int) -> int:
+    """Bytes of ``length`` words of ``bits`` bits packed end to end: ⌈length·bits/8⌉."""
+    return (length * bits + 7) // 8
 
 
 def vector_values(vector: np.ndarray, bits: int) -> dict[str, object]:
-    """``vector`` (d,) of integers in [0, 2^bits) as little-endian words of :func:`word` (bits)."""
-    return {"masked": np.ascontiguousarray(vector).astype(word(bits)).tobytes()}
+    """``vector`` (d,) of integers in [0, 2^bits) packed to ``bits`` bits each, least significant
+    bit first (:func:`packed_size` bytes: 20 bits per coordinate send 2.5 bytes, not 4)."""
+    words = np.ascontiguousarray(vector).astype(np.uint64)
+    if words.size and int(words.max()) >> bits:
+        raise ValueError(f"a word of the vector is not below 2^{bits}")
+    planes = (words[:, None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)
+    return {"masked": np.packbits(planes.astype(np.uint8).reshape(-1), bitorder="little").tobytes()}
 
 
 def vector_from(values: Mapping, params: Params) -> np.ndarray:
-    """The masked vector of a reply: exactly d words, each < 2^b (int64 array (d,))."""
-    data, dtype = _blob(values, "masked"), word(params.bits)
-    if len(data) != dtype.itemsize * params.length:
-        raise InvalidReply(f"masked: {len(data)} bytes, expected {dtype.itemsize * params.length}")
-    words = np.frombuffer(data, dtype=dtype)
-    if int(words.max(initial=0)) >> params.bits:
-        raise InvalidReply(f"masked: a word is not below 2^{params.bits}")
-    return words.astype(np.int64)
+    """The masked vector of a reply: exactly d words of b bits (int64 array (d,), each < 2^b)."""
+    data, size = _blob(values, "masked"), packed_size(params.length, params.bits)
+    if len(data) != size:
+        raise InvalidReply(f"masked: {len(data)} bytes, expected {size}")
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
+    if bits[params.length * params.bits :].any():
+        raise InvalidReply("masked: bits set past the last word")
+    planes = bits[: params.length * params.bits].reshape(params.length, params.bits).astype(np.int64)
+    return planes @ (np.int64(1) << np.arange(params.bits, dtype=np.int64))
 
 
 def request_values(request: UnmaskRequest) -> dict[str, object]:
@@ -214,6 +219,7 @@ __all__ = [
     "fields",
     "keys_from",
     "keys_values",
+    "packed_size",
     "params_from",
     "params_record",
     "peers_from",
@@ -228,5 +234,4 @@ __all__ = [
     "unmask_values",
     "vector_from",
     "vector_values",
-    "word",
 ]

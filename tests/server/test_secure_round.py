@@ -118,10 +118,16 @@ def test_a_node_refuses_parameters_that_break_the_threshold_rule():
 
 def test_a_forged_masked_vector_is_rejected_not_summed():
     params = Params(1, (1, 2, 3), 2, 2, 8, 4, os.urandom(16)).validate()
-    with pytest.raises(Exception, match="below 2"):
-        sw.vector_from(sw.vector_values(np.array([0, 1, 2, 256]), 16), params)
+    assert np.array_equal(
+        sw.vector_from(sw.vector_values(np.array([0, 1, 2, 255]), 8), params), [0, 1, 2, 255]
+    )
+    with pytest.raises(ValueError, match="below 2"):
+        sw.vector_values(np.array([0, 1, 2, 256]), 8)
     with pytest.raises(Exception, match="bytes"):
-        sw.vector_from({"masked": b"\x00" * 7}, params)  # 4 words of 2 bytes expected
+        sw.vector_from({"masked": b"\x00" * 5}, params)  # 4 words of 8 bits: 4 bytes
+    odd = Params(1, (1, 2, 3), 2, 2, 5, 3, os.urandom(16)).validate()  # 15 bits in 2 bytes
+    with pytest.raises(Exception, match="past the last word"):
+        sw.vector_from({"masked": b"\x00\x80"}, odd)
     with pytest.raises(Exception, match="keys advertised"):
         sw.keys_from(sw.keys_values(PublicKeys(2, b"a", b"b")), 3)
 

@@ -35,7 +35,7 @@ def test_the_modulus_holds_the_worst_case_sum_with_its_headroom_and_no_more_bits
     need = 2 * signal + 3 * HEADROOM_SDS * sd
     assert 2**plan.bits >= need > 2 ** (plan.bits - 1)
     assert plan.limit == pytest.approx(signal + HEADROOM_SDS * sd) and plan.limit < 2 ** (plan.bits - 1)
-    assert plan.bits <= 20 and plan.vector_bytes == plan.padded * 4
+    assert plan.bits <= 20 and plan.vector_bytes == -(-plan.padded * plan.bits // 8)
 
 
 @pytest.mark.parametrize(
