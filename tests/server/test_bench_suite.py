@@ -38,7 +38,10 @@ def tiny(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
     root = tmp_path_factory.mktemp("suite")
     docs = root / "docs"
     docs.mkdir()
-    done = _fedlora("bench", "suite", "--profile", "tiny", "--out", str(root / "out"), "--docs", str(docs))
+    # two runs at once: the parallel path (each simulate's clients in-process) makes every figure
+    done = _fedlora(
+        "bench", "suite", "--profile", "tiny", "--out", str(root / "out"), "--docs", str(docs), "--jobs", "2"
+    )
     return root / "out", docs, done
 
 
@@ -111,6 +114,25 @@ def test_a_changed_command_runs_again(tmp_path):
     assert lines[-1].startswith("[suite] run") and other["output"]["epsilon"] > first["output"]["epsilon"]
 
 
+def test_runs_at_once_keep_the_plan_order_and_record_their_own_wall_time_and_memory(tmp_path):
+    """``execute_all`` with 2 jobs gives the serial records' outputs in the plan's order; each run
+    records its command as planned (what is added to run it, e.g. ``--workers 1``, is not part of
+    it), its wall time and its own peak resident memory."""
+    from server.bench.suite.runner import execute_all
+
+    def plan(sigma: str) -> Run:
+        argv = ("privacy", "epsilon", "--noise-multiplier", sigma, "--sample-rate", "0.1", "--rounds", "5")
+        return Run("x", f"eps-{sigma}", (*argv, "--delta", "1e-5", "--json"), output="json")
+
+    sigmas = ("0.8", "1.0", "1.5")
+    records = execute_all([plan(s) for s in sigmas], tmp_path / "par", lambda line: None, jobs=2)
+    serial = execute_all([plan(s) for s in sigmas], tmp_path / "ser", lambda line: None)
+    assert [r["output"] for r in records] == [r["output"] for r in serial]
+    assert [r["output"]["noise_multiplier"] for r in records] == [float(s) for s in sigmas]
+    for run, record in zip([plan(s) for s in sigmas], records, strict=True):
+        assert record["command"] == run.command and record["wall_s"] > 0 and record["peak_rss_mb"] > 10
+
+
 def test_a_failed_command_is_reported_not_hidden(tmp_path):
     lines: list[str] = []
     bad = execute(
@@ -143,6 +165,8 @@ def test_a_failed_command_is_reported_not_hidden(tmp_path):
     [
         (["--sections", "utility"], "--sections: unknown utility"),
         (["--docs", "/nonexistent/docs"], "not a directory"),
+        (["--jobs", "0"], "--jobs must be >= 1"),
+        (["--seeds", "0,x"], "--seeds 0,x: not a comma-separated list"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, capsys, argv, message):

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from server.bench.suite import plots
 from server.bench.suite.adopt import adopt, stored_config
 from server.bench.suite.plan import PROFILES, profile, runs
 from server.bench.suite.report import FIGURES, markdown
-from server.bench.suite.runner import ROOT, execute, finished
+from server.bench.suite.runner import ROOT, execute_all, finished
 from server.bench.suite.sections import BUILDERS
 
 SECTIONS = tuple(BUILDERS)
@@ -72,6 +73,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run nothing: report the runs already finished (or adopted) and list the commands not run yet",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="runs at once (default 1); each simulate keeps its clients in-process on cores/N threads",
+    )
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        metavar="S,S",
+        help="only these seeds' runs (e.g. 0 for a one-seed sweep; default: the profile's)",
+    )
     parser.add_argument("--json", action="store_true", help="print results.json instead of the summary")
 
 
@@ -118,6 +132,14 @@ def _needed(name: str) -> set[str]:
     }.get(name, {name})
 
 
+@dataclass(frozen=True)
+class Scope:
+    """Which seeds' runs a suite invocation makes (None: the profile's) and how many at once."""
+
+    seeds: tuple[int, ...] | None = None
+    jobs: int = 1
+
+
 def suite(
     profile_name: str,
     out: Path,
@@ -125,19 +147,27 @@ def suite(
     echo=print,
     adopted: Sequence[Path] = (),
     stored_only: bool = False,
+    scope: Scope = Scope(),
 ) -> dict:
     """Run (or reuse) every needed command of the profile, build the chosen sections, draw the
     figures and write ``results.json`` and ``RESULTS.md`` into ``out``; returns the results.
     ``adopted``: finished run directories to take as plan runs first (server/bench/suite/adopt.py);
-    ``stored_only``: run nothing, and list the commands with no finished run as missing."""
+    ``stored_only``: run nothing, and list the commands with no finished run as missing;
+    ``scope``: the seeds to run (None: all) and how many runs go at once."""
     p = profile(profile_name)
     wanted = set().union(*(_needed(s) for s in sections))
-    plan = [run for run in runs(p) if run.section in wanted]
+    plan = [
+        r for r in runs(p) if r.section in wanted and (scope.seeds is None or r.seed in (None, *scope.seeds))
+    ]
     took = adopt(plan, adopted, out / "runs", echo)
     start = time.monotonic()
     done, missing = [], []
-    for run in plan:
-        record = finished(run, out / "runs") if stored_only else execute(run, out / "runs", echo)
+    records = (
+        [finished(run, out / "runs") for run in plan]
+        if stored_only
+        else execute_all(plan, out / "runs", echo, scope.jobs)
+    )
+    for run, record in zip(plan, records, strict=True):
         if record is None:
             missing.append(" ".join(run.command))
         else:
@@ -155,6 +185,8 @@ def suite(
         "suite",
         *([f"--profile {profile_name}"] if profile_name != "full" else []),
         *(["--stored-only"] if stored_only else []),
+        *([f"--seeds {','.join(map(str, scope.seeds))}"] if scope.seeds is not None else []),
+        *([f"--jobs {scope.jobs}"] if scope.jobs > 1 else []),
     ]
     results = {
         "suite": {
@@ -217,7 +249,14 @@ def run(args: argparse.Namespace) -> int:
             raise FedloraError(
                 f"--adopt {path}: not a finished run directory (no config.json and summary.json)"
             )
-    results = suite(args.profile, out, sections, echo, [Path(a) for a in args.adopt], args.stored_only)
+    if args.jobs < 1:
+        raise FedloraError(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        seeds = None if args.seeds is None else tuple(int(s) for s in args.seeds.split(",") if s.strip())
+    except ValueError:
+        raise FedloraError(f"--seeds {args.seeds}: not a comma-separated list of integers") from None
+    scope = Scope(seeds, args.jobs)
+    results = suite(args.profile, out, sections, echo, [Path(a) for a in args.adopt], args.stored_only, scope)
     if args.docs:
         publish(out, Path(args.docs))
     if args.json:

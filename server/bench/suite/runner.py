@@ -4,7 +4,11 @@ A run's directory ``<out>/runs/<key>`` gets ``command.json`` (the command line) 
 the command's own outputs (``summary.json`` of ``simulate``, ``result.json`` of ``train-local``,
 ``audit.json`` of ``audit``, or ``output.json``: the JSON a ``bench ... --json`` prints) when it
 ends; ``log.txt`` holds its output.
-A directory whose command is the same and whose outputs exist is reused, not run again."""
+A directory whose command is the same and whose outputs exist is reused, not run again.
+
+Several runs may go at once (:func:`execute_all`, ``--jobs``): each ``simulate`` then runs its clients
+in its own process (``--workers 1``, a simulation setting: results do not depend on it) on
+cores/jobs torch threads, and every run records its own wall time and peak resident memory."""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from server.bench.suite.plan import Run
@@ -49,9 +54,10 @@ def finished(run: Run, runs_dir: Path) -> dict | None:
     return {**stored, "output": output, "error": None, "dir": str(run_dir), "reused": True}
 
 
-def execute(run: Run, runs_dir: Path, echo: Callable[[str], None]) -> dict:
-    """Run ``run`` (or reuse its finished directory); returns ``{"command", "wall_s", "output",
-    "error", "dir"}`` (``error``: the last line of a failed command, ``output`` then None)."""
+def execute(run: Run, runs_dir: Path, echo: Callable[[str], None], jobs: int = 1) -> dict:
+    """Run ``run`` (or reuse its finished directory); returns ``{"command", "wall_s", "peak_rss_mb",
+    "output", "error", "dir"}`` (``error``: the last line of a failed command, ``output`` then None).
+    ``jobs``: how many runs share the machine (a ``simulate`` then keeps its clients in-process)."""
     run_dir = runs_dir / run.key
     command = run.command
     shown = " ".join(command)
@@ -73,30 +79,47 @@ def execute(run: Run, runs_dir: Path, echo: Callable[[str], None]) -> dict:
         if run.output == "dir":
             argv += ["--out", str(out)]
         echo(f"[suite] run {run.key}: {shown}")
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    if jobs > 1:
+        argv += ["--workers", "1"] if argv[0] == "simulate" else []
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
     start = time.monotonic()
     with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "common.cli", *argv],
             cwd=ROOT,
-            env={**os.environ, "TQDM_DISABLE": "1"},
+            env=env,
             stdout=subprocess.PIPE if run.output == "json" else log,
             stderr=log,
             text=True,
         )
+        stdout = proc.stdout.read() if proc.stdout else ""
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak memory (ru_maxrss: KiB on Linux)
+        proc.returncode = os.waitstatus_to_exitcode(status)
     wall = round(time.monotonic() - start, 1)
-    record = {"command": command, "wall_s": wall}
+    record = {"command": command, "wall_s": wall, "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
     error = None
-    if done.returncode != 0:
+    if proc.returncode != 0:
         lines = (run_dir / "log.txt").read_text(encoding="utf-8").strip().splitlines()
-        error = (lines or [f"exit {done.returncode}"])[-1][:300]
+        error = (lines or [f"exit {proc.returncode}"])[-1][:300]
     elif run.output == "json":
-        (run_dir / "output.json").write_text(done.stdout, encoding="utf-8")
+        (run_dir / "output.json").write_text(stdout, encoding="utf-8")
     else:
         _collect(run_dir)
     (run_dir / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
     if error:
         echo(f"[suite] FAILED {run.key} ({wall:.0f} s): {error}")
     return {**record, "output": None if error else output_of(run_dir), "error": error, "dir": str(run_dir)}
+
+
+def execute_all(
+    plan: Sequence[Run], runs_dir: Path, echo: Callable[[str], None], jobs: int = 1
+) -> list[dict]:
+    """:func:`execute` every run of ``plan``, ``jobs`` at a time; the records in ``plan``'s order."""
+    if jobs <= 1:
+        return [execute(run, runs_dir, echo) for run in plan]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # each thread waits on its own child process
+        return list(pool.map(lambda run: execute(run, runs_dir, echo, jobs), plan))
 
 
 def _collect(run_dir: Path) -> None:

@@ -173,6 +173,7 @@ GENERATIVE_COLUMNS = [
     "ε (PLD)",
     "δ",
     "min / round",
+    "peak RSS (GB)",
 ]
 
 
@@ -223,6 +224,9 @@ def generative(done: Sequence[dict]) -> dict:
                         if s.get("rounds_completed")
                     ],
                     ".1f",
+                ),
+                "peak RSS (GB)": _mean(
+                    [d["peak_rss_mb"] / 1024 if d.get("peak_rss_mb") else None for d in finished], ".1f"
                 ),
             }
         )
