@@ -34,9 +34,9 @@ def params(n=10, k=4, t=3, bits=16, d=64, round_number=1) -> sa.Params:
     ).validate()
 
 
-def run_to_masked(p: sa.Params, inputs=None, never_share=()) -> Round:
-    """Stages 0-2 for every node; ``never_share``: nodes that drop after advertising their keys."""
-    rng = np.random.default_rng()
+def share_all(p: sa.Params, never_share=()) -> tuple[dict, dict, dict]:
+    """Stages 0-1 for every node: (clients, advertised keys, outboxes of the nodes that shared);
+    ``never_share``: nodes that drop after advertising their keys."""
     clients, advertised = {}, {}
     for u in p.node_ids:
         clients[u], advertised[u] = sa.setup(p, u)
@@ -46,6 +46,13 @@ def run_to_masked(p: sa.Params, inputs=None, never_share=()) -> Round:
         clients[u], outbox = sa.share_keys(clients[u], routed[u])
         if u not in never_share:
             outboxes[u] = outbox
+    return clients, advertised, outboxes
+
+
+def run_to_masked(p: sa.Params, inputs=None, never_share=()) -> Round:
+    """Stages 0-2 for every node; ``never_share``: nodes that drop after advertising their keys."""
+    rng = np.random.default_rng()
+    clients, advertised, outboxes = share_all(p, never_share)
     inboxes = sa.route_shares(p, outboxes)
     inputs = inputs or {u: rng.integers(0, 2 ** (p.bits - 5), p.length) for u in outboxes}
     masked = {}
@@ -165,13 +172,7 @@ def test_the_server_says_when_too_few_shares_arrived():
 
 def test_misrouted_or_tampered_shares_fail_authentication():
     p = params()
-    clients, advertised = {}, {}
-    for u in p.node_ids:
-        clients[u], advertised[u] = sa.setup(p, u)
-    routed = sa.route_keys(p, advertised)
-    outboxes = {}
-    for u in p.node_ids:
-        clients[u], outboxes[u] = sa.share_keys(clients[u], routed[u])
+    clients, _, outboxes = share_all(p)
     me = p.node_ids[0]
     inbox = sa.route_shares(p, outboxes)[me]
     a, b = sorted(inbox)[:2]
@@ -180,11 +181,7 @@ def test_misrouted_or_tampered_shares_fail_authentication():
         sa.masked_input(clients[me], swapped, np.zeros(p.length, dtype=np.int64))
     # the same ciphertext replayed into the next round between the same nodes (fresh keys there)
     later = sa.Params(p.round_number + 1, p.node_ids, p.k, p.threshold, p.bits, p.length, p.public_seed)
-    fresh = {u: sa.setup(later, u) for u in p.node_ids}
-    keys_later = sa.route_keys(later, {u: pub for u, (_, pub) in fresh.items()})
-    states, outboxes_later = {}, {}
-    for u, (client, _) in fresh.items():
-        states[u], outboxes_later[u] = sa.share_keys(client, keys_later[u])
+    states, _, outboxes_later = share_all(later)
     inbox_later = sa.route_shares(later, outboxes_later)[me]
     assert sa.masked_input(states[me], inbox_later, np.zeros(p.length, dtype=np.int64))[1].shape == (
         p.length,
