@@ -88,6 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sec.add_argument(
         "--bits", type=int, default=0, metavar="B", help="bits per coordinate (default: the fewest)"
     )
+    sec.add_argument(
+        "--sample-rate",
+        type=float,
+        metavar="P",
+        help="with --rounds: also the ε against observers of the released adapter only (sampling hidden)",
+    )
+    sec.add_argument("--rounds", type=int, metavar="T", help="the run's rounds, with --sample-rate")
     sec.add_argument("--json", action="store_true", help="print one JSON object")
     led = sub.add_parser("ledger", help="show a privacy ledger; write its report (JSON + PNG plot)")
     led.add_argument("path", type=Path, help="ledger file (a run's ledger.sqlite or a node's)")
@@ -216,6 +223,14 @@ def _secagg(args: argparse.Namespace) -> int:
         "other observer (secure aggregation); who participated is visible",
         **plan.as_dict(),
     }
+    if (args.sample_rate is None) != (args.rounds is None):
+        raise FedloraError("--sample-rate and --rounds go together")
+    if args.sample_rate is not None:
+        result["epsilon_adapter_observers"] = plan.observers_epsilon(args.sample_rate, args.rounds)
+        result["adapter_observers"] = (
+            f"against observers of the released adapter only (sampling at p = {args.sample_rate:g} hidden "
+            f"from them, {args.rounds} rounds; Zhu & Wang 2019's amplification): not against the server"
+        )
     _print(result, args.json)
     return 0
 

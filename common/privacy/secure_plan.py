@@ -77,6 +77,14 @@ class SecurePlan:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def observers_epsilon(self, sample_rate: float, rounds: int) -> float:
+        """ε against observers of the released adapter only, who do not see who was sampled:
+        ``rounds`` rounds Poisson-sampled at ``sample_rate``, each sum carrying at least μ (Agarwal
+        et al.'s bound amplified by Zhu & Wang's). Not a guarantee against the server."""
+        if not 0 < sample_rate <= 1 or rounds < 1:
+            raise FedloraError(f"sample rate must be in (0, 1] and rounds >= 1, got {sample_rate}, {rounds}")
+        return skellam_epsilon(self.mu, self.l1, self.l2, sample_rate, rounds, self.delta)
+
 
 def plan_secure(
     target: SecureTarget,

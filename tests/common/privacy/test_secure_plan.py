@@ -61,3 +61,24 @@ def test_the_cli_prints_the_plan(capsys):
     assert "who participated is visible" in out["guarantee"]
     assert run_cli(f"privacy secagg {args} --cohort 130 --neighbours 10 --threshold 5".split()) == 2
     assert "threshold 5" in capsys.readouterr().err
+
+
+def test_against_observers_of_the_adapter_sampling_amplifies_and_the_cli_says_whom_it_holds_against(capsys):
+    """The same μ spends less against observers who do not see the sample than against the server,
+    never less than the exact sampled Gaussian of the same σ (the PLD accountant, independent)."""
+    from common.privacy.calibration import epsilon_for
+
+    plan = plan_secure(SecureTarget(8.0, 1e-6, 5), **MINILM)
+    observers = plan.observers_epsilon(0.1, 30)
+    assert epsilon_for("pld", plan.sigma, 0.1, 30, 1e-6) < observers < plan.epsilon
+    args = (
+        "--epsilon 8 --delta 1e-6 --participations 5 --dim 74000 --clip 0.5 --min-survivors 75 --cohort 130"
+    )
+    code = run_cli(
+        f"privacy secagg {args} --neighbours 10 --threshold 6 --sample-rate 0.1 --rounds 30 --json".split()
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["epsilon_adapter_observers"] == pytest.approx(observers)
+    assert "not against the server" in out["adapter_observers"]
+    assert run_cli(f"privacy secagg {args} --neighbours 10 --threshold 6 --rounds 30".split()) == 2
+    assert "go together" in capsys.readouterr().err
