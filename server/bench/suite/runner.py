@@ -43,11 +43,11 @@ def _stored(run_dir: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
-def finished(run: Run, runs_dir: Path) -> dict | None:
+def finished(run: Run, runs_dir: Path, stored: dict | None = None) -> dict | None:
     """The record of ``run``'s finished directory (as :func:`execute` returns it, ``reused``), or None
-    when the directory holds no output of this very command."""
+    when the directory holds no output of this very command. ``stored``: its command.json, if read."""
     run_dir = runs_dir / run.key
-    stored = _stored(run_dir)
+    stored = _stored(run_dir) if stored is None else stored
     output = output_of(run_dir) if stored.get("command") == run.command else None
     if output is None:
         return None
@@ -63,7 +63,7 @@ def execute(run: Run, runs_dir: Path, echo: Callable[[str], None], jobs: int = 1
     shown = " ".join(command)
     stored = _stored(run_dir)
     same = stored.get("command") == command
-    if (found := finished(run, runs_dir)) is not None:
+    if (found := finished(run, runs_dir, stored)) is not None:
         echo(f"[suite] reuse {run.key}: {shown}")
         return found
     run_dir.mkdir(parents=True, exist_ok=True)
