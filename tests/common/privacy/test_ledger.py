@@ -209,7 +209,7 @@ def test_ledger_cli_states_the_guarantee_and_what_it_does_not_cover(ledger, caps
     assert "NOT covered by this epsilon: run r1 round 0: statistics sent in the clear" in out
 
 
-def test_a_secure_aggregation_round_charges_skellam_events_accounted_by_rdp(ledger):
+def test_a_secure_aggregation_round_charges_skellam_events_accounted_by_rdp(ledger, capsys):
     """Skellam events (secure aggregation's distributed discrete noise) are stored with their
     sensitivities, survive a reopen, and make RDP the ledger's tight accountant: its ε_tight is the
     RDP accountant's over the same history, Gaussian rounds included, and the report says so."""
@@ -229,6 +229,10 @@ def test_a_secure_aggregation_round_charges_skellam_events_accounted_by_rdp(ledg
     plain = Ledger.create(ledger.path.with_name("plain.sqlite"), "client-level", "x", DELTA)
     plain.charge(_charge(1))
     assert plain.report()["accountants"]["tight"] == "PLD (pessimistic)"
+    reopened.close()
+    ledger.close()
+    assert run_cli(["privacy", "ledger", str(ledger.path)]) == 0  # the one-line summary names RDP
+    assert f"{totals['eps_tight']:.4g} (rdp)" in capsys.readouterr().out
 
 
 def test_an_events_table_of_an_older_file_gains_the_sensitivity_columns(ledger):
