@@ -42,9 +42,7 @@ def _save(context: Context, client: Client, x: np.ndarray) -> None:
         "held-key": [client.held[v].mask_key for v in held],
         "x": sw.vector_values(x, p.bits)["masked"],
     }
-    context.state[STATE] = ConfigRecord(
-        {k: v for k, v in values.items() if v != []}
-    )  # Flower: no empty lists
+    context.state[STATE] = sw.config_record(values)
 
 
 def _load(context: Context, round_number: int) -> tuple[Client, np.ndarray]:

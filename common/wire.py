@@ -237,10 +237,7 @@ def _parse_arrays(
 ) -> dict[str, torch.Tensor]:
     """The float32 tensors of record ``key``, exactly ``shapes``, after the checks of
     :func:`parse_train_reply` (``server_round`` None: the message carries no round)."""
-    if msg.has_error():
-        reason = msg.error.reason
-        text = " ".join(reason.split()) if isinstance(reason, str) else repr(reason)
-        raise InvalidReply(f"client error: {text[:200]}")
+    check_not_error(msg)
     content = msg.content
     if not isinstance(content, RecordDict):
         raise InvalidReply(f"content is {type(content).__name__}, not a RecordDict")
@@ -281,6 +278,14 @@ def _parse_arrays(
             raise InvalidReply(f"{name}: non-finite values")
         state[name] = torch.from_numpy(value)
     return state
+
+
+def check_not_error(msg: Message) -> None:
+    """Raise :class:`InvalidReply` with the client's one-line reason when ``msg`` is an error reply."""
+    if msg.has_error():
+        reason = msg.error.reason
+        text = " ".join(reason.split()) if isinstance(reason, str) else repr(reason)
+        raise InvalidReply(f"client error: {text[:200]}")
 
 
 def _decode_float32(name: str, data: bytes, shape: tuple[int, ...]) -> np.ndarray:

@@ -24,6 +24,11 @@ class Reply(NamedTuple):
     relayed: bool
 
 
+def message_bytes(msg: Message) -> int:
+    """Bytes of ``msg``'s records as Flower counts them (the records that can count themselves)."""
+    return sum(r.count_bytes() for r in msg.content.values() if hasattr(r, "count_bytes"))
+
+
 def exchange(grid: Grid, messages: Sequence[Message], timeout: float) -> list[Reply]:
     """``grid.send_and_receive(messages)``, each reply with the node it answers for.
 
@@ -38,4 +43,4 @@ def exchange(grid: Grid, messages: Sequence[Message], timeout: float) -> list[Re
     return out
 
 
-__all__ = ["Reply", "exchange"]
+__all__ = ["Reply", "exchange", "message_bytes"]

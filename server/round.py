@@ -20,7 +20,7 @@ from common.privacy.mechanism import PostProcessed
 from common.timing import phase
 from common.wire import InvalidReply, TrainInstruction, data_source, parse_train_reply
 from server.aggregate import apply_increment
-from server.exchange import exchange
+from server.exchange import exchange, message_bytes
 from server.optimizers import ServerOptimizer
 from server.releases import Release
 
@@ -111,9 +111,7 @@ def run_round(
         for node in sampled
     ]
     record = RoundRecord(rnd, sampled=k)
-    record.bytes_down = sum(
-        r.count_bytes() for m in messages for r in m.content.values() if hasattr(r, "count_bytes")
-    )
+    record.bytes_down = sum(message_bytes(m) for m in messages)
     expected, reply_shapes = release.expected(k), release.reply_shapes(ctx.shapes)
     total, losses, answered = release.round_sum(k), [], set()
     if post is not None:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import Message
 from flwr.serverapp import Grid
 
 from common.secagg import protocol
@@ -23,7 +22,7 @@ from common.secagg import wire as sw
 from common.secagg.errors import SecAggError
 from common.secagg.protocol import Params, PublicKeys
 from common.wire import InvalidReply
-from server.exchange import exchange
+from server.exchange import exchange, message_bytes
 
 log = logging.getLogger("fedlora.server")
 
@@ -45,10 +44,6 @@ class SecureSum:
     bytes_down: int = 0
 
 
-def _size(msg: Message) -> int:
-    return sum(r.count_bytes() for r in msg.content.values() if hasattr(r, "count_bytes"))
-
-
 def _stage(
     grid: Grid,
     stage: str,
@@ -61,7 +56,7 @@ def _stage(
     """Send ``outgoing[node]`` as ``stage`` to each node; node -> ``parse(node, values)`` of the usable replies."""
     rnd = params.round_number
     messages = [sw.stage_message(stage, node, rnd, values) for node, values in outgoing.items()]
-    result.bytes_down += sum(_size(m) for m in messages)
+    result.bytes_down += sum(message_bytes(m) for m in messages)
     got: dict[int, object] = {}
     for node, reply, relayed in exchange(grid, messages, timeout):
         if relayed or node not in outgoing:
@@ -72,7 +67,7 @@ def _stage(
             result.rejected[node] = f"{stage}: {exc}"
             log.warning("round %d: %s from node %s not used: %s", rnd, stage, node, exc)
             continue
-        result.bytes_up += _size(reply)
+        result.bytes_up += message_bytes(reply)
     result.stages[stage.removeprefix("train.secagg_")] = sorted(got)
     return got
 

@@ -110,9 +110,10 @@ class SkellamEvent(Event):
 
 
 def event_from(fields: list | tuple) -> Event:
-    """The event :meth:`Event.fields` stored: 3 numbers a Gaussian one, 5 a Skellam one."""
-    if len(fields) == 3:
-        sigma, p, count = fields
+    """The event :meth:`Event.fields` stored: 3 numbers a Gaussian one, 5 a Skellam one (a stored
+    row's missing sensitivities, None or absent, make it Gaussian)."""
+    if len(fields) == 3 or fields[3] is None:
+        sigma, p, count = fields[:3]
         return Event(float(sigma), float(p), int(count))
     sigma, p, count, l1, l2 = fields
     return SkellamEvent(float(sigma), float(p), int(count), float(l1), float(l2))

@@ -265,7 +265,7 @@ def _ledger(args: argparse.Namespace) -> int:
         f"{report['what_if']}{report['unit']} ledger {args.path} (owner {report['owner']}), "
         f"delta {float(report['delta']):g}: "
         f"epsilon {report['eps_gdp']:.4g} (gdp, mu {report['mu']:.4g}) / {report['eps_tight']:.4g} "
-        f"({report['accountants']['tight'].split()[0].lower()})"
+        f"({report['tight_accountant']})"
     )
     for guarantee in report["guarantees"]:
         print(f"  guarantee: {guarantee}")

@@ -87,8 +87,18 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 _EVENT_COLUMNS = ("l1", "l2")  # added after the events table: absent from older files
-#: the tight accountant of a history, by whether every event has a PLD
-TIGHT = {True: "PLD (pessimistic)", False: "RDP (Skellam: Agarwal et al. 2021; sampling: Zhu & Wang 2019)"}
+#: the tight accountant of a history and its label, by whether every event has a PLD
+TIGHT: dict[bool, tuple[type[Accountant], str]] = {
+    True: (PldAccountant, "PLD (pessimistic)"),
+    False: (RdpAccountant, "RDP (Skellam: Agarwal et al. 2021; sampling: Zhu & Wang 2019)"),
+}
+
+
+def tight_accountant(events: list[Event]) -> tuple[type[Accountant], str]:
+    """The tight accountant of ``events`` and its label (:data:`TIGHT`)."""
+    return TIGHT[all(e.has_pld for e in events)]
+
+
 _UNCOVERED = """
 CREATE TABLE IF NOT EXISTS uncovered (
     run TEXT NOT NULL,
@@ -232,8 +242,8 @@ class Ledger:
             cur = self._conn.execute(
                 f"SELECT charge, kind, sigma, p, count{extra} FROM events ORDER BY rowid"
             )
-            for seq, kind, *fields in cur.fetchall():
-                stored.setdefault(seq, []).append(event_from(fields if kind == "skellam" else fields[:3]))
+            for seq, _kind, *fields in cur.fetchall():
+                stored.setdefault(seq, []).append(event_from(fields))
         return [e for r in self.rows() for e in stored.get(r["seq"], [_event(r)])]
 
     def _event_columns(self) -> set[str]:
@@ -272,10 +282,7 @@ class Ledger:
                         self._conn.execute(f"ALTER TABLE events ADD COLUMN {column} REAL")
                     self._conn.executemany(
                         "INSERT INTO events (charge, kind, sigma, p, count, l1, l2) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [
-                            (cur.lastrowid, e.kind, *e.fields(), *[None] * (5 - len(e.fields())))
-                            for e in charge.events
-                        ],
+                        [(cur.lastrowid, e.kind, *[*e.fields(), None, None][:5]) for e in charge.events],
                     )
         except sqlite3.IntegrityError:
             raise FedloraError(f"round {charge.round} of run {charge.run} is already charged") from None
@@ -315,14 +322,13 @@ class Ledger:
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         rows = [{**r, "guarantee": self.guarantee(r["threat_model"]).label()} for r in self.rows()]
         last = rows[-1] if rows else {"mu": 0.0, "eps_gdp": 0.0, "eps_tight": 0.0}
+        tight, tight_label = tight_accountant(self.events())
         return {
             "ledger": str(self.path),
             **meta,
             "what_if": what_if_label(self.validity),  # "" for a run's own ε
-            "accountants": {
-                "gdp": "CLT mu-GDP (DR-Encoder paper)",
-                "tight": TIGHT[all(e.has_pld for e in self.events())],
-            },
+            "accountants": {"gdp": "CLT mu-GDP (DR-Encoder paper)", "tight": tight_label},
+            "tight_accountant": tight().name,  # "pld" or "rdp"
             "epsilon": max(last["eps_gdp"], last["eps_tight"]),
             "mu": last["mu"],
             "eps_gdp": last["eps_gdp"],
@@ -363,7 +369,7 @@ def _totals(events: list[Event], delta: float) -> dict[str, float]:
 def _totals_of(history: tuple[tuple[Event, int], ...], delta: float) -> tuple:
     events = [replace(e, count=count) for e, count in history if count]
     gdp_acc = _replay(GdpAccountant(), events)
-    tight = _replay(PldAccountant() if all(e.has_pld for e in events) else RdpAccountant(), events)
+    tight = _replay(tight_accountant(events)[0](), events)
     return (("mu", gdp_acc.mu), ("eps_gdp", gdp_acc.epsilon(delta)), ("eps_tight", tight.epsilon(delta)))
 
 

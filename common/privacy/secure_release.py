@@ -60,13 +60,9 @@ class SecureRelease:
         flat = discrete.decode(
             np.asarray(total).astype(np.uint64), p.bits, self.signs(public_seed), p.dim, p.scale, p.limit
         )
-        flat = (flat / divide_by).to(torch.float32)
-        out, start = {}, 0
-        for name in sorted(self.shapes):
-            size = math.prod(self.shapes[name])
-            out[name] = flat[start : start + size].reshape(self.shapes[name]).clone()
-            start += size
-        return out
+        names = sorted(self.shapes)
+        parts = (flat / divide_by).to(torch.float32).split([math.prod(self.shapes[n]) for n in names])
+        return {n: part.reshape(self.shapes[n]).clone() for n, part in zip(names, parts, strict=True)}
 
 
 __all__ = ["SecureRelease"]

@@ -25,24 +25,28 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from common.secagg.protocol import Params, PublicKeys, UnmaskReply, UnmaskRequest
-from common.wire import InvalidReply
+from common.wire import InvalidReply, check_not_error
 
 SCHEMA = "fedlora-secagg/1"
 RECORD = "secagg"
 STAGES = ("train.secagg_share", "train.secagg_mask", "train.secagg_unmask")
 
 
+def config_record(values: Mapping[str, object]) -> ConfigRecord:
+    """``values`` as a ConfigRecord, empty lists left out (Flower's ConfigRecord cannot size one);
+    a reader takes a missing list as empty."""
+    return ConfigRecord({k: v for k, v in values.items() if not (isinstance(v, list) and not v)})
+
+
 def record(round_number: int, **values: object) -> RecordDict:
-    """A stage message's content: one ``secagg`` ConfigRecord of ``values``. Empty lists are left
-    out (Flower's ConfigRecord cannot size one); a reader takes a missing list as empty."""
-    kept = {k: v for k, v in values.items() if not (isinstance(v, list) and not v)}
-    return RecordDict({RECORD: ConfigRecord({"schema": SCHEMA, "round": round_number, **kept})})
+    """A stage message's content: one ``secagg`` :func:`config_record` of ``values``."""
+    return RecordDict({RECORD: config_record({"schema": SCHEMA, "round": round_number, **values})})
 
 
 def fields(msg: Message | RecordDict, round_number: int | None = None) -> dict:
     """The ``secagg`` record's values of a stage message or reply, schema and round checked."""
-    if isinstance(msg, Message) and msg.has_error():
-        raise InvalidReply(f"client error: {' '.join(str(msg.error.reason).split())[:200]}")
+    if isinstance(msg, Message):
+        check_not_error(msg)
     content = msg.content if isinstance(msg, Message) else msg
     got = content.get(RECORD) if isinstance(content, RecordDict) else None
     if not isinstance(got, ConfigRecord):
@@ -216,6 +220,7 @@ __all__ = [
     "RECORD",
     "SCHEMA",
     "STAGES",
+    "config_record",
     "fields",
     "keys_from",
     "keys_values",

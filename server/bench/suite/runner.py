@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from server.bench.suite.plan import Run
+from server.workers import available_cores
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (``python -m common.cli`` runs from here)
 OUTPUTS = ("summary.json", "result.json", "audit.json", "output.json")
@@ -82,7 +83,7 @@ def execute(run: Run, runs_dir: Path, echo: Callable[[str], None], jobs: int = 1
     env = {**os.environ, "TQDM_DISABLE": "1"}
     if jobs > 1:
         argv += ["--workers", "1"] if argv[0] == "simulate" else []
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, available_cores() // jobs)))
     start = time.monotonic()
     with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
@@ -116,9 +117,7 @@ def execute_all(
     plan: Sequence[Run], runs_dir: Path, echo: Callable[[str], None], jobs: int = 1
 ) -> list[dict]:
     """:func:`execute` every run of ``plan``, ``jobs`` at a time; the records in ``plan``'s order."""
-    if jobs <= 1:
-        return [execute(run, runs_dir, echo) for run in plan]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:  # each thread waits on its own child process
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # each thread waits on its own child
         return list(pool.map(lambda run: execute(run, runs_dir, echo, jobs), plan))
 
 
