@@ -12,6 +12,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from autoencoder.layout import is_factor
+from client import secure as client_secure
 from client.dp.sample_plan import SamplePlan, plan_sample_noise
 from client.drencoder.gradstats import local_stats, privatise
 from client.increment import increment as local_increment
@@ -23,10 +24,12 @@ from client.node.state import encoder_cache_dir, node_state_dir, sample_ledger
 from client.releases import client_release, round_clip
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
-from common.models import AdapterState, adapter_state
+from common.models import AdapterState, adapter_size, adapter_state
 from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
-from common.privacy.plan import STATS_ROUND, plan_noise
+from common.privacy.plan import STATS_ROUND, NoisePlan, plan_noise
+from common.privacy.secure_release import SecureRelease
+from common.secagg import wire as sw
 from common.tasks.training import StepSchedule
 from common.timing import phase
 from common.wire import DATA_SOURCE, StatsQuery, TrainInstruction, stats_reply, train_reply
@@ -41,7 +44,7 @@ def _start(context: Context, global_state: AdapterState) -> tuple[RunConfig, int
     accepts (client/node/policy.py): a run its policy refuses raises before any training."""
     node = dict(context.node_config)
     cfg = from_flat(dict(context.run_config)).check_federated()
-    NodePolicy.from_node_config(node).check_run(cfg)
+    NodePolicy.from_node_config(node).check_run(cfg, adapter_size(global_state))
     pid, parts, shard = node_shard(node, cfg)
     load_global(shard, global_state, cfg, str(node.get(MODEL_PATH) or ""))
     return cfg, pid, parts, shard
@@ -77,27 +80,54 @@ def train(msg: Message, context: Context) -> Message:
     ins = TrainInstruction.from_record(msg.content)
     cfg, pid, parts, shard = _start(context, ins.global_state)
     model, kind, release = shard.bundle.model, cfg.optimizer_kind, cfg.release_kind
-    noise = plan_noise(cfg)
+    noise = plan_noise(cfg, adapter_size(ins.global_state))
+    secure = _secure_round(msg, ins, noise, context.node_id)  # checked before any training
     released = None  # a noised client-level release: (event, clip), checked before any training
     if release != "none":
-        clip = round_clip(ins, cfg)
-        _check_noise(cfg, ins.noise_std, clip)
+        clip = cfg.clip if secure else round_clip(ins, cfg)
+        if not secure:
+            _check_noise(cfg, ins.noise_std, clip)
         if noise is not None and noise.private:
             released = release_event(noise, ins.noise_std, clip), clip
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     node = dict(context.node_config)
+    cap = noise.secure.participations if secure else 0
     with _releases(context, cfg, pid, parts) if released else nullcontext() as releases:
         if releases is not None:
-            releases.check(ins.round, released[0], cfg.rounds - ins.round)
+            releases.check(ins.round, released[0], releases.future(ins.round, cap))
         metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan)
         if cfg.private:
             metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
         increment = local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
         if releases is not None:  # committed before the release leaves
-            releases.check(ins.round, released[0], cfg.rounds - ins.round)
+            releases.check(ins.round, released[0], releases.future(ins.round, cap))
             releases.charge(ins.round, *released, noise.threat_model)
-        reply = release_reply(increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics)
+        meta = _reply_meta(ins, cfg, node)
+        if secure:
+            with phase("encode"):
+                reply = client_secure.train_reply(context, *secure, ins.round, increment, meta)
+        else:
+            reply = release_reply(
+                increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics
+            )
     return Message(reply, reply_to=msg)
+
+
+for _stage, _handler in client_secure.HANDLERS.items():  # secure aggregation's stages 1-3
+    app.train(_stage.removeprefix("train."))(_handler)
+
+
+def _secure_round(
+    msg: Message, ins: TrainInstruction, noise: NoisePlan | None, node: int
+) -> tuple[SecureRelease, dict] | None:
+    """Under secure aggregation: the run's release (from this node's own plan) and the round's
+    protocol values, checked against the plan before anything is trained (one-line refusal)."""
+    if noise is None or noise.secure is None:
+        return None
+    release = SecureRelease(noise.secure, {k: tuple(v.shape) for k, v in ins.global_state.items()})
+    values = sw.fields(msg.content, ins.round)
+    release.check_params(sw.params_from(values, ins.round), node, ins.noise_std)
+    return release, values
 
 
 def _train_steps(
@@ -175,19 +205,24 @@ def release_reply(
     encoding), its meta, and the example count only when the run is not private. The meta says
     where the examples came from (``data-source``: ``own`` with a node config ``data-path``, else
     ``partition``), never the file's path or name."""
-    release = cfg.release_kind
     with phase("encode"):
-        sent, extra = client_release(release)(increment, ins, cfg, device, encoder_cache_dir(node_config))
+        sent, extra = client_release(cfg.release_kind)(
+            increment, ins, cfg, device, encoder_cache_dir(node_config)
+        )
+    count = None if cfg.private else examples  # a clear count is not private
+    return train_reply(sent, ins.round, count, metrics, {**_reply_meta(ins, cfg, node_config), **extra})
+
+
+def _reply_meta(ins: TrainInstruction, cfg: RunConfig, node_config: dict) -> dict[str, object]:
+    """What every train reply says it applied, and where its examples came from (``data-source``:
+    ``own`` with a node config ``data-path``, else ``partition``; never the file's path or name)."""
     source = "own" if node_config.get(DATA_PATH) else "partition"  # as client/node/shard.py chooses
-    meta = {
+    return {
         "mechanism": cfg.mechanism,
-        "release": release,
+        "release": cfg.release_kind,
         "noise-std": ins.noise_std,
         DATA_SOURCE: source,
-        **extra,
     }
-    count = None if cfg.private else examples  # a clear count is not private
-    return train_reply(sent, ins.round, count, metrics, meta)
 
 
 def _check_noise(cfg: RunConfig, noise_std: float, clip: float) -> None:

@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from common.errors import FedloraError
+from common.models import AdapterState
+from common.privacy.secure_release import SecureRelease
 from common.secagg import keys, protocol
 from common.secagg import wire as sw
 from common.secagg.protocol import Client, Held, PublicKeys
@@ -77,6 +79,23 @@ def begin(context: Context, values: dict, round_number: int, node: int, x: np.nd
     return sw.keys_values(public)
 
 
+def train_reply(
+    context: Context,
+    release: SecureRelease,
+    values: dict,
+    rnd: int,
+    increment: AdapterState,
+    meta: dict[str, object],
+) -> RecordDict:
+    """The train reply of secure-aggregation round ``rnd``: ``increment`` encoded with this node's
+    Skellam share by the run's ``release`` (the rotation from the public seed in the round's protocol
+    ``values``) and kept by :func:`begin`; the reply carries the node's public keys and ``meta``,
+    never the update."""
+    x = release.encode(increment, sw.params_from(values, rnd).public_seed)
+    keys = begin(context, values, rnd, context.node_id, x)
+    return RecordDict({**sw.record(rnd, **keys), "meta": ConfigRecord(meta)})
+
+
 def _stage(run: Callable[[Client, np.ndarray, dict, Context], dict[str, object]]):
     """A ``train.secagg_*`` handler around ``run(client, x, values, context) -> reply values``."""
 
@@ -114,4 +133,4 @@ HANDLERS: dict[str, Callable[[Message, Context], Message]] = {
     "train.secagg_unmask": _stage(_unmask),
 }
 
-__all__ = ["HANDLERS", "STATE", "begin"]
+__all__ = ["HANDLERS", "STATE", "begin", "train_reply"]

@@ -319,13 +319,46 @@ class RunConfig:
     )
     threat_model: str = option(
         "local",
-        "who adds the client-level noise: local, distributed or central",
+        "who adds the client-level noise: local, distributed, secure-aggregation (distributed "
+        "discrete noise summed by SecAgg+: the server sees only the sum) or central",
         CLIENT_DP,
         choices=THREAT_MODELS,
     )
     target_epsilon: float = option(
         0.0,
         "client-level budget; rounds that would exceed it are not run (0 = none)",
+        CLIENT_DP,
+        rule=NON_NEGATIVE,
+    )
+    max_participations: int = option(
+        0,
+        "secure aggregation: the most rounds a client takes part in, each charged at p = 1 (the server "
+        "sees who takes part); a client at the cap is not sampled again (0 = the mean plus 3 standard "
+        "deviations of a client's participations)",
+        CLIENT_DP,
+        rule=NON_NEGATIVE,
+    )
+    max_cohort: int = option(
+        0,
+        "secure aggregation: the most clients a round sums, which fixes the bits per coordinate; a "
+        "larger sample is cut down at random (0 = sample rate x clients plus 4 standard deviations)",
+        CLIENT_DP,
+        rule=NON_NEGATIVE,
+    )
+    secagg_neighbours: int = option(
+        10, "secure aggregation: SecAgg+ neighbours k of each client", CLIENT_DP, rule=AT_LEAST_ONE
+    )
+    secagg_threshold: int = option(
+        0,
+        "secure aggregation: shares t that reconstruct a client's mask secrets, k/2 < t <= k "
+        "(0 = floor(k/2) + 1); --min-replies must be at least t",
+        CLIENT_DP,
+        rule=NON_NEGATIVE,
+    )
+    secagg_bits: int = option(
+        0,
+        "secure aggregation: bits b per coordinate of the modular sum (0 = the fewest that hold the "
+        "largest cohort's sum and noise)",
         CLIENT_DP,
         rule=NON_NEGATIVE,
     )
@@ -595,6 +628,8 @@ class RunConfig:
                 raise FedloraError(
                     f"{flag} needs a client-level release (--mechanism dp-fedavg or dr-encoder)"
                 )
+        if THREATS[self.threat_model].summed_securely:
+            self._check_secure_aggregation()
         budget = self.noise_multiplier > 0 or self.target_epsilon > 0
         if self.clip_only and budget:
             raise FedloraError("--clip-only adds no noise: drop --noise-multiplier and --target-epsilon")
@@ -613,6 +648,27 @@ class RunConfig:
             )
         if self.noise_cohort and self.clip_only:
             raise FedloraError("--noise-cohort needs noise: it cannot be combined with --clip-only")
+
+    def _check_secure_aggregation(self) -> None:
+        from common.privacy.secure_plan import check_graph  # imports the accountants (numpy, scipy)
+
+        if self.release_kind != "gaussian":
+            raise FedloraError(
+                "--threat-model secure-aggregation supports the gaussian release (--mechanism dp-fedavg)"
+            )
+        for flag, on in (
+            ("--adaptive-clip", self.adaptive_clip),
+            ("--clip-only", self.clip_only),
+            ("--noise-cohort", self.noise_cohort > 0),
+            ("--noise-multiplier", self.noise_multiplier > 0),
+        ):
+            if on:
+                raise FedloraError(
+                    f"--threat-model secure-aggregation plans its noise for --target-epsilon; drop {flag}"
+                )
+        if self.target_epsilon <= 0:
+            raise FedloraError("--threat-model secure-aggregation needs --target-epsilon")
+        check_graph(self.secagg_neighbours, self.secagg_threshold, self.min_replies)
 
     def _check_dr_encoder(self) -> None:
         if self.optimizer_kind != "none":

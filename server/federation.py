@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from autoencoder.layout import Layout
 from common.config import RunConfig
 from common.errors import FedloraError
-from common.models import AdapterState, adapter_shapes
+from common.models import AdapterState, adapter_shapes, adapter_size
+from common.privacy.accountants import Event
 from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, what_if
 from common.privacy.report import write_report
@@ -43,7 +44,8 @@ from server.public_prior import PublicSubspace
 from server.releases import Release, RunHandles, make_release
 from server.round import RoundContext, RoundRecord, run_round
 from server.run_dir import RunDir
-from server.sampling import os_sampler, poisson_sample
+from server.sampling import cut_to, eligible, os_sampler, poisson_sample
+from server.secure_round import run_secure_round
 from server.summary import data_used, format_summary
 
 log = logging.getLogger("fedlora.server")
@@ -107,7 +109,18 @@ class FederationRun:
         """What :func:`server.round.run_round` needs of the run (the aggregate projected onto the
         public subspace, if any)."""
         post = self.subspace.project if self.subspace else None
-        return RoundContext(self.grid, self.release, self.cfg, self.shapes, self.optimizer, post)
+        gate = self.unmask_gate if self.plan and self.plan.secure else None
+        return RoundContext(self.grid, self.release, self.cfg, self.shapes, self.optimizer, post, gate)
+
+    def unmask_gate(self, rnd: int, survivors: list[int], event: Event) -> str:
+        """Secure aggregation, before round ``rnd``'s sum is unmasked: narrow its charge to the
+        ``survivors`` and the noise their shares carry (``event``), and refuse the unmask when that
+        would bring any of them past the budget (the RDP ε of their own participations)."""
+        totals = self.ledger.narrow(self.run_id, rnd, (event,), tuple(survivors))
+        worst = max(totals[k] for k in self.plan.budget_keys)
+        if worst > self.plan.target_epsilon * (1 + 1e-9):
+            return f"a survivor would reach epsilon {worst:.4g} > the budget {self.plan.target_epsilon:g}; not unmasked"
+        return ""
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
@@ -136,9 +149,10 @@ def _setup(grid: Grid, cfg: RunConfig, run_dir: Path, echo: Callable[[str], None
     state and metrics reconciled after a crash, the nodes connected and the release prepared."""
     start = time.monotonic()
     out = RunDir(run_dir, cfg)  # refuses an existing run, or a resume with another configuration
-    plan = plan_noise(cfg)
-    ledger = _open_ledger(out, cfg, plan) if cfg.resume else None  # a bad ledger fails fast
     evaluator = Evaluator(cfg)  # validates model, data and split before anything is written
+    shapes = adapter_shapes(evaluator.bundle.model)
+    plan = plan_noise(cfg, adapter_size(shapes))
+    ledger = _open_ledger(out, cfg, plan) if cfg.resume else None  # a bad ledger fails before a write
     out.create()
     ledger = ledger or _open_ledger(out, cfg, plan)
     spec = ServerOptimizerSpec(
@@ -153,7 +167,7 @@ def _setup(grid: Grid, cfg: RunConfig, run_dir: Path, echo: Callable[[str], None
         plan=plan,
         ledger=ledger,
         evaluator=evaluator,
-        shapes=adapter_shapes(evaluator.bundle.model),
+        shapes=shapes,
         optimizer=ServerOptimizer(spec),
         release=make_release(cfg, plan),
     )
@@ -196,16 +210,21 @@ def _public_subspace(run: FederationRun) -> PublicSubspace | None:
 def _round(run: FederationRun, rnd: int) -> bool:
     """Round ``rnd``: sample, charge, run, evaluate, checkpoint, settle, log; False (and nothing run)
     when the client-level budget stops the run before it."""
-    if run.ledger and (stopped := budget_stop(run.ledger, run.plan, run.release.events())):
+    # the nodes online now: a lost node leaves, a restarted one (a new id) joins
+    online = sorted(run.grid.get_node_ids())
+    if run.plan and run.plan.secure:
+        online = eligible(online, run.ledger, run.plan.secure.participations)
+    if run.ledger and (stopped := _stop_reason(run, online)):
         run.stopped = stopped
         run.out.log({"round": rnd, "phase": "stopped", "reason": stopped})
         run.echo(f"round {rnd}: not run: {stopped}")
         return False
     t0, clip = time.monotonic(), run.release.clip
-    # the nodes online now: a lost node leaves, a restarted one (a new id) joins
-    sampled = poisson_sample(sorted(run.grid.get_node_ids()), run.cfg.sample_rate, run.rng)
+    sampled = poisson_sample(online, run.cfg.sample_rate, run.rng)
+    if run.plan and run.plan.secure:
+        sampled = cut_to(sampled, run.plan.secure.cohort, run.rng)
     if run.ledger:  # committed before any instruction (and so any release) goes out
-        run.ledger.charge(_charge(run, rnd, len(sampled)))
+        run.ledger.charge(_charge(run, rnd, sampled))
     result = _train(run, rnd, sampled)
     run.loop.count(result)
     evaluated = result.applied and (rnd % run.cfg.eval_every == 0 or rnd == run.cfg.rounds)
@@ -224,8 +243,19 @@ def _train(run: FederationRun, rnd: int, sampled: list[int]) -> RoundRecord:
     run.release.before_round(rnd, run.state)
     if run.subspace:
         run.subspace.refresh(rnd, run.state, run.echo)
-    run.state, result = run_round(run.round_context(), rnd, sampled, run.state)
+    runner = run_secure_round if run.plan and run.plan.secure else run_round
+    run.state, result = runner(run.round_context(), rnd, sampled, run.state)
     return result
+
+
+def _stop_reason(run: FederationRun, online: list[int]) -> str | None:
+    """Why the run must stop before the next round: the budget (secure aggregation: every client
+    online has reached its participation cap), else None."""
+    if not (run.plan and run.plan.secure):
+        return budget_stop(run.ledger, run.plan, run.release.events())
+    if online:
+        return None
+    return f"client-level budget reached: every client online took part {run.plan.secure.participations} times (the cap)"
 
 
 def _record(run: FederationRun, rnd: int, result: RoundRecord, clip: float, t0: float) -> dict:
@@ -251,7 +281,7 @@ def _commit(run: FederationRun, rnd: int, result: RoundRecord, record: dict) -> 
         status = "applied" if result.applied or result.phase == "skipped" else "withheld"
         run.ledger.settle(run.run_id, rnd, status, replied=result.replied)
     run.out.log(record)
-    run.echo(_round_line(record, run.metric, run.ledger))
+    run.echo(_round_line(record, run.metric, run.ledger, bool(run.plan and run.plan.secure)))
 
 
 def _finish(run: FederationRun) -> dict:
@@ -267,8 +297,9 @@ def _finish(run: FederationRun) -> dict:
     return summary
 
 
-def _charge(run: FederationRun, rnd: int, sampled: int) -> Charge:
-    """Round ``rnd``'s client-level charge: ``sampled`` nodes at the release's current clip."""
+def _charge(run: FederationRun, rnd: int, sampled: list[int]) -> Charge:
+    """Round ``rnd``'s client-level charge: the ``sampled`` nodes at the release's current clip
+    (secure aggregation: charged to those nodes alone, per client)."""
     cfg, plan = run.cfg, run.plan
     return Charge(
         run=run.run_id,
@@ -277,11 +308,12 @@ def _charge(run: FederationRun, rnd: int, sampled: int) -> Charge:
         p=plan.p,
         count=1,
         sample_rate=cfg.sample_rate,
-        sampled=sampled,
+        sampled=len(sampled),
         clip=run.release.clip,
         threat_model=plan.threat_model,
         mechanism=cfg.mechanism,
         events=run.release.events(),
+        participants=tuple(sampled) if plan.secure else (),
     )
 
 
@@ -319,7 +351,7 @@ def _reconcile(run: FederationRun) -> int:
     return last
 
 
-def _round_line(record: dict, metric: str, ledger: Ledger | None) -> str:
+def _round_line(record: dict, metric: str, ledger: Ledger | None, secure: bool = False) -> str:
     rnd = record["round"]
     if record["phase"] == "skipped":
         line = f"round {rnd}: nobody sampled, skipped"
@@ -333,7 +365,10 @@ def _round_line(record: dict, metric: str, ledger: Ledger | None) -> str:
         )
     if ledger:
         what_if = f" (WHAT-IF: for {ledger.population})" if ledger.validity else ""
-        line += f", client-level eps{what_if} gdp {record['eps_gdp']:.3g} / pld {record['eps_tight']:.3g}"
+        if secure:  # per client, Skellam noise: RDP alone (the CLT mu-GDP is no bound for it)
+            line += f", client-level eps (worst client) rdp {record['eps_tight']:.3g}"
+        else:
+            line += f", client-level eps{what_if} gdp {record['eps_gdp']:.3g} / pld {record['eps_tight']:.3g}"
     return line
 
 

@@ -16,6 +16,7 @@ from flwr.serverapp import Grid
 
 from common.config import RunConfig
 from common.models import AdapterState
+from common.privacy.accountants import Event
 from common.privacy.mechanism import PostProcessed
 from common.timing import phase
 from common.wire import InvalidReply, TrainInstruction, data_source, parse_train_reply
@@ -49,6 +50,7 @@ class RoundRecord:
     bytes_down: int = 0
     bytes_up: int = 0
     sigma_released: float | None = None
+    secure: dict | None = None  # secure aggregation: nodes per protocol stage, b, k, t, why not unmasked
 
     @classmethod
     def skipped(cls, rnd: int) -> RoundRecord:
@@ -59,8 +61,9 @@ class RoundRecord:
         values = asdict(self)
         if self.phase == "skipped":
             return {k: values[k] for k in ("round", "phase", "sampled", "replied")}
-        if self.sigma_released is None:
-            del values["sigma_released"]
+        for key in ("sigma_released", "secure"):
+            if values[key] is None:
+                del values[key]
         return values
 
 
@@ -75,6 +78,8 @@ class RoundContext:
     shapes: name -> shape of the adapter's tensors (the release maps them to the replies' shapes).
     optimizer: the server optimizer; None: ``state + server-lr · mean``.
     post: applied to the released mean before the optimizer (the public-subspace projection); None: nothing.
+    gate: secure aggregation: ``gate(round, survivors, event)`` charges the survivors' realised noise
+        ``event`` before their sum is unmasked and returns why it must not be (empty: unmask).
     """
 
     grid: Grid
@@ -83,6 +88,7 @@ class RoundContext:
     shapes: dict[str, tuple[int, ...]]
     optimizer: ServerOptimizer | None = None
     post: Callable[[AdapterState], AdapterState] | None = None
+    gate: Callable[[int, list[int], Event], str] | None = None
 
 
 def run_round(

@@ -11,20 +11,35 @@ al. 2017 §4). The server never holds an unmasked individual input: only
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from flwr.app import Message
 from flwr.serverapp import Grid
 
+from common.models import AdapterState
+from common.privacy.secure_release import SecureRelease
 from common.secagg import protocol
 from common.secagg import wire as sw
 from common.secagg.errors import SecAggError
 from common.secagg.protocol import Params, PublicKeys
-from common.wire import InvalidReply
+from common.timing import phase
+from common.wire import InvalidReply, TrainInstruction, data_source
+from server.aggregate import apply_increment
 from server.exchange import exchange, message_bytes
+from server.round import RoundContext, RoundRecord
 
 log = logging.getLogger("fedlora.server")
+
+
+#: message type -> the name of the set of nodes that answered it (Bonawitz et al.'s U_2, U_3, U_5)
+_STAGE_SET = {
+    "train.secagg_share": "shared",
+    "train.secagg_mask": "masked",
+    "train.secagg_unmask": "unmasked",
+}
 
 
 @dataclass
@@ -68,13 +83,21 @@ def _stage(
             log.warning("round %d: %s from node %s not used: %s", rnd, stage, node, exc)
             continue
         result.bytes_up += message_bytes(reply)
-    result.stages[stage.removeprefix("train.secagg_")] = sorted(got)
+    result.stages[_STAGE_SET[stage]] = sorted(got)
     return got
 
 
-def secure_sum(grid: Grid, params: Params, advertised: Mapping[int, PublicKeys], timeout: float) -> SecureSum:
+def secure_sum(
+    grid: Grid,
+    params: Params,
+    advertised: Mapping[int, PublicKeys],
+    timeout: float,
+    gate: Callable[[list[int]], str] | None = None,
+) -> SecureSum:
     """Stages 1-3 of round ``params.round_number``, given the keys the train replies advertised
-    (node -> :class:`PublicKeys`, U_1). Returns the unmasked sum of the survivors' inputs."""
+    (node -> :class:`PublicKeys`, U_1). Returns the unmasked sum of the survivors' inputs.
+    ``gate(survivors)``, called once the masked inputs are in and before any unmask request goes
+    out, returns why the sum must not be unmasked (empty: go on), e.g. a charge over the budget."""
     result = SecureSum(None, [], {"keys": sorted(advertised)})
     try:
         routed = protocol.route_keys(params, advertised)
@@ -87,6 +110,8 @@ def secure_sum(grid: Grid, params: Params, advertised: Mapping[int, PublicKeys],
         masked = _stage(
             grid, "train.secagg_mask", params, tokens, lambda n, v: sw.vector_from(v, params), result, timeout
         )
+        if gate is not None and (why := gate(sorted(masked))):
+            raise SecAggError(why)
         request = sw.request_values(protocol.unmask_request(outboxes, masked))
         replies = _stage(
             grid,
@@ -106,4 +131,112 @@ def secure_sum(grid: Grid, params: Params, advertised: Mapping[int, PublicKeys],
     return result
 
 
-__all__ = ["SecureSum", "secure_sum"]
+def _advertised(
+    grid: Grid,
+    messages: list[Message],
+    rnd: int,
+    expected: Mapping[str, object],
+    record: RoundRecord,
+    timeout: float,
+) -> dict[int, PublicKeys]:
+    """The round's train exchange (stage 0): node -> the public keys its reply advertised; a reply
+    without them, or whose meta is not what the round asked, is rejected (recorded in ``record``)."""
+    advertised = {}
+    for node, reply, relayed in exchange(grid, messages, timeout):
+        if relayed:
+            continue
+        try:
+            values = sw.fields(reply, rnd)
+            meta = reply.content.get("meta")
+            for key, want in expected.items():
+                if meta is None or meta.get(key) != want:
+                    raise InvalidReply(
+                        f"{key} {None if meta is None else meta.get(key)!r}, the round asked {want!r}"
+                    )
+            advertised[node] = sw.keys_from(values, node)
+        except InvalidReply as exc:
+            record.rejected.append(str(exc))
+            record.rejected_nodes.append(node)
+            log.warning("round %d: rejected reply from node %s: %s", rnd, node, exc)
+            continue
+        record.data_sources.setdefault(data_source(reply) or "unstated", []).append(node)
+        record.bytes_up += message_bytes(reply)
+    return advertised
+
+
+def run_secure_round(
+    ctx: RoundContext, rnd: int, sampled: Sequence[int], state: AdapterState
+) -> tuple[AdapterState, RoundRecord]:
+    """Round ``rnd`` under secure aggregation: the train instruction carries the protocol's
+    parameters (a fresh public seed from ``os.urandom`` fixes the neighbour graph and the rotation);
+    each node trains, encodes its update with its Skellam share and answers with its public keys;
+    :func:`secure_sum` then unmasks only the survivors' sum, which is decoded into the mean (divided
+    by the expected cohort p·N) and applied as :func:`server.round.run_round` applies a mean.
+
+    The sum is unmasked only when at least ``min-replies`` (m) masked inputs came in, so it carries at
+    least the planned noise, and after ``ctx.gate(rnd, survivors, event)`` (the ledger narrowed to the
+    survivors and their realised noise) allowed it."""
+    plan = ctx.release.plan
+    release = SecureRelease(plan.secure, ctx.shapes)
+    seed = os.urandom(32)
+    params = release.params(rnd, tuple(sampled), seed)
+    setup = dict(sw.record(rnd, **sw.params_record(params)))
+    messages = [
+        Message(
+            TrainInstruction(rnd, state, release.noise_std, {}, setup).to_record(),
+            dst_node_id=node,
+            message_type="train",
+            group_id=str(rnd),
+        )
+        for node in params.node_ids
+    ]
+    record = RoundRecord(rnd, sampled=len(sampled))
+    record.bytes_down = sum(message_bytes(m) for m in messages)
+    expected = ctx.release.expected(len(sampled)) | {"noise-std": release.noise_std}
+    advertised = _advertised(ctx.grid, messages, rnd, expected, record, ctx.cfg.round_timeout)
+
+    def gate(survivors: list[int]) -> str:
+        if len(survivors) < plan.secure.min_survivors:
+            return (
+                f"{len(survivors)} masked inputs < min-replies {plan.secure.min_survivors}: the sum would "
+                "carry less noise than planned; not unmasked"
+            )
+        return ctx.gate(rnd, survivors, release.released_event(len(survivors))) if ctx.gate else ""
+
+    with phase("secure-aggregation"):
+        result = secure_sum(ctx.grid, params, advertised, ctx.cfg.round_timeout, gate)
+    record.bytes_down += result.bytes_down
+    record.bytes_up += result.bytes_up
+    for node, why in result.rejected.items():
+        record.rejected.append(why)
+        record.rejected_nodes.append(node)
+    record.secure = {
+        **{k: len(v) for k, v in result.stages.items()},
+        "bits": params.bits,
+        "k": params.k,
+        "threshold": params.threshold,
+        "failure": result.failure,
+    }
+    record.replied = len(result.survivors)
+    record.dropouts = sorted(set(sampled) - set(result.survivors))
+    if result.total is not None:
+        try:
+            with phase("decode-aggregate"):
+                mean = release.decode(result.total, seed, ctx.cfg.expected_cohort)
+        except OverflowError as exc:
+            record.secure["failure"] = f"overflow: {exc}"
+            log.warning("round %d: the unmasked sum is not decodable: %s", rnd, exc)
+        else:
+            if ctx.post is not None:
+                mean = ctx.post(mean)
+            state = (
+                apply_increment(state, mean, ctx.cfg.server_lr)
+                if ctx.optimizer is None
+                else ctx.optimizer.step(state, mean)
+            )
+            record.applied = True
+            record.sigma_released = release.released_event(record.replied).sigma
+    return state, record
+
+
+__all__ = ["SecureSum", "run_secure_round", "secure_sum"]

@@ -8,6 +8,9 @@ messages. Results do not depend on the number of workers: a client's local train
 (seed, round, partition) alone, and its DP noise comes from OS entropy in any case.
 
 Messages cross the process boundary as Flower's own protobuf (``message_to_proto``), never pickled.
+A node's ``context.state`` lives here, as Flower's simulation keeps it beside the node: it travels
+with each of the node's messages and comes back with the reply (whichever worker ran it), so a
+node's state persists across messages (secure aggregation keeps its secrets there between stages).
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
-from flwr.common.serde import ProtoMessage, message_from_proto, message_to_proto
+from flwr.common.serde import (
+    ProtoMessage,
+    ProtoRecordDict,
+    message_from_proto,
+    message_to_proto,
+    recorddict_from_proto,
+    recorddict_to_proto,
+)
 
 from common import timing
 from common.errors import FedloraError
@@ -30,7 +40,8 @@ from server.inprocess import InProcessGrid, load_component
 
 log = logging.getLogger("fedlora.workers")
 
-_HEADER = struct.Struct("<qqq")  # (sequence number, destination node, bytes of the phase times)
+#: (sequence number, destination node, bytes of the phase times, bytes of the node's state)
+_HEADER = struct.Struct("<qqqq")
 _STOP = b""
 
 
@@ -81,10 +92,14 @@ class WorkerPoolGrid(InProcessGrid):
                 continue
             node = delivered.metadata.dst_node_id
             sent[seq] = delivered
-            self._tasks.put(_HEADER.pack(seq, node, 0) + message_to_proto(delivered).SerializeToString())
+            state = _state_bytes(self.contexts[node].state)
+            message = message_to_proto(delivered).SerializeToString()
+            self._tasks.put(_HEADER.pack(seq, node, 0, len(state)) + state + message)
         replies = {}
         while len(replies) < len(sent):
-            replies.update([self._receive()])
+            seq, reply, state = self._receive()
+            replies[seq] = reply
+            self.contexts[sent[seq].metadata.dst_node_id].state = state
         for seq in sorted(sent):  # the order the messages were sent in
             reply = replies[seq]
             if reply.has_error() and self.raise_errors:
@@ -94,7 +109,7 @@ class WorkerPoolGrid(InProcessGrid):
             self._replies[ids[seq]] = reply
         return ids
 
-    def _receive(self) -> tuple[int, Message]:
+    def _receive(self) -> tuple[int, Message, RecordDict]:
         while True:
             try:
                 data = self._done.get(timeout=5.0)
@@ -102,9 +117,11 @@ class WorkerPoolGrid(InProcessGrid):
             except queue.Empty:
                 if dead := [p.name for p in self._procs if not p.is_alive()]:
                     raise FedloraError(f"client worker(s) {', '.join(dead)} died") from None
-        seq, _, size = _HEADER.unpack_from(data)
+        seq, _, size, state_size = _HEADER.unpack_from(data)
         timing.add(json.loads(data[_HEADER.size : _HEADER.size + size]))
-        return seq, message_from_proto(ProtoMessage.FromString(data[_HEADER.size + size :]))
+        rest = data[_HEADER.size + size :]
+        state = _state_from(rest[:state_size])
+        return seq, message_from_proto(ProtoMessage.FromString(rest[state_size:])), state
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -143,8 +160,9 @@ def _serve(
         for node, cfg in nodes.items()
     }
     while (data := _next(tasks, parent)) != _STOP:
-        seq, node, _ = _HEADER.unpack_from(data)
-        msg = message_from_proto(ProtoMessage.FromString(data[_HEADER.size :]))
+        seq, node, _, state_size = _HEADER.unpack_from(data)
+        contexts[node].state = _state_from(data[_HEADER.size : _HEADER.size + state_size])
+        msg = message_from_proto(ProtoMessage.FromString(data[_HEADER.size + state_size :]))
         timing.reset()
         try:
             reply = app(msg, contexts[node])
@@ -152,7 +170,18 @@ def _serve(
             log.warning("node %d failed: %s", node, exc)
             reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
         phases = json.dumps({k: v for k, v in timing.totals().items() if v}).encode()
-        done.put(_HEADER.pack(seq, node, len(phases)) + phases + message_to_proto(reply).SerializeToString())
+        state = _state_bytes(contexts[node].state)
+        reply_bytes = message_to_proto(reply).SerializeToString()
+        done.put(_HEADER.pack(seq, node, len(phases), len(state)) + phases + state + reply_bytes)
+
+
+def _state_bytes(state: RecordDict) -> bytes:
+    """A node's ``context.state`` as Flower's protobuf (empty: nothing kept)."""
+    return recorddict_to_proto(state).SerializeToString() if len(state) else b""
+
+
+def _state_from(data: bytes) -> RecordDict:
+    return recorddict_from_proto(ProtoRecordDict.FromString(data)) if data else RecordDict()
 
 
 def _next(tasks, parent: int) -> bytes:

@@ -39,12 +39,14 @@ TOLERANCE = 1e-6  # relative: a calibrated plan lands on its target up to round-
 TRUST = {
     "none": "only releases whose noise this node adds itself (local noise): its epsilon holds against "
     "everyone, the server included",
-    "aggregate": "also distributed noise, once replies are securely aggregated (the server then sees "
-    "only the sum); no federation offers secure aggregation yet, so today this is none",
+    "aggregate": "also distributed noise summed by secure aggregation (--threat-model secure-aggregation: "
+    "the server sees only the sum of the survivors' noised updates)",
     "server": "also central noise, distributed noise without secure aggregation and --encode-at server: "
     "the server sees this node's clipped (or raw) update, and the epsilon holds only against "
     "everyone else",
 }
+
+_TRUST_ORDER = {name: rank for rank, name in enumerate(TRUST)}  # none < aggregate < server
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,9 @@ class NodePolicy:
             raise FedloraError("node config delta / sample-epsilon / client-epsilon must be >= 0")
         return policy
 
-    def check_run(self, cfg: RunConfig) -> None:
-        """Refuse a run this node does not take part in (everything but the sample-level history)."""
+    def check_run(self, cfg: RunConfig, dim: int = 0) -> None:
+        """Refuse a run this node does not take part in (everything but the sample-level history);
+        ``dim``: the adapter's coordinates (a secure-aggregation plan depends on them)."""
         if self.mechanism:
             self._check_mechanism(cfg)
         if why := self.untrusted(cfg):
@@ -121,7 +124,7 @@ class NodePolicy:
                 f"node policy: this node needs sample-level DP; mechanism {cfg.mechanism} has none"
             )
         if self.client_epsilon:
-            self._check_client_budget(cfg)
+            self._check_client_budget(cfg, dim)
         if self.restricted and not self.clear_statistics and (clear := uncovered(cfg)):
             raise FedloraError(
                 f"node policy: the run releases {clear[0][1]}; this node has not "
@@ -134,21 +137,16 @@ class NodePolicy:
         trust = self.trusts
         if trust == "server" or cfg.release_kind == "none":
             return ""
-        setting = f"this node trusts {'no one' if trust == 'none' else 'a secure aggregate only'}"
         threat = THREATS[cfg.threat_model]
         if cfg.encode_at == "server":
             seen = "the raw, unclipped update (--encode-at server)"
         elif cfg.clip_only:
             seen = "the clipped update with no noise (clip-only diagnostic)"
-        elif threat.trust == "none":  # the node adds all of its noise itself
+        elif _TRUST_ORDER[threat.trust] <= _TRUST_ORDER[trust]:
             return ""
-        elif threat.trust == trust:  # "aggregate": only a secure sum would keep the shares hidden
-            return (
-                f"{setting}; {threat.name} noise needs secure aggregation, which this federation does "
-                f"not offer (the server would see {threat.server_sees})"
-            )
         else:
             seen = threat.server_sees
+        setting = f"this node trusts {'no one' if trust == 'none' else 'a secure aggregate only'}"
         return f"{setting}; the server would see {seen} (trust = server, fedlora node --trust server)"
 
     def _check_mechanism(self, cfg: RunConfig) -> None:
@@ -162,7 +160,7 @@ class NodePolicy:
                 f"release {cfg.release_kind}); this node joins only {self.mechanism} as defined"
             )
 
-    def _check_client_budget(self, cfg: RunConfig) -> None:
+    def _check_client_budget(self, cfg: RunConfig, dim: int) -> None:
         if cfg.release_kind == "none":
             raise FedloraError(
                 f"node policy: this node needs client-level DP; mechanism {cfg.mechanism} has none"
@@ -176,7 +174,7 @@ class NodePolicy:
                 )
             )
             raise FedloraError(f"node policy: this node needs client-level DP; the run is {what}")
-        planned = planned_client_epsilon(cfg)
+        planned = planned_client_epsilon(cfg, dim)
         if planned > self.client_epsilon * (1 + TOLERANCE):
             shown, budget = apart(planned, self.client_epsilon)
             raise FedloraError(
@@ -201,7 +199,9 @@ def _check_history(ledger: Ledger, event: Event, budget: float) -> None:
     """Refuse when ``ledger``'s history plus ``event`` spends more than ``budget`` (0: no budget)."""
     if not budget:
         return
-    keys = ("eps_tight",) if ledger.unit == "sample-level" else ("eps_gdp", "eps_tight")
+    # the tight accountant alone for a sample-level history and for Skellam noise (the CLT μ-GDP is
+    # no bound for it), else the larger of the two, as the server's budget stop
+    keys = ("eps_tight",) if ledger.unit == "sample-level" or not event.has_pld else ("eps_gdp", "eps_tight")
     before = max(ledger.spent()[k] for k in keys)
     after = max(ledger.spent(event)[k] for k in keys)
     if after > budget * (1 + TOLERANCE):
@@ -212,10 +212,11 @@ def _check_history(ledger: Ledger, event: Event, budget: float) -> None:
         )
 
 
-def planned_client_epsilon(cfg: RunConfig) -> float:
+def planned_client_epsilon(cfg: RunConfig, dim: int = 0) -> float:
     """The client-level ε a run plans, by the server's own plan (common/privacy/plan.py): the noised
-    statistics round and every round, capped by the target where the server stops."""
-    plan = plan_noise(cfg)
+    statistics round and every round (secure aggregation: the participation cap), capped by the
+    target where the server stops; ``dim``: the adapter's coordinates."""
+    plan = plan_noise(cfg, dim)
     return plan.planned_epsilon(cfg.rounds) if plan else 0.0
 
 

@@ -21,6 +21,7 @@ run's plan, which holds against everyone but the server.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from client.node.policy import NodePolicy
@@ -65,7 +66,22 @@ class ReleaseLedger:
                 f"node policy: round {rnd} of run {self.run} was already answered; a node releases each "
                 "round once (fresh noise on the same update would average out)"
             )
-        self.policy.check_client_budget(self.ledger, Event(event.sigma, event.p, event.count * (1 + planned)))
+        self.policy.check_client_budget(self.ledger, replace(event, count=event.count * (1 + planned)))
+
+    def future(self, rnd: int, cap: int = 0) -> int:
+        """Releases the run may still ask of this node after round ``rnd``: every later round, or,
+        under a participation ``cap`` (secure aggregation), what is left of it after this one;
+        refuses a round beyond the cap."""
+        later = self.cfg.rounds - rnd
+        if not cap:
+            return later
+        taken = sum(1 for r in self.ledger.rows() if r["run"] == self.run and r["round"] != STATS_ROUND)
+        if taken >= cap:
+            raise FedloraError(
+                f"node policy: this node has taken part in {taken} rounds of run {self.run}, the run's "
+                "participation cap; not released"
+            )
+        return min(later, cap - 1 - taken)
 
     def charge(self, rnd: int, event: Event, clip: float, threat_model: str) -> None:
         """Commit round ``rnd``'s release (a concurrent duplicate fails here: refused)."""
@@ -81,6 +97,7 @@ class ReleaseLedger:
                 clip=clip,
                 threat_model=threat_model,
                 mechanism=self.cfg.mechanism,
+                events=(event,),  # its kind too (a Skellam release is accounted by RDP)
             )
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -152,6 +153,11 @@ def load_adapter_state(model: nn.Module, state: AdapterState) -> None:
     with torch.no_grad():
         for name, p in dense_trainables(model).items():
             p.copy_(state[name].to(p.device))
+
+
+def adapter_size(adapter: Mapping[str, Tensor | tuple[int, ...]]) -> int:
+    """Coordinates of an adapter, given its tensors or their shapes (name -> shape)."""
+    return sum(math.prod(v.shape if isinstance(v, Tensor) else v) for v in adapter.values())
 
 
 def adapter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:

@@ -99,6 +99,15 @@ def tight_accountant(events: list[Event]) -> tuple[type[Accountant], str]:
     return TIGHT[all(e.has_pld for e in events)]
 
 
+# Secure aggregation: the nodes a round's events apply to (a charge without rows applies to every
+# client). Per-client composition: the totals are the worst client's (docs/secure-aggregation.md).
+_PARTICIPANTS = """
+CREATE TABLE IF NOT EXISTS participants (
+    charge INTEGER NOT NULL REFERENCES charges (seq),
+    node INTEGER NOT NULL
+);
+"""
+
 _UNCOVERED = """
 CREATE TABLE IF NOT EXISTS uncovered (
     run TEXT NOT NULL,
@@ -127,6 +136,7 @@ class Charge:
     threat_model: str
     mechanism: str
     events: tuple[Event, ...] = ()  # what the mechanism charges (empty: the headline event alone)
+    participants: tuple[int, ...] = ()  # the only clients charged (empty: every client, at rate p)
 
     def __post_init__(self) -> None:
         Event(self.sigma, self.p, self.count)  # validates σ, p and count
@@ -236,6 +246,27 @@ class Ledger:
 
     def events(self) -> list[Event]:
         """Every charged event, in order (a charge without ``events`` rows is its headline event)."""
+        return [e for _, events in self._by_charge() for e in events]
+
+    def participants(self) -> dict[int, frozenset[int]]:
+        """charge seq -> the nodes it applies to, for the charges that name them (secure aggregation)."""
+        if not self._has("participants"):
+            return {}
+        found: dict[int, set[int]] = {}
+        for seq, node in self._conn.execute("SELECT charge, node FROM participants"):
+            found.setdefault(seq, set()).add(node)
+        return {seq: frozenset(nodes) for seq, nodes in found.items()}
+
+    def participations(self) -> dict[int, int]:
+        """node -> the charges that name it (how often it took part, as charged)."""
+        counts: dict[int, int] = {}
+        for nodes in self.participants().values():
+            for node in nodes:
+                counts[node] = counts.get(node, 0) + 1
+        return counts
+
+    def _by_charge(self) -> list[tuple[int, list[Event]]]:
+        """(charge seq, its events) in order."""
         stored: dict[int, list[Event]] = {}
         if self._has("events"):
             extra = "".join(f", {c}" for c in _EVENT_COLUMNS if c in self._event_columns())
@@ -244,7 +275,7 @@ class Ledger:
             )
             for seq, _kind, *fields in cur.fetchall():
                 stored.setdefault(seq, []).append(event_from(fields))
-        return [e for r in self.rows() for e in stored.get(r["seq"], [_event(r)])]
+        return [(r["seq"], stored.get(r["seq"], [_event(r)])) for r in self.rows()]
 
     def _event_columns(self) -> set[str]:
         return {row[1] for row in self._conn.execute("PRAGMA table_info(events)")}
@@ -260,32 +291,85 @@ class Ledger:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-    def spent(self, *extra: Event) -> dict[str, float]:
-        """``mu``, ``eps_gdp`` and ``eps_tight`` at the ledger's δ, after the ``extra`` events (none: as is)."""
-        return _totals(self.events() + list(extra), self.delta)
+    def spent(self, *extra: Event, nodes: tuple[int, ...] = ()) -> dict[str, float]:
+        """``mu``, ``eps_gdp`` and ``eps_tight`` at the ledger's δ, after the ``extra`` events (none:
+        as is) charged to ``nodes`` (empty: to every client). Once a charge names its participants
+        (secure aggregation), each client composes only the charges it took part in and each total
+        is the largest over the clients: a bound for every one of them."""
+        named = self.participants()
+        if not named and not nodes:
+            return _totals(self.events() + list(extra), self.delta)
+        history = self._by_charge()
+        everyone = [e for seq, events in history if seq not in named for e in events]
+        worst = dict.fromkeys(("mu", "eps_gdp", "eps_tight"), 0.0)
+        for node in set(nodes).union(*named.values()):
+            own = [e for seq, events in history if node in named.get(seq, ()) for e in events]
+            added = list(extra) if not nodes or node in nodes else []
+            totals = _totals(everyone + own + added, self.delta)
+            worst = {k: max(v, totals[k]) for k, v in worst.items()}
+        return worst
 
     # --- writing -----------------------------------------------------------------------------
     def charge(self, charge: Charge) -> dict[str, float]:
         """Commit ``charge`` (status ``charged``) and return the running totals it leads to."""
-        totals = self.spent(*charge.charged)
+        totals = self.spent(*charge.charged, nodes=charge.participants)
         values = {**asdict(charge), "replied": None, "status": "charged", **totals, "time": time.time()}
-        del values["events"]
+        del values["events"], values["participants"]
         try:
             with self._conn:
                 cur = self._conn.execute(
                     f"INSERT INTO charges ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
                     list(values.values()),
                 )
-                if charge.events:  # one transaction: the charge and its events, or neither
-                    self._conn.execute(_EVENTS)
-                    for column in set(_EVENT_COLUMNS) - self._event_columns():  # an older file
-                        self._conn.execute(f"ALTER TABLE events ADD COLUMN {column} REAL")
-                    self._conn.executemany(
-                        "INSERT INTO events (charge, kind, sigma, p, count, l1, l2) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [(cur.lastrowid, e.kind, *[*e.fields(), None, None][:5]) for e in charge.events],
-                    )
+                # one transaction: the charge, its events and participants, or none of them
+                self._write_events(cur.lastrowid, charge.events, charge.participants)
         except sqlite3.IntegrityError:
             raise FedloraError(f"round {charge.round} of run {charge.run} is already charged") from None
+        return totals
+
+    def _write_events(self, seq: int, events: tuple[Event, ...], participants: tuple[int, ...]) -> None:
+        """Store charge ``seq``'s events and participants (inside the caller's transaction)."""
+        if events:
+            self._conn.execute(_EVENTS)
+            for column in set(_EVENT_COLUMNS) - self._event_columns():  # an older file
+                self._conn.execute(f"ALTER TABLE events ADD COLUMN {column} REAL")
+            self._conn.executemany(
+                "INSERT INTO events (charge, kind, sigma, p, count, l1, l2) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(seq, e.kind, *[*e.fields(), None, None][:5]) for e in events],
+            )
+        if participants:
+            self._conn.execute(_PARTICIPANTS)
+            self._conn.executemany(
+                "INSERT INTO participants (charge, node) VALUES (?, ?)", [(seq, n) for n in participants]
+            )
+
+    def narrow(self, run: str, rnd: int, events: tuple[Event, ...], participants: tuple[int, ...]) -> dict:
+        """Replace a ``charged`` round's events and participants by what it turned out to release
+        (secure aggregation: the survivors, and the noise their shares carry), before its result
+        is used; the caller must only ever narrow (fewer nodes, each event no weaker). Returns the
+        new running totals, stored in the row."""
+        row = self._row_or_fail(run, rnd)
+        if row["status"] != "charged" or row["seq"] != self.rows()[-1]["seq"]:
+            raise FedloraError(f"round {rnd} of run {run} is settled or not the last charge: not narrowed")
+        head = events[0]
+        with self._conn:
+            for table in ("events", "participants"):
+                if self._has(table):
+                    self._conn.execute(f"DELETE FROM {table} WHERE charge = ?", (row["seq"],))
+            self._write_events(row["seq"], events, participants)
+            totals = self.spent()
+            self._conn.execute(
+                "UPDATE charges SET sigma = ?, p = ?, count = ?, mu = ?, eps_gdp = ?, eps_tight = ? WHERE seq = ?",
+                [
+                    head.sigma,
+                    head.p,
+                    head.count,
+                    totals["mu"],
+                    totals["eps_gdp"],
+                    totals["eps_tight"],
+                    row["seq"],
+                ],
+            )
         return totals
 
     def note_uncovered(self, run: str, rnd: int, what: str) -> None:

@@ -16,16 +16,17 @@ the noise a K'-client round would, and the ε is valid for that deployment, not 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from common.config import RunConfig
 from common.errors import FedloraError
-from common.privacy.accountants import Event
+from common.privacy.accountants import Event, SkellamEvent
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import calibrate_sigma, events_epsilon
 from common.privacy.ledger import Ledger
 from common.privacy.report import apart
+from common.privacy.secure_plan import SecurePlan, run_secure_plan
 from common.privacy.threat import THREATS, Guarantee, ThreatModel
 
 #: accountants whose larger ε every budget decision uses
@@ -52,6 +53,9 @@ class NoisePlan:
     noise_cohort: int = 0  # what-if: the cohort the noise is sized for (0: this run's)
     cohort_scale: float = 1.0  # K / K' (≤ 1): the sum's noise std relative to a K'-cohort plan
     sample_rate: float = 0.0  # the run's client sampling rate (names a what-if run's population K'/rate)
+    secure: SecurePlan | None = (
+        None  # secure aggregation: the release's numbers (σ is its Gaussian equivalent)
+    )
 
     @property
     def what_if_population(self) -> float:
@@ -66,7 +70,21 @@ class NoisePlan:
 
     @property
     def event(self) -> Event:
+        """One round's planned charge (secure aggregation: Skellam noise of μ, the fewest survivors')."""
+        if self.secure:
+            return SkellamEvent(self.sigma, self.p, 1, self.secure.l1, self.secure.l2)
         return Event(self.sigma, self.p)
+
+    @property
+    def budget_accountants(self) -> tuple[str, ...]:
+        """Accountants whose larger ε budget decisions use: :data:`BUDGET_ACCOUNTANTS`, or RDP alone
+        for Skellam noise (Agarwal et al.'s bound; the CLT μ-GDP is no bound for it)."""
+        return ("rdp",) if self.secure else BUDGET_ACCOUNTANTS
+
+    @property
+    def budget_keys(self) -> tuple[str, ...]:
+        """The ledger totals budget decisions compare (``eps_tight`` is the ledger's RDP for Skellam)."""
+        return ("eps_tight",) if self.secure else ("eps_gdp", "eps_tight")
 
     @property
     def update_sigma(self) -> float:
@@ -116,8 +134,10 @@ class NoisePlan:
     def planned_epsilon(self, rounds: int) -> float:
         """The larger ε of :data:`BUDGET_ACCOUNTANTS` after the prior events and ``rounds`` rounds,
         capped by the target (the server stops before exceeding it)."""
-        events = [*self.prior, Event(self.sigma, self.p, rounds)]
-        eps = max(events_epsilon(name, events, self.delta) for name in BUDGET_ACCOUNTANTS)
+        if self.secure:  # a client takes part in at most the cap of them
+            rounds = min(rounds, self.secure.participations)
+        events = [*self.prior, replace(self.event, count=rounds)]
+        eps = max(events_epsilon(name, events, self.delta) for name in self.budget_accountants)
         return min(eps, self.target_epsilon) if self.target_epsilon > 0 else eps
 
 
@@ -150,12 +170,16 @@ def uncovered(cfg: RunConfig) -> list[tuple[int, str]]:
 
 
 @lru_cache(maxsize=8)
-def plan_noise(cfg: RunConfig) -> NoisePlan | None:
+def plan_noise(cfg: RunConfig, dim: int = 0) -> NoisePlan | None:
     """The run's noise plan, or None without a client-level release. With ``noise_multiplier`` 0 and
     a target ε, σ is calibrated so that the statistics round (if noised) and ``rounds`` rounds meet
-    the target under both accountants. Cached per configuration (a node checks it every round)."""
+    the target under both accountants. Secure aggregation's plan (common/privacy/secure_plan.py)
+    depends on the adapter's size ``dim`` (coordinates); other plans ignore it. Cached per
+    configuration (a node checks it every round)."""
     if cfg.release_kind == "none":
         return None
+    if THREATS[cfg.threat_model].summed_securely:
+        return _secure_noise(cfg, dim)
     p = cfg.sample_rate if THREATS[cfg.threat_model].guarantee.amplified else 1.0
     prior = statistics_events(cfg)
     sigma, calibrated = cfg.noise_multiplier, False
@@ -187,6 +211,26 @@ def plan_noise(cfg: RunConfig) -> NoisePlan | None:
     )
     plan.update_sigma  # noqa: B018 -- adaptive clipping: refuses 2σ_b <= σ now, in one line
     return plan
+
+
+def _secure_noise(cfg: RunConfig, dim: int) -> NoisePlan:
+    """Secure aggregation's plan: σ the Gaussian equivalent of its Skellam noise, p = 1 (the server
+    sees who takes part), calibrated by construction to the target over the participation cap."""
+    if dim < 1:
+        raise FedloraError("a secure-aggregation plan needs the adapter's size (its coordinates)")
+    secure = run_secure_plan(cfg, dim)
+    return NoisePlan(
+        secure.sigma,
+        1.0,
+        cfg.clip,
+        cfg.threat_model,
+        cfg.target_epsilon,
+        cfg.delta,
+        True,
+        cfg.min_replies,
+        sample_rate=cfg.sample_rate,
+        secure=secure,
+    )
 
 
 def _count_std(cfg: RunConfig) -> float:
@@ -224,7 +268,7 @@ def budget_stop(ledger: Ledger, plan: NoisePlan, events: tuple[Event, ...] = ())
     if plan.target_epsilon <= 0:
         return None
     spent = ledger.spent(*(events or (plan.event,)))
-    worst = max(spent["eps_gdp"], spent["eps_tight"])
+    worst = max(spent[k] for k in plan.budget_keys)
     if worst <= plan.target_epsilon:
         return None
     shown, target = apart(worst, plan.target_epsilon)

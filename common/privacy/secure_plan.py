@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
+from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy import discrete
 from common.privacy.skellam import integer_sensitivities, rounding_norm_bound, skellam_epsilon, skellam_mu
@@ -86,6 +88,21 @@ class SecurePlan:
         return skellam_epsilon(self.mu, self.l1, self.l2, sample_rate, rounds, self.delta)
 
 
+def check_graph(k: int, t: int, least: int) -> int:
+    """The threshold of ``k`` neighbours (``t``, or ⌊k/2⌋ + 1 when 0), or a one-line error: t must be
+    in (k/2, k] (no two disjoint groups of t neighbours) and at most ``least``, the fewest survivors
+    a round may be unmasked with (``--min-replies``)."""
+    t = t or k // 2 + 1
+    if not 2 * t > k >= t >= 1:
+        raise FedloraError(f"threshold {t} must be above half the {k} neighbours and at most {k}")
+    if least < t:
+        raise FedloraError(
+            f"min survivors {least} (--min-replies) must be at least the threshold {t}: a round is "
+            "unmasked with at least t masked inputs"
+        )
+    return t
+
+
 def plan_secure(
     target: SecureTarget,
     dim: int,
@@ -110,12 +127,9 @@ def plan_secure(
         raise FedloraError(
             f"participations and dim must be >= 1 and the clip > 0, got {participations}, {dim}, {clip}"
         )
-    if not 2 * t > k >= t >= 1:
-        raise FedloraError(f"threshold {t} must be above half the {k} neighbours and at most {k}")
-    if not t <= least <= most:
-        raise FedloraError(
-            f"min survivors {least} must be at least the threshold {t} and at most the cohort {most}"
-        )
+    check_graph(k, t, least)
+    if least > most:
+        raise FedloraError(f"min survivors {least} must be at most the cohort {most}")
     padded = discrete.padded_dim(dim)
     scale = SCALE_FACTOR * math.sqrt(padded) / clip
     l2 = rounding_norm_bound(scale * clip, padded, ROUNDING_BETA)
@@ -155,4 +169,59 @@ def plan_secure(
     )
 
 
-__all__ = ["HEADROOM_SDS", "ROUNDING_BETA", "SCALE_FACTOR", "SecurePlan", "SecureTarget", "plan_secure"]
+def participation_cap(cfg: RunConfig) -> int:
+    """``--max-participations``, or the mean plus 3 standard deviations of a client's participations
+    over the run (Binomial(rounds, rate)), at most the rounds."""
+    if cfg.max_participations:
+        return min(cfg.max_participations, cfg.rounds)
+    n, p = cfg.rounds, cfg.sample_rate
+    return min(n, math.ceil(n * p + 3 * math.sqrt(n * p * (1 - p))))
+
+
+def cohort_bound(cfg: RunConfig) -> int:
+    """``--max-cohort``, or p·N plus 4 standard deviations of the Poisson sample, at most N."""
+    if cfg.max_cohort:
+        return min(cfg.max_cohort, cfg.num_clients)
+    k = cfg.expected_cohort
+    return min(cfg.num_clients, math.ceil(k + 4 * math.sqrt(k)))
+
+
+@lru_cache(maxsize=8)
+def run_secure_plan(cfg: RunConfig, dim: int) -> SecurePlan:
+    """The secure plan of a run (``--threat-model secure-aggregation``) for an adapter of ``dim``
+    coordinates: ``--target-epsilon`` over the participation cap, survivors from ``--min-replies`` to
+    the cohort bound, the run's neighbours, threshold and bits. Both halves derive it from the run
+    config alone, so a node needs nothing from the server to check it."""
+    k = min(cfg.secagg_neighbours, max(1, cohort_bound(cfg) - 1))
+    return plan_secure(
+        SecureTarget(cfg.target_epsilon, cfg.delta, participation_cap(cfg)),
+        dim,
+        cfg.clip,
+        (cfg.min_replies, cohort_bound(cfg)),
+        (k, check_graph(k, cfg.secagg_threshold, cfg.min_replies)),
+        cfg.secagg_bits,
+    )
+
+
+def round_graph(plan: SecurePlan, sampled: int) -> tuple[int, int]:
+    """(k, t) of a round of ``sampled`` clients: the plan's, or, when fewer than k + 1 clients were
+    sampled, every other client as a neighbour (k = n − 1) with t = ⌊k/2⌋ + 1 if the plan's t no
+    longer fits. Both sides compute it; a node refuses any other."""
+    k = min(plan.neighbours, sampled - 1)
+    t = plan.threshold if 2 * plan.threshold > k >= plan.threshold else k // 2 + 1
+    return k, t
+
+
+__all__ = [
+    "HEADROOM_SDS",
+    "ROUNDING_BETA",
+    "SCALE_FACTOR",
+    "SecurePlan",
+    "SecureTarget",
+    "check_graph",
+    "cohort_bound",
+    "participation_cap",
+    "plan_secure",
+    "round_graph",
+    "run_secure_plan",
+]

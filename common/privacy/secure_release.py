@@ -17,9 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy import discrete
-from common.privacy.secure_plan import SecurePlan
+from common.privacy.accountants import SkellamEvent
+from common.privacy.secure_plan import SecurePlan, round_graph
+from common.secagg.protocol import Params
 
 _SIGNS = b"fedlora-dp/secure-release/rotation/"
 
@@ -36,6 +39,49 @@ class SecureRelease:
         size = sum(math.prod(s) for s in self.shapes.values())
         if size != self.plan.dim:
             raise ValueError(f"the adapter has {size} coordinates, the plan is for {self.plan.dim}")
+
+    @property
+    def noise_std(self) -> float:
+        """Std of each client's Skellam share, in units of the update (√(μ/m) / s)."""
+        return math.sqrt(self.plan.share_variance) / self.plan.scale
+
+    def params(self, rnd: int, sampled: tuple[int, ...], public_seed: bytes) -> Params:
+        """Server: round ``rnd``'s protocol parameters for the ``sampled`` nodes (their words are the
+        padded rotation's D coordinates of b bits; the graph from :func:`round_graph`)."""
+        k, t = round_graph(self.plan, len(sampled))
+        return Params(
+            rnd, tuple(sorted(sampled)), k, t, self.plan.bits, self.plan.padded, public_seed
+        ).validate()
+
+    def check_params(self, params: Params, node: int, noise_std: float) -> None:
+        """Client: refuse, in one line and before anything is trained or sent, a round whose protocol
+        parameters are not this plan's: the node among the round's nodes, at most the cohort bound, the
+        neighbours and threshold of :func:`round_graph`, the plan's bits and length, and the share
+        the instruction names equal to the one this node adds (which it takes from its own plan)."""
+        p, n = self.plan, len(params.node_ids)
+        graph = round_graph(p, n)
+        checks = (
+            (node in params.node_ids, f"this node ({node}) is not among the round's {n} nodes"),
+            (n <= p.cohort, f"{n} nodes exceed the plan's cohort bound {p.cohort}"),
+            (
+                n < 2 or (params.k, params.threshold) == graph,
+                f"k {params.k}, t {params.threshold}: the plan's are {graph}",
+            ),
+            (params.bits == p.bits, f"{params.bits} bits per coordinate: the plan's are {p.bits}"),
+            (params.length == p.padded, f"{params.length} coordinates: the plan's are {p.padded}"),
+            (
+                math.isclose(noise_std, self.noise_std, rel_tol=1e-9),
+                f"noise share std {noise_std:.6g}: the plan's is {self.noise_std:.6g}",
+            ),
+        )
+        for ok, why in checks:
+            if not ok:
+                raise FedloraError(f"node policy: secure aggregation: {why}; nothing sent")
+
+    def released_event(self, survivors: int) -> SkellamEvent:
+        """The charge of a sum of ``survivors`` shares: Skellam noise of variance r·μ/m at p = 1."""
+        p = self.plan
+        return SkellamEvent(math.sqrt(survivors * p.share_variance) / p.l2, 1.0, 1, p.l1, p.l2)
 
     def signs(self, public_seed: bytes) -> torch.Tensor:
         """The round's rotation signs (D,), from its public seed."""

@@ -17,12 +17,18 @@ def client_level(plan: NoisePlan | None, totals: dict | None) -> str:
         return "none (no client-level release)"
     g = plan.guarantee
     clip = f"adaptive C from {plan.clip:g}" if plan.count_std else f"C {plan.clip:g}"
-    line = (
-        f"client-level ({plan.threat_model} noise, sigma {plan.sigma:.4g}"
-        f"{' calibrated' if plan.calibrated else ''}, {clip}): "
-        f"epsilon {totals['eps_gdp']:.4g} (gdp, mu {totals['mu']:.4g}) / "
-        f"{totals['eps_tight']:.4g} (pld) at delta {plan.delta:g}; {g.adjacency}; against {g.observer}"
-    )
+    head = f"client-level ({plan.threat_model} noise, sigma {plan.sigma:.4g}{' calibrated' if plan.calibrated else ''}, {clip}"
+    if plan.secure:  # Skellam noise: RDP is its accountant (the CLT mu-GDP is no bound for it)
+        line = (
+            f"{head}, at most {plan.secure.participations} rounds per client at p = 1): epsilon "
+            f"{totals['eps_tight']:.4g} ({totals.get('tight_accountant', 'rdp')}, the worst client's)"
+        )
+    else:
+        line = (
+            f"{head}): epsilon {totals['eps_gdp']:.4g} (gdp, mu {totals['mu']:.4g}) / "
+            f"{totals['eps_tight']:.4g} ({totals.get('tight_accountant', 'pld')})"
+        )
+    line += f" at delta {plan.delta:g}; {g.adjacency}; against {g.observer}"
     return what_if_label(what_if(plan)) + line
 
 

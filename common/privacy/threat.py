@@ -48,6 +48,9 @@ class ThreatModel:
     trust: str = "server"
     each_reply_private: bool = False  # every reply carries the whole noise on its own
     clear_replies: bool = False  # the server receives clipped replies without noise (it adds the noise)
+    summed_securely: bool = (
+        False  # the server learns only the sum (secure aggregation, server/secure_round.py)
+    )
 
     def client_std(self, update_sigma: float, clip: float, m: int, cohort_scale: float) -> float:
         """Noise std one client adds to its update clipped to ``clip`` (0: the server adds it)."""
@@ -119,7 +122,7 @@ class DistributedNoise(ThreatModel):
         relation="zero-out",
     )
     server_sees = "each reply with noise std sigma*C/sqrt(m), a share of the noise (distributed noise)"
-    trust = "aggregate"
+    trust = "server"  # the server sees each reply with a share of the noise only
 
     def client_std(self, update_sigma: float, clip: float, m: int, cohort_scale: float) -> float:
         return update_sigma * clip / math.sqrt(m) * cohort_scale
@@ -138,6 +141,35 @@ class DistributedNoise(ThreatModel):
         )
 
 
+class SecureAggregation(DistributedNoise):
+    """Distributed discrete noise summed by secure aggregation (docs/secure-aggregation.md): each
+    client adds a Skellam share to its encoded update and the server learns only the survivors' sum.
+    The server runs the protocol, so it knows who took part: sampling does not amplify against it,
+    and each participation is charged at p = 1 (a participation cap bounds their number)."""
+
+    name = "secure-aggregation"
+    guarantee = Guarantee(
+        "zero-out adjacency (one client's update replaced by zero; who participated is visible)",
+        "the honest-but-curious server and every other observer (secure aggregation: the server "
+        "learns only the sum of the survivors' updates)",
+        amplified=False,
+        relation="zero-out",
+    )
+    server_sees = (
+        "a vector uniform mod 2^b from each client, and the sum of the survivors' encoded updates "
+        "with their Skellam shares (secure aggregation)"
+    )
+    trust = "aggregate"
+    summed_securely = True
+
+    def noise_note(self, min_replies: int, sigma: float) -> str:
+        return (
+            f"secure aggregation: each sampled client adds a Skellam share of 1/m of the noise, m = "
+            f"min-replies {min_replies}; a sum is unmasked only with at least m masked inputs, so it "
+            f"carries sigma >= {sigma:.4g}; the server sees only that sum"
+        )
+
+
 class CentralNoise(ThreatModel):
     name = "central"
     guarantee = Guarantee(
@@ -151,7 +183,9 @@ class CentralNoise(ThreatModel):
 
 
 #: every client-level threat model, by name (``--threat-model``)
-THREATS: dict[str, ThreatModel] = {t.name: t() for t in (LocalNoise, DistributedNoise, CentralNoise)}
+THREATS: dict[str, ThreatModel] = {
+    t.name: t() for t in (LocalNoise, DistributedNoise, SecureAggregation, CentralNoise)
+}
 
 #: client-level release guarantee, by threat model
 CLIENT_LEVEL: dict[str, Guarantee] = {name: t.guarantee for name, t in THREATS.items()}
@@ -182,6 +216,7 @@ __all__ = [
     "DistributedNoise",
     "Guarantee",
     "LocalNoise",
+    "SecureAggregation",
     "ThreatModel",
     "what_if_label",
 ]

@@ -124,7 +124,9 @@ def test_a_node_that_trusts_no_one_refuses_before_training(tmp_path, own_data, m
     assert not trained and not (tmp_path / "st" / "client-ledger.sqlite").exists()
     NodePolicy(trust="server").check_run(cfg)  # a node that trusts the server takes part
     if cfg.threat_model == "distributed":
-        with pytest.raises(FedloraError, match="distributed noise needs secure aggregation"):
+        with pytest.raises(
+            FedloraError, match="trusts a secure aggregate only; the server would see each reply"
+        ):
             NodePolicy(trust="aggregate").check_run(cfg)
 
 

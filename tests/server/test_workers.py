@@ -12,13 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.clientapp import ClientApp
 from safetensors.torch import load_file
 
 from common.presets import preset
 from common.privacy.ledger import Ledger
 from server.checkpoint import CHECKPOINT_FILE
 from server.simulate import simulate
-from server.workers import resolve_workers
+from server.workers import WorkerPoolGrid, resolve_workers
 from tests.harness import TINY
 
 SETTINGS = {**TINY, "num_clients": 4, "rounds": 2, "sample_rate": 1.0, "precision": "fp32"}
@@ -57,6 +59,30 @@ def test_one_and_two_workers_charge_the_same_ledger(tmp_path, one_thread):
         rows.append([{k: r[k] for k in LEDGER} for r in ledger.rows()])
         ledger.close()
     assert rows[0] == rows[1] and len(rows[0]) == 2
+
+
+#: a ClientApp that counts, in its node's context.state, the messages the node has answered
+counting = ClientApp()
+
+
+@counting.train()
+def _count(msg: Message, context) -> Message:
+    seen = int(context.state["count"]["n"]) + 1 if "count" in context.state else 1
+    context.state["count"] = ConfigRecord({"n": seen})
+    return Message(RecordDict({"count": ConfigRecord({"n": seen})}), reply_to=msg)
+
+
+def test_a_nodes_state_persists_across_messages_whichever_worker_runs_them():
+    """Flower keeps a node's context.state beside the node: the pool ships it with each message and
+    back with the reply, so a later message sees it on any worker (secure aggregation's stages)."""
+    with WorkerPoolGrid("tests.server.test_workers:counting", 3, {}, 2) as grid:
+        for rnd in range(1, 5):
+            messages = [
+                Message(RecordDict(), dst_node_id=n, message_type="train", group_id=str(rnd))
+                for n in grid.get_node_ids()
+            ]
+            replies = grid.send_and_receive(messages)
+            assert [int(r.content["count"]["n"]) for r in replies] == [rnd] * 3
 
 
 def test_workers_default_to_the_cores():

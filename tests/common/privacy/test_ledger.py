@@ -247,3 +247,58 @@ def test_an_events_table_of_an_older_file_gains_the_sensitivity_columns(ledger):
     skellam = SkellamEvent(0.9, 1.0, 1, 1.0e6, 1000.0)
     reopened.charge(_charge(2, 0.9, 1.0, events=(skellam,)))
     assert reopened.events() == [Event(1.2, 0.5), skellam]
+
+
+def _rdp_epsilon(*events):
+    from common.privacy.accountants import RdpAccountant
+
+    acc = RdpAccountant()
+    for e in events:
+        acc.compose(e)
+    return acc.epsilon(DELTA)
+
+
+def test_charges_that_name_their_participants_compose_per_client(ledger):
+    """Secure aggregation charges each round to the clients in it (p = 1): every client composes only
+    its own rounds, and the totals are the worst client's, checked against the RDP accountant run
+    on each client's history by hand."""
+    from common.privacy.accountants import SkellamEvent
+
+    strong, weak = SkellamEvent(2.0, 1.0, 1, 1.0e6, 1000.0), SkellamEvent(1.5, 1.0, 1, 1.0e6, 1000.0)
+    secure = dict(threat_model="secure-aggregation", p=1.0)
+    ledger.charge(_charge(1, 2.0, events=(strong,), participants=(1, 2, 3), **secure))
+    ledger.charge(_charge(2, 1.5, events=(weak,), participants=(2, 4), **secure))
+    ledger.charge(_charge(3, 2.0, events=(strong,), participants=(3,), **secure))
+    assert ledger.participations() == {1: 1, 2: 2, 3: 2, 4: 1}
+    worst = max(_rdp_epsilon(strong, weak), _rdp_epsilon(strong, strong))  # node 2 or node 3
+    assert ledger.spent()["eps_tight"] == pytest.approx(worst)
+    assert ledger.rows()[-1]["eps_tight"] == pytest.approx(worst)
+    # a hypothetical round for node 4 alone: its history (weak) plus it; the others' unchanged
+    assert ledger.spent(strong, nodes=(4,))["eps_tight"] == pytest.approx(worst)
+    assert ledger.spent(weak, weak, nodes=(4,))["eps_tight"] == pytest.approx(_rdp_epsilon(weak, weak, weak))
+    # all-client charges (no participants) count for everyone
+    everyone = SkellamEvent(3.0, 1.0, 1, 1.0e6, 1000.0)
+    ledger.charge(_charge(4, 3.0, events=(everyone,), **secure))
+    assert ledger.spent()["eps_tight"] == pytest.approx(
+        max(_rdp_epsilon(strong, weak, everyone), _rdp_epsilon(strong, strong, everyone))
+    )
+
+
+def test_a_charged_round_narrows_to_its_survivors_before_it_is_used(ledger):
+    """The charge committed before a secure round (every sampled client, the fewest survivors'
+    noise) narrows to the clients whose inputs were summed and the noise their shares carry; a
+    settled round, or one that is not the last charge, is never changed."""
+    from common.privacy.accountants import SkellamEvent
+
+    planned, realised = SkellamEvent(1.5, 1.0, 1, 1.0e6, 1000.0), SkellamEvent(1.8, 1.0, 1, 1.0e6, 1000.0)
+    secure = dict(threat_model="secure-aggregation", p=1.0)
+    ledger.charge(_charge(1, 1.5, events=(planned,), participants=(1, 2, 3), **secure))
+    totals = ledger.narrow("r1", 1, (realised,), (1, 2))
+    assert ledger.participations() == {1: 1, 2: 1}
+    assert ledger.events() == [realised]
+    assert totals["eps_tight"] == pytest.approx(_rdp_epsilon(realised))
+    row = ledger.row("r1", 1)
+    assert (row["sigma"], row["eps_tight"], row["status"]) == (1.8, totals["eps_tight"], "charged")
+    ledger.settle("r1", 1, "applied")
+    with pytest.raises(FedloraError, match="settled or not the last charge"):
+        ledger.narrow("r1", 1, (planned,), (1,))

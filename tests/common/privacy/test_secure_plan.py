@@ -43,7 +43,7 @@ def test_the_modulus_holds_the_worst_case_sum_with_its_headroom_and_no_more_bits
     [
         (dict(graph=(10, 5)), "threshold 5 must be above half"),
         (dict(graph=(10, 11)), "at most 10"),
-        (dict(survivors=(4, 130)), "min survivors 4 must be at least the threshold 6"),
+        (dict(survivors=(4, 130)), r"min survivors 4 \(--min-replies\) must be at least the threshold 6"),
         (dict(bits=16), "16 bits per coordinate are too few"),
     ],
 )
@@ -82,3 +82,63 @@ def test_against_observers_of_the_adapter_sampling_amplifies_and_the_cli_says_wh
     assert "not against the server" in out["adapter_observers"]
     assert run_cli(f"privacy secagg {args} --neighbours 10 --threshold 6 --rounds 30".split()) == 2
     assert "go together" in capsys.readouterr().err
+
+
+def _secure_cfg(**change):
+    from common.presets import preset
+
+    values = dict(
+        mechanism="dp-fedavg",
+        threat_model="secure-aggregation",
+        target_epsilon=8.0,
+        clip=0.5,
+        min_replies=75,
+        max_participations=5,
+    )
+    return preset("minilm-rt-xdev", **{**values, **change})
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(mechanism="dr-encoder"), "supports the gaussian release"),
+        (dict(adaptive_clip=True), "drop --adaptive-clip"),
+        (dict(target_epsilon=0.0, noise_multiplier=1.0), "drop --noise-multiplier"),
+        (dict(target_epsilon=0.0), "needs --target-epsilon"),
+        (
+            dict(secagg_neighbours=10, secagg_threshold=11),
+            "threshold 11 must be above half the 10 neighbours",
+        ),
+        (dict(secagg_threshold=5), "threshold 5 must be above half"),
+        (dict(min_replies=4), r"min survivors 4 \(--min-replies\) must be at least the threshold 6"),
+    ],
+)
+def test_a_secure_run_config_that_cannot_hold_fails_in_one_line(change, message):
+    with pytest.raises(FedloraError, match=message) as err:
+        _secure_cfg(**change).check()
+    assert "\n" not in str(err.value)
+
+
+def test_a_secure_runs_plan_is_derived_from_its_config_and_the_adapters_size():
+    """Both halves derive the same plan from the run config and the adapter's size: the cap and the
+    cohort bound from the options (or the sampling's mean plus a few standard deviations), p = 1,
+    σ the Skellam plan's Gaussian equivalent, the planned ε the target over the cap; too few bits
+    for the cohort, or no size, fail in one line before any round."""
+    from common.privacy.plan import plan_noise
+    from common.privacy.secure_plan import cohort_bound, participation_cap
+
+    cfg = _secure_cfg().check()
+    plan = plan_noise(cfg, 74_000)
+    assert plan.p == 1.0 and plan.secure.participations == 5 and plan.secure.cohort == 140
+    assert plan.sigma == plan.secure.sigma and plan.event.l2 == plan.secure.l2
+    # the ledger's RDP accountant (a finer grid of orders than the plan's search) lands at or below it
+    assert 7.5 < plan.planned_epsilon(30) <= plan.secure.epsilon <= 8.0
+    assert plan.budget_accountants == ("rdp",)
+    derived = cfg.replace(max_participations=0)
+    # Binomial(30, 0.1): mean 3, sd 1.64 -> 3 + 3 sd = 7.9 -> 8
+    assert participation_cap(derived) == 8 and cohort_bound(cfg.replace(max_cohort=120)) == 120
+    with pytest.raises(FedloraError, match="needs the adapter's size"):
+        plan_noise(cfg)
+    with pytest.raises(FedloraError, match="8 bits per coordinate are too few") as err:
+        plan_noise(cfg.replace(secagg_bits=8), 74_000)
+    assert "\n" not in str(err.value)

@@ -55,3 +55,58 @@ def test_other_rounds_rotate_differently_and_a_foreign_adapter_is_refused():
         release.encode({"other": torch.zeros(DIM)}, b"seed")
     with pytest.raises(ValueError, match="the plan is for"):
         SecureRelease(release.plan, {"layer.lora_A": (8, 120)})
+
+
+def _params(release: SecureRelease, nodes=(1, 2, 3, 4, 5, 6), **change):
+    from dataclasses import replace
+
+    return replace(release.params(1, nodes, os.urandom(16)), **change)
+
+
+def test_a_node_checks_the_rounds_protocol_values_against_its_own_plan():
+    """Before anything is trained or sent: the node among the round's nodes, the cohort bound, the
+    plan's neighbours and threshold for that many nodes, its bits, its length and its noise share;
+    each refusal is one line."""
+    from common.errors import FedloraError
+
+    release = _release()
+    good = _params(release)
+    release.check_params(good, 3, release.noise_std)
+    bad = {
+        "not among": (good, 9, release.noise_std),
+        "cohort bound": (_params(release, tuple(range(1, 10))), 3, release.noise_std),
+        r"the plan.s are \(4, 3\)": (_params(release, k=5), 3, release.noise_std),
+        "bits per coordinate": (_params(release, bits=release.plan.bits + 1), 3, release.noise_std),
+        "coordinates": (_params(release, length=release.plan.padded * 2), 3, release.noise_std),
+        "noise share": (good, 3, release.noise_std / 2),
+    }
+    for why, (params, node, share) in bad.items():
+        with pytest.raises(FedloraError, match=why) as err:
+            release.check_params(params, node, share)
+        assert "\n" not in str(err.value) and str(err.value).startswith("node policy: secure aggregation")
+
+
+def test_a_small_round_links_every_node_and_keeps_the_threshold_rule():
+    from common.privacy.secure_plan import round_graph
+
+    plan = _release().plan  # k 4, t 3
+    assert round_graph(plan, 8) == (4, 3)
+    assert round_graph(plan, 4) == (3, 3)  # k = n - 1; t 3 still in (k/2, k]
+    assert round_graph(plan, 3) == (2, 2)  # t 3 > k: the largest rule-abiding threshold's floor(k/2) + 1
+    for n in range(2, 9):
+        k, t = round_graph(plan, n)
+        assert 2 * t > k >= t >= 1 and k <= n - 1
+
+
+def test_the_charge_of_a_sum_is_the_noise_its_shares_carry():
+    """r shares of variance μ/m sum to a Skellam of variance r·μ/m: at m survivors the plan's σ, above
+    it more noise (a smaller ε), never less."""
+    release = _release()
+    p = release.plan
+    at_m = release.released_event(p.min_survivors)
+    assert at_m.sigma == pytest.approx(p.sigma) and at_m.mu == pytest.approx(p.mu)
+    assert (at_m.p, at_m.l1, at_m.l2) == (1.0, p.l1, p.l2)
+    assert release.released_event(p.min_survivors + 3).mu == pytest.approx(
+        (p.min_survivors + 3) * p.share_variance
+    )
+    assert release.noise_std == pytest.approx(math.sqrt(p.share_variance) / p.scale)

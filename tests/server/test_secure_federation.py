@@ -1,0 +1,134 @@
+"""A federation under secure aggregation (``--threat-model secure-aggregation``): the real ServerApp
+and ClientApp over the in-process grid. The server never holds a client's update, only the
+survivors' sum; nodes that vanish mid-protocol drop out and the round still completes; the ledger
+charges each client for the rounds its input was summed in, at the noise those survivors' shares
+carried; the statement names the RDP accountant and the server as an observer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from flwr.app import Message
+
+from common.config import to_flat
+from common.presets import preset
+from common.privacy.accountants import RdpAccountant, SkellamEvent
+from common.privacy.ledger import Ledger
+from server.inprocess import InProcessGrid, load_component
+from server.simulate import CLIENT_APP
+from tests.harness import TINY, records, serve
+
+pytestmark = pytest.mark.integration
+
+NODES = 6
+
+
+def _cfg(out: Path, **change):
+    values = dict(
+        **{**TINY, "num_clients": NODES, "rounds": 2},
+        mechanism="dp-fedavg",
+        threat_model="secure-aggregation",
+        target_epsilon=8.0,
+        clip=0.5,
+        sample_rate=1.0,
+        min_replies=3,
+        secagg_neighbours=5,  # every other node (k = n - 1), t = 3: two losses leave 3 shares
+        max_participations=2,
+        out_dir=str(out),
+    )
+    return preset("minilm-rt", **{**values, **change}).check()
+
+
+def _federate(cfg, die: dict[tuple[int, str], set[int]] | None = None) -> InProcessGrid:
+    """The federation; ``die``: (round, message type) -> the nodes that raise on it."""
+    client, die = load_component(CLIENT_APP), die or {}
+
+    def app(msg: Message, ctx):
+        if ctx.node_id in die.get((int(msg.metadata.group_id), msg.metadata.message_type), ()):
+            raise RuntimeError("node killed mid-protocol")
+        return client(msg, ctx)
+
+    grid = InProcessGrid(
+        app, cfg.num_clients, to_flat(cfg), raise_errors=False, state_root=Path(cfg.out_dir).parent / "nodes"
+    )
+    serve(grid, cfg)
+    return grid
+
+
+def _rdp(*events) -> float:
+    acc = RdpAccountant()
+    for e in events:
+        acc.compose(e)
+    return acc.epsilon(1e-5)
+
+
+def test_dropouts_mid_protocol_complete_the_round_and_degrade_only_their_own_charge(tmp_path):
+    """Round 2: node 1002 dies after its masked upload (its input is summed, its self-mask recovered
+    from shares), node 1003 before it (dropped: its pairwise masks are removed). The round unmasks
+    the sum of 5, the ledger charges those 5 at the noise of 5 shares, and node 1003 only for round 1."""
+    cfg = _cfg(tmp_path / "run")
+    grid = _federate(cfg, {(2, "train.secagg_unmask"): {1002}, (2, "train.secagg_mask"): {1003}})
+    recs = records(tmp_path / "run")
+    first, second = recs[1], recs[2]
+    assert (first["replied"], first["applied"], first["dropouts"]) == (NODES, True, [])
+    assert (second["replied"], second["applied"], second["dropouts"]) == (NODES - 1, True, [1003])
+    assert second["secure"]["keys"] == NODES and second["secure"]["masked"] == NODES - 1
+    assert second["secure"]["unmasked"] == NODES - 2 and not second["secure"]["failure"]
+    assert sorted(second["rejected_nodes"]) == [1002, 1003]
+    assert second["accuracy"] != first["accuracy"]  # the decoded mean moved the adapter
+
+    ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
+    assert ledger.participations() == {n: 2 for n in range(1001, 1007) if n != 1003} | {1003: 1}
+    events = ledger.events()
+    assert all(isinstance(e, SkellamEvent) and e.p == 1.0 for e in events)
+    assert events[0].mu > events[1].mu  # 6 shares, then 5: less noise, a larger charge
+    assert ledger.spent()["eps_tight"] == pytest.approx(_rdp(*events))  # the worst client took part twice
+    assert ledger.spent()["eps_tight"] <= 8.0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (
+        "(rdp, the worst client's)" in summary["privacy"]
+        and "honest-but-curious server" in summary["privacy"]
+    )
+    assert summary["client_privacy"]["relation"] == "zero-out"
+    # each node charged its own release, as Skellam noise at p = 1, in its own ledger
+    node_ledger = Ledger.open(
+        Path(cfg.out_dir).parent / "nodes" / "node-0" / "client-ledger.sqlite", "client-level"
+    )
+    assert [type(e) for e in node_ledger.events()] == [SkellamEvent, SkellamEvent]
+    # the nodes that answered the unmask request keep no secrets (the killed ones never got that far)
+    assert [n for n, c in grid.contexts.items() if c.state] == [1002, 1003]
+
+
+def test_a_round_with_fewer_masked_inputs_than_min_replies_is_not_unmasked(tmp_path):
+    """Four of six nodes die before their masked upload: 2 < min-replies 3 masked inputs would carry
+    less noise than planned, so the sum is never unmasked; the round is withheld, its charge stands."""
+    cfg = _cfg(tmp_path / "run", rounds=1)
+    _federate(cfg, {(1, "train.secagg_mask"): {1001, 1002, 1003, 1004}})
+    rec = records(tmp_path / "run")[1]
+    assert not rec["applied"] and rec["secure"]["masked"] == 2
+    assert "2 masked inputs < min-replies 3" in rec["secure"]["failure"]
+    assert rec["secure"].get("unmasked", 0) == 0  # no unmask request ever went out
+    rows = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level").rows()
+    assert [(r["round"], r["status"]) for r in rows] == [(1, "withheld")]
+
+
+def test_the_server_holds_no_update_only_a_uniform_word_per_client(tmp_path):
+    """What reaches the server from a node under secure aggregation: its public keys at train time,
+    then a masked vector; the train reply carries no increment record at all."""
+    cfg = _cfg(tmp_path / "run", rounds=1)
+    seen = []
+    client = load_component(CLIENT_APP)
+
+    def app(msg: Message, ctx):
+        reply = client(msg, ctx)
+        seen.append((msg.metadata.message_type, set(reply.content.keys())))
+        return reply
+
+    grid = InProcessGrid(app, cfg.num_clients, to_flat(cfg), state_root=Path(cfg.out_dir).parent / "nodes")
+    serve(grid, cfg)
+    train = [keys for kind, keys in seen if kind == "train"]
+    assert len(train) == NODES and all(keys == {"secagg", "meta"} for keys in train)
+    masked = [keys for kind, keys in seen if kind == "train.secagg_mask"]
+    assert len(masked) == NODES and all(keys == {"secagg"} for keys in masked)
