@@ -27,7 +27,7 @@ from common.errors import FedloraError
 from common.models import AdapterState, adapter_size, adapter_state
 from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
-from common.privacy.plan import STATS_ROUND, NoisePlan, plan_noise
+from common.privacy.plan import STATS_ROUND, plan_noise
 from common.privacy.secure_release import SecureRelease
 from common.secagg import wire as sw
 from common.tasks.training import StepSchedule
@@ -81,7 +81,7 @@ def train(msg: Message, context: Context) -> Message:
     cfg, pid, parts, shard = _start(context, ins.global_state)
     model, kind, release = shard.bundle.model, cfg.optimizer_kind, cfg.release_kind
     noise = plan_noise(cfg, adapter_size(ins.global_state))
-    secure = _secure_round(msg, ins, noise, context.node_id)  # checked before any training
+    secure = secure_round(ins, cfg, context.node_id)  # checked before any training
     released = None  # a noised client-level release: (event, clip), checked before any training
     if release != "none":
         clip = cfg.clip if secure else round_clip(ins, cfg)
@@ -90,7 +90,6 @@ def train(msg: Message, context: Context) -> Message:
         if noise is not None and noise.private:
             released = release_event(noise, ins.noise_std, clip), clip
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
-    node = dict(context.node_config)
     cap = noise.secure.participations if secure else 0
     with _releases(context, cfg, pid, parts) if released else nullcontext() as releases:
         if releases is not None:
@@ -102,14 +101,7 @@ def train(msg: Message, context: Context) -> Message:
         if releases is not None:  # committed before the release leaves
             releases.check(ins.round, released[0], releases.future(ins.round, cap))
             releases.charge(ins.round, *released, noise.threat_model)
-        meta = _reply_meta(ins, cfg, node)
-        if secure:
-            with phase("encode"):
-                reply = client_secure.train_reply(context, *secure, ins.round, increment, meta)
-        else:
-            reply = release_reply(
-                increment, ins, cfg, shard.bundle.device, node, len(shard.examples), metrics
-            )
+        reply = release_reply(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
     return Message(reply, reply_to=msg)
 
 
@@ -117,15 +109,15 @@ for _stage, _handler in client_secure.HANDLERS.items():  # secure aggregation's 
     app.train(_stage.removeprefix("train."))(_handler)
 
 
-def _secure_round(
-    msg: Message, ins: TrainInstruction, noise: NoisePlan | None, node: int
-) -> tuple[SecureRelease, dict] | None:
-    """Under secure aggregation: the run's release (from this node's own plan) and the round's
-    protocol values, checked against the plan before anything is trained (one-line refusal)."""
+def secure_round(ins: TrainInstruction, cfg: RunConfig, node: int) -> tuple[SecureRelease, dict] | None:
+    """Under secure aggregation (None otherwise): the run's release, from this node's own plan, and
+    the round's protocol values, checked against that plan (a one-line refusal): called before any
+    training, and again when the reply is built."""
+    noise = plan_noise(cfg, adapter_size(ins.global_state))
     if noise is None or noise.secure is None:
         return None
     release = SecureRelease(noise.secure, {k: tuple(v.shape) for k, v in ins.global_state.items()})
-    values = sw.fields(msg.content, ins.round)
+    values = sw.fields(RecordDict(dict(ins.records)), ins.round)
     release.check_params(sw.params_from(values, ins.round), node, ins.noise_std)
     return release, values
 
@@ -197,7 +189,7 @@ def release_reply(
     ins: TrainInstruction,
     cfg: RunConfig,
     device: torch.device,
-    node_config: dict,
+    context: Context,
     examples: int,
     metrics: dict,
 ) -> RecordDict:
@@ -205,12 +197,16 @@ def release_reply(
     encoding), its meta, and the example count only when the run is not private. The meta says
     where the examples came from (``data-source``: ``own`` with a node config ``data-path``, else
     ``partition``), never the file's path or name."""
+    node_config = dict(context.node_config)
+    meta = _reply_meta(ins, cfg, node_config)
     with phase("encode"):
+        if secure := secure_round(ins, cfg, context.node_id):  # only the node's public keys leave
+            return client_secure.train_reply(context, *secure, ins.round, increment, meta)
         sent, extra = client_release(cfg.release_kind)(
             increment, ins, cfg, device, encoder_cache_dir(node_config)
         )
     count = None if cfg.private else examples  # a clear count is not private
-    return train_reply(sent, ins.round, count, metrics, {**_reply_meta(ins, cfg, node_config), **extra})
+    return train_reply(sent, ins.round, count, metrics, {**meta, **extra})
 
 
 def _reply_meta(ins: TrainInstruction, cfg: RunConfig, node_config: dict) -> dict[str, object]:

@@ -408,7 +408,10 @@ def _summary(run: FederationRun) -> dict:
         summary.update(
             rounds_interrupted=interrupted,
             client_privacy={
-                **{k: totals[k] for k in ("mu", "eps_gdp", "eps_tight", "epsilon", "delta", "what_if")},
+                **{
+                    k: totals[k]
+                    for k in ("mu", "eps_gdp", "eps_tight", "epsilon", "delta", "what_if", "tight_accountant")
+                },
                 "relation": run.plan.guarantee.relation,
             },
             ledger=str(ledger.path),

@@ -406,14 +406,17 @@ class Ledger:
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         rows = [{**r, "guarantee": self.guarantee(r["threat_model"]).label()} for r in self.rows()]
         last = rows[-1] if rows else {"mu": 0.0, "eps_gdp": 0.0, "eps_tight": 0.0}
-        tight, tight_label = tight_accountant(self.events())
+        events = self.events()
+        tight, tight_label = tight_accountant(events)
+        # with Skellam noise the CLT mu-GDP is no bound: the ε is the tight (RDP) one alone
+        epsilon = max(last["eps_gdp"], last["eps_tight"]) if tight is PldAccountant else last["eps_tight"]
         return {
             "ledger": str(self.path),
             **meta,
             "what_if": what_if_label(self.validity),  # "" for a run's own ε
             "accountants": {"gdp": "CLT mu-GDP (DR-Encoder paper)", "tight": tight_label},
             "tight_accountant": tight().name,  # "pld" or "rdp"
-            "epsilon": max(last["eps_gdp"], last["eps_tight"]),
+            "epsilon": epsilon,
             "mu": last["mu"],
             "eps_gdp": last["eps_gdp"],
             "eps_tight": last["eps_tight"],

@@ -17,6 +17,7 @@ from common.errors import FedloraError
 from common.local_optimizers import LOCAL_OPTIMIZERS
 from common.presets import preset
 from common.privacy.audit import MIN_CANARIES, MIN_MODELS
+from common.privacy.threat import THREATS
 
 #: the audited arms: name -> RunConfig overrides (the no-noise arm must lose, the others must hold)
 CLIENT_ARMS: dict[str, dict[str, object]] = {
@@ -25,6 +26,12 @@ CLIENT_ARMS: dict[str, dict[str, object]] = {
     "dp-fedavg distributed ε=8": {
         "mechanism": "dp-fedavg",
         "threat_model": "distributed",
+        "target_epsilon": 8.0,
+    },
+    # per client, against the server too; min-replies set to 3/4 of the audited cohort (_client_configs)
+    "dp-fedavg secure aggregation ε=8": {
+        "mechanism": "dp-fedavg",
+        "threat_model": "secure-aggregation",
         "target_epsilon": 8.0,
     },
 }
@@ -135,7 +142,16 @@ def run(args: argparse.Namespace) -> int:
 def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
     base = {**(QUICK if args.quick else {}), "clip": args.clip, "seed": args.seed}
     base.update({k: v for k, v in (("num_clients", args.clients), ("rounds", args.rounds)) if v})
-    return [preset(args.preset, **{**base, **CLIENT_ARMS[a]}).check() for a in arms]  # all checked first
+    configs = []
+    for arm in arms:  # all checked first
+        cfg = preset(args.preset, **{**base, **CLIENT_ARMS[arm]})
+        if THREATS[cfg.threat_model].summed_securely:
+            # the shares are sized for min-replies m: 3/4 of the audited cohort (canaries included), so
+            # a sum of about 4m/3 carries no more noise than the plan needs beyond that margin
+            cohort = (cfg.num_clients + args.canaries) * cfg.sample_rate
+            cfg = cfg.replace(min_replies=max(cfg.secagg_neighbours // 2 + 1, int(0.75 * cohort)))
+        configs.append(cfg.check())
+    return configs
 
 
 def _mia_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
@@ -161,6 +177,6 @@ def _line(r: dict) -> str:
     return (
         f"{r['arm']}: AUC {r['auc']:.3f}, ε lower bound {r['eps_lower_bound']:.2f} "
         f"({r['correct']}/{r['guesses']} guesses, {r['confidence']:.0%}), one-shot estimate {estimate}, "
-        f"claimed ε {claimed} (PLD, δ {r['delta']:g}, {r['unit']}); {r['canaries']} canaries "
+        f"claimed ε {claimed} ({r['accountant'].split(' ')[0].upper()}, δ {r['delta']:g}, {r['unit']}); {r['canaries']} canaries "
         f"({r['included']} in), {r['seconds']:.0f} s"
     )

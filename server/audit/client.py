@@ -121,7 +121,7 @@ class Canaries:
             else:  # zero-out: the client's update replaced by zero, its participation unchanged
                 sent = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in sorted(template.items())}
             examples = len(node_shard(dict(ctx.node_config), cfg)[2].examples) if not cfg.private else 0
-            reply = release_reply(sent, ins, cfg, torch.device("cpu"), dict(ctx.node_config), examples, {})
+            reply = release_reply(sent, ins, cfg, torch.device("cpu"), ctx, examples, {})
             return Message(reply, reply_to=msg)
 
         return handle
@@ -179,7 +179,7 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
         "clip_only": cfg.clip_only,
         "epsilon": claimed.get("eps_tight"),
         "eps_gdp": claimed.get("eps_gdp"),
-        "accountant": "pld (claimed ε); CLT mu-GDP beside it",
+        "accountant": f"{claimed.get('tight_accountant', 'pld')} (claimed ε); CLT mu-GDP beside it",
         "unit": f"client-level ({relation} one client)",
         "relation": relation,
         **stats,

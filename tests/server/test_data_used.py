@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 import torch
-from flwr.app import ConfigRecord, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
 from client.app import release_reply
 from common.errors import FedloraError
@@ -56,7 +56,8 @@ def test_the_train_reply_says_where_the_data_came_from_and_never_the_path(node_c
     cfg = preset("minilm-rt", mechanism="fedavg")
     state = {k: torch.full(s, 0.5) for k, s in SHAPES.items()}
     ins = TrainInstruction(3, {k: torch.zeros(s) for k, s in SHAPES.items()})
-    content = release_reply(state, ins, cfg, torch.device("cpu"), node_config, 10, {"train-loss": 0.5})
+    context = Context(1, 1001, node_config, RecordDict(), {})
+    content = release_reply(state, ins, cfg, torch.device("cpu"), context, 10, {"train-loss": 0.5})
     assert content["meta"][DATA_SOURCE] == source
     msg = _reply(content)
     increment, weight, _ = parse_train_reply(msg, 3, SHAPES, EXPECTED)
