@@ -650,7 +650,7 @@ class RunConfig:
             raise FedloraError("--noise-cohort needs noise: it cannot be combined with --clip-only")
 
     def _check_secure_aggregation(self) -> None:
-        from common.privacy.secure_plan import check_graph  # imports the accountants (numpy, scipy)
+        from common.privacy.secure_plan import run_graph  # imports the accountants (numpy, scipy)
 
         if self.release_kind != "gaussian":
             raise FedloraError(
@@ -668,7 +668,7 @@ class RunConfig:
                 )
         if self.target_epsilon <= 0:
             raise FedloraError("--threat-model secure-aggregation needs --target-epsilon")
-        check_graph(self.secagg_neighbours, self.secagg_threshold, self.min_replies)
+        run_graph(self)
 
     def _check_dr_encoder(self) -> None:
         if self.optimizer_kind != "none":

@@ -104,7 +104,7 @@ def tight_accountant(events: list[Event]) -> tuple[type[Accountant], str]:
 _PARTICIPANTS = """
 CREATE TABLE IF NOT EXISTS participants (
     charge INTEGER NOT NULL REFERENCES charges (seq),
-    node INTEGER NOT NULL
+    node TEXT NOT NULL  -- Flower's node ids are unsigned 64-bit: beyond SQLite's INTEGER
 );
 """
 
@@ -254,7 +254,7 @@ class Ledger:
             return {}
         found: dict[int, set[int]] = {}
         for seq, node in self._conn.execute("SELECT charge, node FROM participants"):
-            found.setdefault(seq, set()).add(node)
+            found.setdefault(seq, set()).add(int(node))
         return {seq: frozenset(nodes) for seq, nodes in found.items()}
 
     def participations(self) -> dict[int, int]:
@@ -340,7 +340,7 @@ class Ledger:
         if participants:
             self._conn.execute(_PARTICIPANTS)
             self._conn.executemany(
-                "INSERT INTO participants (charge, node) VALUES (?, ?)", [(seq, n) for n in participants]
+                "INSERT INTO participants (charge, node) VALUES (?, ?)", [(seq, str(n)) for n in participants]
             )
 
     def narrow(self, run: str, rnd: int, events: tuple[Event, ...], participants: tuple[int, ...]) -> dict:

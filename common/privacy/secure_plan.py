@@ -192,15 +192,21 @@ def run_secure_plan(cfg: RunConfig, dim: int) -> SecurePlan:
     coordinates: ``--target-epsilon`` over the participation cap, survivors from ``--min-replies`` to
     the cohort bound, the run's neighbours, threshold and bits. Both halves derive it from the run
     config alone, so a node needs nothing from the server to check it."""
-    k = min(cfg.secagg_neighbours, max(1, cohort_bound(cfg) - 1))
     return plan_secure(
         SecureTarget(cfg.target_epsilon, cfg.delta, participation_cap(cfg)),
         dim,
         cfg.clip,
         (cfg.min_replies, cohort_bound(cfg)),
-        (k, check_graph(k, cfg.secagg_threshold, cfg.min_replies)),
+        run_graph(cfg),
         cfg.secagg_bits,
     )
+
+
+def run_graph(cfg: RunConfig) -> tuple[int, int]:
+    """(k, t) of a run: ``--secagg-neighbours``, at most every other client of the largest cohort, and
+    its threshold (``--secagg-threshold`` or ⌊k/2⌋ + 1), checked (:func:`check_graph`)."""
+    k = min(cfg.secagg_neighbours, max(1, cohort_bound(cfg) - 1))
+    return k, check_graph(k, cfg.secagg_threshold, cfg.min_replies)
 
 
 def round_graph(plan: SecurePlan, sampled: int) -> tuple[int, int]:
@@ -223,5 +229,6 @@ __all__ = [
     "participation_cap",
     "plan_secure",
     "round_graph",
+    "run_graph",
     "run_secure_plan",
 ]

@@ -146,6 +146,56 @@ def test_deploy_finishes_with_the_survivors_when_a_supernode_dies(tmp_path):
     _check_survivors(*_federate_losing_a_node(tmp_path, nodes=2, rounds=1), nodes=2, rounds=1)
 
 
+def _kill_on(node, marker: str, stop: threading.Event) -> None:
+    """SIGKILL ``node`` (the flower-supernode process alone) once its log shows ``marker``."""
+    while not stop.is_set():
+        if marker in node.tail(400):
+            node.popen.kill()
+            return
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(1500)
+def test_secure_aggregation_over_tls_survives_a_supernode_killed_mid_protocol(tmp_path):
+    """Issue 34 over real processes: 4 SuperNodes behind a TLS SuperLink with node authentication, a
+    secure-aggregation round; node-1 is SIGKILLed once its unmask request arrives, after its masked
+    upload. The round still unmasks the sum (node-1's self-mask recovered from its neighbours'
+    shares), the ledger charges every client whose input was summed, and the run completes."""
+    run = (
+        "preset='minilm-rt' rounds=1 local-steps=2 batch-size=8 max-train-examples=200 eval-examples=40 "
+        "seed=5 mechanism='dp-fedavg' threat-model='secure-aggregation' target-epsilon=8.0 clip=0.5 "
+        "min-replies=2 round-timeout=240",
+    )
+    opts = _opts(tmp_path, nodes=4, run_config=run, tls=True)
+    flat = resolve_run_config(opts.run_config, 4, opts.work_dir.resolve())
+    lines: list[str] = []
+    dep = prepare(opts, echo=lines.append)
+    stop = threading.Event()
+    try:
+        victim = bring_up(dep)[1]
+        killer = threading.Thread(target=_kill_on, args=(victim, "secagg_unmask", stop), daemon=True)
+        killer.start()
+        result = run_and_wait(dep, flat)
+    finally:
+        stop.set()
+        shutdown(dep)
+    _assert_all_gone(dep)
+    assert victim.poll() is not None, "node-1 was never killed"
+    assert result.status == "finished:completed", result.status
+    [rec] = [
+        json.loads(ln)
+        for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()
+        if '"train"' in ln
+    ]
+    assert rec["applied"] and rec["secure"]["masked"] == 4 and rec["secure"]["unmasked"] == 3, rec
+    ledger = Ledger.open(result.run_dir / "ledger.sqlite", "client-level")
+    try:
+        assert ledger.participations() == {n: 1 for n in rec["data_sources"]["partition"]}
+        assert len(ledger.participations()) == 4 and ledger.events()[0].kind == "skellam"
+    finally:
+        ledger.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_deploy_of_three_nodes_survives_a_supernode_killed_mid_round(tmp_path):

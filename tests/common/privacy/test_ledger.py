@@ -266,10 +266,11 @@ def test_charges_that_name_their_participants_compose_per_client(ledger):
 
     strong, weak = SkellamEvent(2.0, 1.0, 1, 1.0e6, 1000.0), SkellamEvent(1.5, 1.0, 1, 1.0e6, 1000.0)
     secure = dict(threat_model="secure-aggregation", p=1.0)
-    ledger.charge(_charge(1, 2.0, events=(strong,), participants=(1, 2, 3), **secure))
+    big = 2**64 - 5  # Flower node ids are unsigned 64-bit
+    ledger.charge(_charge(1, 2.0, events=(strong,), participants=(1, 2, 3, big), **secure))
     ledger.charge(_charge(2, 1.5, events=(weak,), participants=(2, 4), **secure))
     ledger.charge(_charge(3, 2.0, events=(strong,), participants=(3,), **secure))
-    assert ledger.participations() == {1: 1, 2: 2, 3: 2, 4: 1}
+    assert ledger.participations() == {1: 1, 2: 2, 3: 2, 4: 1, big: 1}
     worst = max(_rdp_epsilon(strong, weak), _rdp_epsilon(strong, strong))  # node 2 or node 3
     assert ledger.spent()["eps_tight"] == pytest.approx(worst)
     assert ledger.rows()[-1]["eps_tight"] == pytest.approx(worst)
