@@ -23,6 +23,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "server.bench.subspace",
         "energy of real client increments kept by a PCA basis fitted on public data vs random projection",
     ),
+    "secagg": (
+        "server.bench.secagg",
+        "secure aggregation's cost: round time against plain dp-fedavg, a client's protocol cost by neighbours",
+    ),
     "scale": ("server.bench.scale", "round and per-client time and peak memory at 10 / 100 / 1,000 nodes"),
     "suite": (
         "server.bench.suite.cli",

@@ -1,0 +1,169 @@
+"""``fedlora bench secagg``: what secure aggregation costs, measured side by side in one invocation.
+
+1. **Round time.** The same federation (``--preset``; ``minilm-rt-xdev`` samples about 100 clients a
+   round) runs twice in this process with the same seed and workers: plain dp-fedavg (central noise)
+   and dp-fedavg under secure aggregation, both at ``--epsilon``. Reported: the mean seconds of the
+   rounds that were not evaluated (the last one is), for each, and their ratio.
+2. **A client's protocol cost as a function of its neighbours k.** The SecAgg+ stages
+   (common/secagg/protocol.py) for k + 1 nodes, each the others' neighbour, on vectors of the
+   preset's padded adapter size D at the plan's bits: a client's key pairs (stage 0), its 2k key
+   agreements and 2k Shamir shares sealed into k ciphertexts (stage 1), its k + 1 mask expansions of
+   D words (stage 2) and its unmask answer (stage 3), in seconds per client; and the server's
+   unmasking per client. Times are of this machine's CPU (one thread), never a GPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common.errors import FedloraError
+from common.presets import preset
+from common.secagg import protocol
+from common.secagg.protocol import Params
+
+#: the two arms of the round-time comparison: label -> run config overrides
+ARMS: dict[str, dict[str, object]] = {
+    "plain dp-fedavg (central noise)": {"threat_model": "central"},
+    "secure aggregation": {"threat_model": "secure-aggregation", "min_replies": 75, "max_participations": 5},
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="minilm-rt-xdev", help="the federation both arms run")
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="rounds per arm (the last is evaluated, not timed)"
+    )
+    parser.add_argument("--epsilon", type=float, default=8.0, help="client-level target epsilon of both arms")
+    parser.add_argument("--neighbours", default="5,10,20", help="comma-separated k for the protocol's cost")
+    parser.add_argument("--bits", type=int, default=20, help="bits per coordinate of the protocol timing")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="client worker processes of both arms (0: cores)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def round_seconds(args: argparse.Namespace, work: Path) -> dict[str, dict]:
+    """Each arm's federation: mean and per-round seconds of its unevaluated rounds."""
+    from server.simulate import simulate  # the federation stack, only when measured
+
+    if args.rounds < 2:
+        raise FedloraError("--rounds must be >= 2 (the last round is evaluated, not timed)")
+    out = {}
+    for k, (label, change) in enumerate(ARMS.items()):
+        cfg = preset(
+            args.preset,
+            mechanism="dp-fedavg",
+            clip=0.5,
+            target_epsilon=args.epsilon,
+            rounds=args.rounds,
+            eval_every=args.rounds,
+            workers=args.workers,
+            **change,
+        ).check()
+        run_dir = simulate(cfg.replace(out_dir=str(work / f"arm-{k}")), work / f"arm-{k}")
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        timed = [r for r in rows if r.get("phase") == "train" and r["round"] < args.rounds]
+        seconds = [r["seconds"] for r in timed]
+        out[label] = {
+            "seconds_per_round": statistics.fmean(seconds),
+            "rounds": seconds,
+            "clients_per_round": statistics.fmean(r["sampled"] for r in timed),
+            "bytes_per_round": statistics.fmean(r["bytes_down"] + r["bytes_up"] for r in timed),
+        }
+    return out
+
+
+def protocol_cost(k: int, length: int, bits: int) -> dict[str, float]:
+    """Seconds per client of each SecAgg+ stage for k + 1 nodes (every node the others' neighbour,
+    t = ⌊k/2⌋ + 1, nobody dropped), and the server's routing and unmasking per client."""
+    nodes = tuple(range(1, k + 2))
+    params = Params(1, nodes, k, k // 2 + 1, bits, length, os.urandom(32)).validate()
+    rng = np.random.default_rng(0)
+    inputs = {u: rng.integers(0, 1 << bits, length, dtype=np.int64) for u in nodes}
+    clock = {"setup": 0.0, "share": 0.0, "mask": 0.0, "unmask": 0.0, "server": 0.0}
+
+    def timed(stage: str, fn, *a):
+        t0 = time.perf_counter()
+        result = fn(*a)
+        clock[stage] += time.perf_counter() - t0
+        return result
+
+    clients, advertised = {}, {}
+    for u in nodes:
+        clients[u], advertised[u] = timed("setup", protocol.setup, params, u)
+    routed = timed("server", protocol.route_keys, params, advertised)
+    outboxes = {}
+    for u in nodes:
+        clients[u], outboxes[u] = timed("share", protocol.share_keys, clients[u], routed[u])
+    inboxes = timed("server", protocol.route_shares, params, outboxes)
+    masked = {}
+    for u in nodes:
+        clients[u], masked[u] = timed(
+            "mask", protocol.masked_input, clients[u], inboxes.get(u, {}), inputs[u]
+        )
+    request = timed("server", protocol.unmask_request, outboxes, masked)
+    replies = [timed("unmask", protocol.unmask, clients[u], request) for u in nodes]
+    shared = {u: set(out) for u, out in outboxes.items()}
+    total = timed("server", protocol.unmask_sum, params, advertised, shared, masked, replies)
+    if not np.array_equal(total.astype(np.int64), sum(inputs.values()) % (1 << bits)):
+        raise RuntimeError("the protocol's sum is wrong")  # never expected: the benchmark checks itself
+    return {stage: seconds / len(nodes) for stage, seconds in clock.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    from common.models import adapter_shapes, adapter_size
+    from common.privacy.discrete import padded_dim
+    from server.evaluation import Evaluator
+
+    ks = [int(k) for k in args.neighbours.split(",") if k.strip()]
+    if not ks or min(ks) < 1:
+        raise FedloraError(f"--neighbours must be positive integers, got {args.neighbours!r}")
+    cfg = preset(args.preset, mechanism="dp-fedavg", target_epsilon=args.epsilon).check()
+    length = padded_dim(adapter_size(adapter_shapes(Evaluator(cfg).bundle.model)))
+    with tempfile.TemporaryDirectory(prefix="fedlora-bench-secagg-") as tmp:
+        rounds = round_seconds(args, Path(tmp))
+    plain, secure = (rounds[label]["seconds_per_round"] for label in ARMS)
+    result = {
+        "preset": args.preset,
+        "epsilon": args.epsilon,
+        "round_time": rounds,
+        "ratio": secure / plain,
+        "protocol": {
+            "length": length,
+            "bits": args.bits,
+            **{str(k): protocol_cost(k, length, args.bits) for k in ks},
+        },
+        "cpu": os.cpu_count(),
+        "command": "fedlora bench secagg "
+        + " ".join(
+            f"--{k} {v}"
+            for k, v in (("preset", args.preset), ("rounds", args.rounds), ("neighbours", args.neighbours))
+        ),
+    }
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for label, row in rounds.items():
+        print(
+            f"{label}: {row['seconds_per_round']:.1f} s a round ({row['clients_per_round']:.0f} clients, "
+            f"{row['bytes_per_round'] / 1e6:.1f} MB)"
+        )
+    print(f"secure / plain round time: {result['ratio']:.2f}x")
+    print(
+        f"a client's protocol cost, D = {length} words of {args.bits} bits (s per client: setup, share, mask, unmask; server):"
+    )
+    for k in ks:
+        c = result["protocol"][str(k)]
+        print(
+            f"  k = {k:>2}: {c['setup']:.3f}, {c['share']:.3f}, {c['mask']:.3f}, {c['unmask']:.3f}; "
+            f"server {c['server']:.3f}"
+        )
+    return 0
