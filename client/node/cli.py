@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(TRUST),
         default="none",
         help="whom this node trusts with less than its own noise: none (default: local noise only; your "
-        "epsilon holds against the server), aggregate (secure aggregation: none exists yet) or server "
-        "(central / distributed noise, --encode-at server: your epsilon holds against everyone else)",
+        "epsilon holds against the server), aggregate (also --threat-model secure-aggregation: the server "
+        "sees only the sum; your epsilon holds against it too) or server (central / distributed noise, "
+        "--encode-at server: your epsilon holds against everyone else)",
     )
     parser.add_argument(
         "--print-command", action="store_true", help="print the flower-supernode command, run nothing"

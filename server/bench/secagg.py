@@ -157,13 +157,11 @@ def run(args: argparse.Namespace) -> int:
             f"{row['bytes_per_round'] / 1e6:.1f} MB)"
         )
     print(f"secure / plain round time: {result['ratio']:.2f}x")
-    print(
-        f"a client's protocol cost, D = {length} words of {args.bits} bits (s per client: setup, share, mask, unmask; server):"
-    )
+    print(f"a client's protocol cost, D = {length} words of {args.bits} bits (ms per client, one thread):")
     for k in ks:
-        c = result["protocol"][str(k)]
+        c = {stage: 1e3 * v for stage, v in result["protocol"][str(k)].items()}
         print(
-            f"  k = {k:>2}: {c['setup']:.3f}, {c['share']:.3f}, {c['mask']:.3f}, {c['unmask']:.3f}; "
-            f"server {c['server']:.3f}"
+            f"  k = {k:>2}: setup {c['setup']:.1f}, share {c['share']:.1f}, mask {c['mask']:.1f}, "
+            f"unmask {c['unmask']:.1f}; server {c['server']:.1f}"
         )
     return 0

@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from flwr.app import Message
 
+from client import secure
 from common.config import to_flat
 from common.presets import preset
 from common.privacy.accountants import RdpAccountant, SkellamEvent
 from common.privacy.ledger import Ledger
+from common.secagg import wire as sw
 from server.inprocess import InProcessGrid, load_component
 from server.simulate import CLIENT_APP
 from tests.harness import TINY, records, serve
@@ -114,16 +117,36 @@ def test_a_round_with_fewer_masked_inputs_than_min_replies_is_not_unmasked(tmp_p
     assert [(r["round"], r["status"]) for r in rows] == [(1, "withheld")]
 
 
+#: chi-square, 15 degrees of freedom, upper 1e-9 quantile (tests/common/secagg/test_protocol.py)
+CHI2_15 = 73.63
+
+
+def _top_bits_chi_square(words: np.ndarray, bits: int) -> float:
+    """χ² of the top 4 bits of b-bit words against the uniform distribution over 16 values."""
+    counts = np.bincount((words.astype(np.int64) >> (bits - 4)).astype(np.int64), minlength=16)
+    expected = words.size / 16
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
 def test_the_server_holds_no_update_only_a_uniform_word_per_client(tmp_path):
     """What reaches the server from a node under secure aggregation: its public keys at train time,
-    then a masked vector; the train reply carries no increment record at all."""
+    then a masked vector that is uniform mod 2^b (χ² over its words), while the node's own encoded
+    update (its clipped, rotated, rounded increment plus its Skellam share, kept in its state) is
+    far from uniform; the train reply carries no increment record at all."""
     cfg = _cfg(tmp_path / "run", rounds=1)
-    seen = []
+    seen, params, views = [], {}, {}
     client = load_component(CLIENT_APP)
 
     def app(msg: Message, ctx):
         reply = client(msg, ctx)
-        seen.append((msg.metadata.message_type, set(reply.content.keys())))
+        kind, rnd = msg.metadata.message_type, int(msg.metadata.group_id)
+        seen.append((kind, set(reply.content.keys())))
+        if kind == "train":
+            params[ctx.node_id] = sw.params_from(sw.fields(msg.content, rnd), rnd)
+        if kind == "train.secagg_mask":
+            p = params[ctx.node_id]
+            x = sw.vector_from({"masked": ctx.state[secure.STATE]["x"]}, p)
+            views[ctx.node_id] = (sw.vector_from(sw.fields(reply, rnd), p), x, p.bits)
         return reply
 
     grid = InProcessGrid(app, cfg.num_clients, to_flat(cfg), state_root=Path(cfg.out_dir).parent / "nodes")
@@ -132,3 +155,6 @@ def test_the_server_holds_no_update_only_a_uniform_word_per_client(tmp_path):
     assert len(train) == NODES and all(keys == {"secagg", "meta"} for keys in train)
     masked = [keys for kind, keys in seen if kind == "train.secagg_mask"]
     assert len(masked) == NODES and all(keys == {"secagg"} for keys in masked)
+    for y, x, bits in views.values():
+        assert _top_bits_chi_square(y, bits) < CHI2_15  # what the server holds: uniform
+        assert _top_bits_chi_square(x, bits) > 50 * CHI2_15  # what the node encoded: not
