@@ -55,7 +55,7 @@ def test_tiny_suite_writes_every_section_from_the_runs_outputs(tiny):
     # the client-level dp arm's epsilons are its summary's (nothing typed in)
     summary = json.loads((out / "runs" / "client-level-1-s0" / "summary.json").read_text())
     dp_row = sections["client-level"]["rows"][1]
-    assert dp_row["ε (PLD)"] == f"{summary['client_privacy']['eps_tight']:.2f}"
+    assert dp_row["ε (tight: PLD, or RDP where marked)"] == f"{summary['client_privacy']['eps_tight']:.2f}"
     assert dp_row["accuracy after (mean ± std)"] == f"{summary['after']['accuracy']:.3f} (n = 1)"
     result = json.loads((out / "runs" / "sample-level-0-s0" / "result.json").read_text())
     assert sections["sample-level"]["rows"][0]["ε (PLD)"] == f"{result['privacy']['epsilon']:.2f}"
@@ -213,7 +213,13 @@ def test_the_audit_section_shows_each_arm_beside_its_claim():
     ]
     rows = audit(done)["rows"]
     assert [
-        (r["claimed ε (PLD)"], r["AUC"], r["ε lower bound"], r["ε estimate (one-shot)"], r["canaries"])
+        (
+            r["claimed ε (PLD, or RDP where marked)"],
+            r["AUC"],
+            r["ε lower bound"],
+            r["ε estimate (one-shot)"],
+            r["canaries"],
+        )
         for r in rows
     ] == [
         ("3.00", "0.565", "0.00 (95%)", "0.77", 100),

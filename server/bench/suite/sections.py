@@ -81,10 +81,16 @@ UTILITY_COLUMNS = [
     "accuracy before",
     "accuracy after (mean ± std)",
     "top-class share",
-    "ε (PLD)",
+    "ε (tight: PLD, or RDP where marked)",
     "ε (CLT μ-GDP)",
     "δ",
 ]
+
+
+def _rdp_mark(privacy: Sequence[dict]) -> str:
+    """`` (RDP)`` when the runs' tight accountant was RDP (Skellam noise: secure aggregation), where
+    the CLT μ-GDP beside it is no bound."""
+    return " (RDP)" if any(p.get("tight_accountant") == "rdp" for p in privacy) else ""
 
 
 def _utility(done: Sequence[dict], name: str, title: str, read: Callable[[dict], dict], extra: str) -> dict:
@@ -103,7 +109,8 @@ def _utility(done: Sequence[dict], name: str, title: str, read: Callable[[dict],
                 "accuracy before": _mean([v["before"] for v in values]),
                 "accuracy after (mean ± std)": _mean_std([v["after"] for v in values]),
                 "top-class share": _mean([v["top"] for v in values]),
-                "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"),
+                "ε (tight: PLD, or RDP where marked)": _mean([p.get("eps_tight") for p in privacy], ".2f")
+                + _rdp_mark(privacy),
                 "ε (CLT μ-GDP)": _mean([p.get("eps_gdp") for p in privacy], ".2f"),
                 "δ": _delta(privacy),
                 extra: _mean([v["extra"] for v in values], ".2f"),
@@ -300,7 +307,7 @@ def audit(done: Sequence[dict]) -> dict:
         "audit",
         "arm",
         "unit",
-        "claimed ε (PLD)",
+        "claimed ε (PLD, or RDP where marked)",
         "δ",
         "AUC",
         "ε lower bound",
@@ -318,7 +325,9 @@ def audit(done: Sequence[dict]) -> dict:
                     "audit": d["run"].argv[1],
                     "arm": arm["arm"],
                     "unit": arm["unit"],
-                    "claimed ε (PLD)": "none (not private)" if claimed is None else f"{claimed:.2f}",
+                    "claimed ε (PLD, or RDP where marked)": "none (not private)"
+                    if claimed is None
+                    else f"{claimed:.2f}" + (" (RDP)" if arm.get("accountant", "").startswith("rdp") else ""),
                     "δ": arm["delta"],
                     "AUC": f"{arm['auc']:.3f}",
                     "ε lower bound": f"{arm['eps_lower_bound']:.2f} ({arm['confidence']:.0%})",
