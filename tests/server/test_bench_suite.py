@@ -58,7 +58,10 @@ def test_tiny_suite_writes_every_section_from_the_runs_outputs(tiny):
     assert dp_row["ε (tight: PLD, or RDP where marked)"] == f"{summary['client_privacy']['eps_tight']:.2f}"
     assert dp_row["accuracy after (mean ± std)"] == f"{summary['after']['accuracy']:.3f} (n = 1)"
     result = json.loads((out / "runs" / "sample-level-0-s0" / "result.json").read_text())
-    assert sections["sample-level"]["rows"][0]["ε (PLD)"] == f"{result['privacy']['epsilon']:.2f}"
+    assert (
+        sections["sample-level"]["rows"][0]["ε (tight: PLD, or RDP where marked)"]
+        == f"{result['privacy']['epsilon']:.2f}"
+    )
     privacy_runs = {r["run"] for r in sections["privacy"]["rows"]}
     assert privacy_runs == {"dp-fedavg central ε=8", "prism ε=3"}  # the non-private arm spends nothing
     assert any("audit section" in n for n in sections["privacy"]["notes"])
