@@ -221,11 +221,15 @@ def _round(run: FederationRun, rnd: int) -> bool:
         return False
     t0, clip = time.monotonic(), run.release.clip
     sampled = poisson_sample(online, run.cfg.sample_rate, run.rng)
-    if run.plan and run.plan.secure:
-        sampled = cut_to(sampled, run.plan.secure.cohort, run.rng)
-    if run.ledger:  # committed before any instruction (and so any release) goes out
-        run.ledger.charge(_charge(run, rnd, sampled))
+    drawn, secure = len(sampled), run.plan.secure if run.plan else None
+    if secure:  # at most the cohort bound; fewer than m could never be unmasked: nothing sent
+        sampled = cut_to(sampled, secure.cohort, run.rng)
+        sampled = sampled if len(sampled) >= secure.min_survivors else []
+    if run.ledger and (sampled or not secure):  # committed before any instruction (any release) goes out
+        run.ledger.charge(_charge(run, rnd, sampled))  # (secure aggregation: per client; nobody, nothing)
     result = _train(run, rnd, sampled)
+    if secure and not sampled:
+        result.sampled = drawn
     run.loop.count(result)
     evaluated = result.applied and (rnd % run.cfg.eval_every == 0 or rnd == run.cfg.rounds)
     if evaluated:
@@ -262,8 +266,7 @@ def _record(run: FederationRun, rnd: int, result: RoundRecord, clip: float, t0: 
     """The round's metrics line: its result, its privacy charge, the clip before and after it (under
     adaptive clipping), the seconds since ``t0`` and the held-out metrics (unless stale)."""
     record = result.to_json()
-    if run.ledger:
-        row = run.ledger.row(run.run_id, rnd)
+    if run.ledger and (row := run.ledger.row(run.run_id, rnd)):  # (a secure round nobody joined: none)
         record.update({k: row[k] for k in ("sigma", "mu", "eps_gdp", "eps_tight")})
     if run.cfg.adaptive_clip:
         record.update(clip=clip, next_clip=run.release.clip)
@@ -277,7 +280,7 @@ def _commit(run: FederationRun, rnd: int, result: RoundRecord, record: dict) -> 
     loop.round, loop.record = rnd, record
     loop.release, loop.optimizer_steps = run.release.state(), run.optimizer.steps
     checkpoint.save(run.out.checkpoint_path, run.state, loop, run.optimizer.state_tensors())
-    if run.ledger:
+    if run.ledger and run.ledger.row(run.run_id, rnd):
         status = "applied" if result.applied or result.phase == "skipped" else "withheld"
         run.ledger.settle(run.run_id, rnd, status, replied=result.replied)
     run.out.log(record)
@@ -353,7 +356,9 @@ def _reconcile(run: FederationRun) -> int:
 
 def _round_line(record: dict, metric: str, ledger: Ledger | None, secure: bool = False) -> str:
     rnd = record["round"]
-    if record["phase"] == "skipped":
+    if record["phase"] == "skipped" and record["sampled"]:  # secure aggregation: fewer than m sampled
+        line = f"round {rnd}: {record['sampled']} sampled, fewer than min-replies: skipped, nothing sent"
+    elif record["phase"] == "skipped":
         line = f"round {rnd}: nobody sampled, skipped"
     else:
         loss, score = record["train_loss"], record.get(metric)
@@ -363,7 +368,7 @@ def _round_line(record: dict, metric: str, ledger: Ledger | None, secure: bool =
             f"held-out {metric} {'not evaluated' if score is None else f'{score:.4f}'}, "
             f"{(record['bytes_down'] + record['bytes_up']) / 1e6:.2f} MB, {record['seconds']:.1f} s"
         )
-    if ledger:
+    if ledger and "eps_tight" in record:
         what_if = f" (WHAT-IF: for {ledger.population})" if ledger.validity else ""
         if secure:  # per client, Skellam noise: RDP alone (the CLT mu-GDP is no bound for it)
             line += f", client-level eps (worst client) rdp {record['eps_tight']:.3g}"

@@ -104,7 +104,7 @@ def format_summary(s: dict) -> str:
     lines = [
         "",
         f"fedlora run summary  ({s['model']} on {s['dataset']}, mechanism {s['mechanism']})",
-        f"  rounds             {s['rounds_completed']} completed, {s['rounds_skipped']} skipped (nobody sampled)"
+        f"  rounds             {s['rounds_completed']} completed, {s['rounds_skipped']} skipped (nobody sampled, or under secure aggregation fewer than min-replies)"
         + (f", interrupted by a crash: {s['rounds_interrupted']}" if s.get("rounds_interrupted") else ""),
         *(
             [f"  withheld           {s['rounds_withheld']} round(s) with too few usable replies"]

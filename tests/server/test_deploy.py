@@ -87,27 +87,25 @@ def _check_dp_run(run_dir: Path, dep) -> None:
         assert log.count("Sending: train message") == 2, k
 
 
-def _kill_when_training(node, stop: threading.Event) -> None:
-    """SIGKILL ``node`` (the flower-supernode process alone) once it has received a train message."""
+def _kill_on(node, marker: str, stop: threading.Event) -> None:
+    """SIGKILL ``node`` (the flower-supernode process alone) once its log shows ``marker``."""
     while not stop.is_set():
-        if "train message" in node.tail(200):
+        if marker in node.tail(400):
             node.popen.kill()
             return
-        time.sleep(0.2)
+        time.sleep(0.1)
 
 
-def _federate_losing_a_node(tmp_path: Path, nodes: int, rounds: int, restart: bool = False):
-    """``deploy`` with ``nodes`` SuperNodes, node-1 SIGKILLed in round 1; the result and its lines."""
-    run = (DP_RUN[0].replace("rounds=2", f"rounds={rounds}") + " min-replies=1",)
-    opts = _opts(tmp_path, nodes=nodes, run_config=run, restart_nodes=restart)
-    flat = resolve_run_config(opts.run_config, nodes, opts.work_dir.resolve())
+def _run_killing(opts: Options, marker: str):
+    """The deployment of ``opts``, node-1 SIGKILLed once its log shows ``marker``; everything shut
+    down and gone after it. Returns the result, node-1 and the deployment's lines."""
+    flat = resolve_run_config(opts.run_config, opts.nodes, opts.work_dir.resolve())
     lines: list[str] = []
     dep = prepare(opts, echo=lines.append)
     stop = threading.Event()
     try:
         victim = bring_up(dep)[1]
-        killer = threading.Thread(target=_kill_when_training, args=(victim, stop), daemon=True)
-        killer.start()
+        threading.Thread(target=_kill_on, args=(victim, marker, stop), daemon=True).start()
         result = run_and_wait(dep, flat)
     finally:
         stop.set()
@@ -115,6 +113,12 @@ def _federate_losing_a_node(tmp_path: Path, nodes: int, rounds: int, restart: bo
     _assert_all_gone(dep)
     assert victim.poll() is not None, "node-1 was never killed"
     return result, victim, lines
+
+
+def _federate_losing_a_node(tmp_path: Path, nodes: int, rounds: int, restart: bool = False):
+    """``deploy`` with ``nodes`` SuperNodes, node-1 SIGKILLed once it got its round-1 train message."""
+    run = (DP_RUN[0].replace("rounds=2", f"rounds={rounds}") + " min-replies=1",)
+    return _run_killing(_opts(tmp_path, nodes=nodes, run_config=run, restart_nodes=restart), "train message")
 
 
 def _check_survivors(result, victim, lines: list[str], nodes: int, rounds: int) -> None:
@@ -146,15 +150,6 @@ def test_deploy_finishes_with_the_survivors_when_a_supernode_dies(tmp_path):
     _check_survivors(*_federate_losing_a_node(tmp_path, nodes=2, rounds=1), nodes=2, rounds=1)
 
 
-def _kill_on(node, marker: str, stop: threading.Event) -> None:
-    """SIGKILL ``node`` (the flower-supernode process alone) once its log shows ``marker``."""
-    while not stop.is_set():
-        if marker in node.tail(400):
-            node.popen.kill()
-            return
-        time.sleep(0.1)
-
-
 @pytest.mark.timeout(1500)
 def test_secure_aggregation_over_tls_survives_a_supernode_killed_mid_protocol(tmp_path):
     """Issue 34 over real processes: 4 SuperNodes behind a TLS SuperLink with node authentication, a
@@ -166,21 +161,7 @@ def test_secure_aggregation_over_tls_survives_a_supernode_killed_mid_protocol(tm
         "seed=5 mechanism='dp-fedavg' threat-model='secure-aggregation' target-epsilon=8.0 clip=0.5 "
         "min-replies=2 round-timeout=240",
     )
-    opts = _opts(tmp_path, nodes=4, run_config=run, tls=True)
-    flat = resolve_run_config(opts.run_config, 4, opts.work_dir.resolve())
-    lines: list[str] = []
-    dep = prepare(opts, echo=lines.append)
-    stop = threading.Event()
-    try:
-        victim = bring_up(dep)[1]
-        killer = threading.Thread(target=_kill_on, args=(victim, "secagg_unmask", stop), daemon=True)
-        killer.start()
-        result = run_and_wait(dep, flat)
-    finally:
-        stop.set()
-        shutdown(dep)
-    _assert_all_gone(dep)
-    assert victim.poll() is not None, "node-1 was never killed"
+    result = _run_killing(_opts(tmp_path, nodes=4, run_config=run, tls=True), "secagg_unmask")[0]
     assert result.status == "finished:completed", result.status
     [rec] = [
         json.loads(ln)

@@ -158,3 +158,20 @@ def test_the_server_holds_no_update_only_a_uniform_word_per_client(tmp_path):
     for y, x, bits in views.values():
         assert _top_bits_chi_square(y, bits) < CHI2_15  # what the server holds: uniform
         assert _top_bits_chi_square(x, bits) > 50 * CHI2_15  # what the node encoded: not
+
+
+def test_a_sample_smaller_than_min_replies_is_skipped_sending_and_charging_nothing(tmp_path):
+    """A round that samples fewer than min-replies clients could never be unmasked: nothing is sent
+    and nothing charged (per client, nobody took part); a round that samples all six runs as usual.
+    Sampling is Poisson from OS entropy, so which rounds run varies; the rule holds for each."""
+    cfg = _cfg(tmp_path / "run", rounds=3, sample_rate=0.7, min_replies=NODES)
+    _federate(cfg)
+    recs = records(tmp_path / "run")[1:]
+    ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
+    charged = {r["round"] for r in ledger.rows()}
+    for rec in recs:
+        if rec["sampled"] < NODES:
+            assert rec["phase"] == "skipped" and rec["round"] not in charged and "eps_tight" not in rec
+        else:
+            assert rec["applied"] and rec["round"] in charged
+    assert sum(ledger.participations().values()) == NODES * len(charged)
