@@ -150,3 +150,34 @@ def test_a_run_stored_before_an_option_existed_resumes_at_its_default(tmp_path):
     assert resumed.run_id == fingerprint(stored) != fingerprint(cfg)
     with pytest.raises(FedloraError, match="differs in public_subspace"):
         RunDir(tmp_path, cfg.replace(resume=True, public_subspace=8))
+
+
+def test_a_secure_aggregation_run_resumes_with_each_clients_participations(tmp_path):
+    """SIGKILL during a secure-aggregation run, then --resume: every round charged once, each to the
+    clients it named; the resumed server counts each client's participations from the ledger (the
+    cap holds across the crash) and the ε stays the worst client's, within the target."""
+    out = tmp_path / "run"
+    secure = [
+        "simulate", "--preset", "minilm-rt", "--mechanism", "dp-fedavg", "--clip", str(CLIP),
+        "--threat-model", "secure-aggregation", "--target-epsilon", "8", "--min-replies", "2",
+        "--num-clients", "4", "--sample-rate", "1.0", "--rounds", "4", "--local-steps", "4",
+        "--max-train-examples", "200", "--eval-examples", "40",
+    ]  # fmt: skip
+    proc = _fedlora(*secure, "--out", str(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledger, deadline = out / "ledger.sqlite", time.monotonic() + 300
+    while sum(r["status"] == "applied" for r in (_rows(ledger) if ledger.exists() else [])) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "two rounds did not finish in time"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = _finish("simulate", "--resume", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming" in resumed.stderr + resumed.stdout
+    from common.privacy.ledger import Ledger
+
+    led = Ledger.open(ledger, "client-level")
+    rows = led.rows()
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert set(led.participations().values()) == {4}  # every node sampled (p = 1) in every charged round
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["client_privacy"]["eps_tight"] == led.spent()["eps_tight"] <= 8.0
