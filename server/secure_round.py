@@ -217,8 +217,9 @@ def run_secure_round(
         "threshold": params.threshold,
         "failure": result.failure,
     }
-    record.replied = len(result.survivors)
-    record.dropouts = sorted(set(sampled) - set(result.survivors))
+    masked = result.survivors or result.stages.get("masked", [])  # (not unmasked: who sent a masked input)
+    record.replied = len(masked)
+    record.dropouts = sorted(set(sampled) - set(masked))
     if result.total is not None:
         try:
             with phase("decode-aggregate"):

@@ -110,7 +110,8 @@ def test_a_round_with_fewer_masked_inputs_than_min_replies_is_not_unmasked(tmp_p
     cfg = _cfg(tmp_path / "run", rounds=1)
     _federate(cfg, {(1, "train.secagg_mask"): {1001, 1002, 1003, 1004}})
     rec = records(tmp_path / "run")[1]
-    assert not rec["applied"] and rec["secure"]["masked"] == 2
+    assert not rec["applied"] and rec["secure"]["masked"] == 2 and rec["replied"] == 2
+    assert rec["dropouts"] == [1001, 1002, 1003, 1004]
     assert "2 masked inputs < min-replies 3" in rec["secure"]["failure"]
     assert rec["secure"].get("unmasked", 0) == 0  # no unmask request ever went out
     rows = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level").rows()
