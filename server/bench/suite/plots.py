@@ -56,14 +56,16 @@ def accuracy_vs_epsilon(sections: dict[str, dict], path: Path) -> str | None:
 
 
 def epsilon_by_round(privacy: dict, path: Path) -> str | None:
-    """Client-level ε after each round (PLD solid, CLT μ-GDP dashed), one line per private arm."""
+    """Client-level ε after each round (the tight accountant solid: PLD, or RDP under secure
+    aggregation; CLT μ-GDP dashed), one line per private arm."""
     by_round = {k: v for k, v in privacy.get("by_round", {}).items() if v}
     if not by_round:
         return None
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for label, rows in by_round.items():
         rounds = [r["round"] for r in rows]
-        (line,) = ax.plot(rounds, [r["eps_tight"] for r in rows], marker=".", label=f"{label} (PLD)")
+        tight = rows[-1].get("tight", "PLD")
+        (line,) = ax.plot(rounds, [r["eps_tight"] for r in rows], marker=".", label=f"{label} ({tight})")
         ax.plot(
             rounds, [r["eps_gdp"] for r in rows], ls="--", color=line.get_color(), label=f"{label} (μ-GDP)"
         )

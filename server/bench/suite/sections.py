@@ -346,8 +346,13 @@ def _eps_by_round(path: Path) -> list[dict]:
     if not path.exists():
         return []
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    return [
-        {"round": r["round"], "eps_gdp": r["eps_gdp"], "eps_tight": r["eps_tight"]}
+    return [  # a secure-aggregation round (its ``secure`` field) is accounted by RDP, the others by PLD
+        {
+            "round": r["round"],
+            "eps_gdp": r["eps_gdp"],
+            "eps_tight": r["eps_tight"],
+            "tight": "RDP" if "secure" in r else "PLD",
+        }
         for r in lines
         if "eps_tight" in r
     ]
