@@ -333,15 +333,15 @@ class RunConfig:
     max_participations: int = option(
         0,
         "secure aggregation: the most rounds a client takes part in, each charged at p = 1 (the server "
-        "sees who takes part); a client at the cap is not sampled again (0 = the mean plus 3 standard "
-        "deviations of a client's participations)",
+        "sees who takes part); a client at the cap is not sampled again (0 = the run's mean, "
+        "ceil(rounds x cohort / clients))",
         CLIENT_DP,
         rule=NON_NEGATIVE,
     )
     max_cohort: int = option(
         0,
-        "secure aggregation: the most clients a round sums, which fixes the bits per coordinate; a "
-        "larger sample is cut down at random (0 = sample rate x clients plus 4 standard deviations)",
+        "secure aggregation: the cohort, drawn at random each round from the clients under the cap "
+        "(fewer only when fewer are left); it fixes the bits per coordinate (0 = sample rate x clients)",
         CLIENT_DP,
         rule=NON_NEGATIVE,
     )

@@ -44,7 +44,7 @@ from server.public_prior import PublicSubspace
 from server.releases import Release, RunHandles, make_release
 from server.round import RoundContext, RoundRecord, run_round
 from server.run_dir import RunDir
-from server.sampling import cut_to, eligible, os_sampler, poisson_sample
+from server.sampling import eligible, fixed_sample, os_sampler, poisson_sample
 from server.secure_round import run_secure_round
 from server.summary import data_used, format_summary
 
@@ -220,11 +220,12 @@ def _round(run: FederationRun, rnd: int) -> bool:
         run.echo(f"round {rnd}: not run: {stopped}")
         return False
     t0, clip = time.monotonic(), run.release.clip
-    sampled = poisson_sample(online, run.cfg.sample_rate, run.rng)
-    drawn, secure = len(sampled), run.plan.secure if run.plan else None
-    if secure:  # at most the cohort bound; fewer than m could never be unmasked: nothing sent
-        sampled = cut_to(sampled, secure.cohort, run.rng)
-        sampled = sampled if len(sampled) >= secure.min_survivors else []
+    secure = run.plan.secure if run.plan else None
+    if secure:  # a fixed cohort under the cap; fewer than m could never be unmasked: nothing sent
+        sampled = fixed_sample(online, secure.cohort, run.rng)
+        drawn, sampled = len(sampled), sampled if len(sampled) >= secure.min_survivors else []
+    else:
+        sampled = poisson_sample(online, run.cfg.sample_rate, run.rng)
     if run.ledger and (sampled or not secure):  # committed before any instruction (any release) goes out
         run.ledger.charge(_charge(run, rnd, sampled))  # (secure aggregation: per client; nobody, nothing)
     result = _train(run, rnd, sampled)
@@ -257,9 +258,13 @@ def _stop_reason(run: FederationRun, online: list[int]) -> str | None:
     online has reached its participation cap), else None."""
     if not (run.plan and run.plan.secure):
         return budget_stop(run.ledger, run.plan, run.release.events())
-    if online:
+    secure = run.plan.secure
+    if len(online) >= secure.min_survivors:
         return None
-    return f"client-level budget reached: every client online took part {run.plan.secure.participations} times (the cap)"
+    return (
+        f"client-level budget reached: {len(online)} clients online are under the participation cap of "
+        f"{secure.participations}, fewer than min-replies {secure.min_survivors}"
+    )
 
 
 def _record(run: FederationRun, rnd: int, result: RoundRecord, clip: float, t0: float) -> dict:

@@ -32,12 +32,12 @@ def eligible(node_ids: Sequence[int], ledger, cap: int) -> list[int]:
     return [n for n in node_ids if taken.get(n, 0) < cap]
 
 
-def cut_to(sampled: list[int], most: int, rng: np.random.Generator) -> list[int]:
-    """``sampled``, or ``most`` of them chosen uniformly at random when there are more (secure
-    aggregation's cohort bound fixes the bits of the modular sum)."""
-    if len(sampled) <= most:
-        return sampled
-    return sorted(int(n) for n in rng.choice(sampled, size=most, replace=False))
+def fixed_sample(node_ids: Sequence[int], size: int, rng: np.random.Generator) -> list[int]:
+    """``size`` of ``node_ids`` (all of them when fewer) chosen uniformly at random, sorted (secure
+    aggregation's cohort: its bits and shares are planned for that many)."""
+    if len(node_ids) <= size:
+        return sorted(node_ids)
+    return sorted(int(n) for n in rng.choice(node_ids, size=size, replace=False))
 
 
-__all__ = ["cut_to", "eligible", "os_sampler", "poisson_sample"]
+__all__ = ["eligible", "fixed_sample", "os_sampler", "poisson_sample"]

@@ -169,21 +169,22 @@ def plan_secure(
     )
 
 
-def participation_cap(cfg: RunConfig) -> int:
-    """``--max-participations``, or the mean plus 3 standard deviations of a client's participations
-    over the run (Binomial(rounds, rate)), at most the rounds."""
-    if cfg.max_participations:
-        return min(cfg.max_participations, cfg.rounds)
-    n, p = cfg.rounds, cfg.sample_rate
-    return min(n, math.ceil(n * p + 3 * math.sqrt(n * p * (1 - p))))
-
-
 def cohort_bound(cfg: RunConfig) -> int:
-    """``--max-cohort``, or p·N plus 4 standard deviations of the Poisson sample, at most N."""
+    """The clients a secure round samples: ``--max-cohort``, or the expected cohort p·N (rounded), at
+    most N. Secure rounds draw exactly this many from the clients under the participation cap (fewer
+    only when fewer are left): the server sees who takes part, so Poisson sampling buys no privacy
+    against it, and a fixed cohort fixes the bits and the shares."""
     if cfg.max_cohort:
         return min(cfg.max_cohort, cfg.num_clients)
-    k = cfg.expected_cohort
-    return min(cfg.num_clients, math.ceil(k + 4 * math.sqrt(k)))
+    return min(cfg.num_clients, max(1, round(cfg.expected_cohort)))
+
+
+def participation_cap(cfg: RunConfig) -> int:
+    """``--max-participations``, or the mean participations of a run, ⌈rounds · cohort / N⌉: every
+    client can take part that often, and the run's rounds use up all clients' participations."""
+    if cfg.max_participations:
+        return min(cfg.max_participations, cfg.rounds)
+    return min(cfg.rounds, math.ceil(cfg.rounds * cohort_bound(cfg) / cfg.num_clients))
 
 
 @lru_cache(maxsize=8)

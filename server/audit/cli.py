@@ -28,7 +28,7 @@ CLIENT_ARMS: dict[str, dict[str, object]] = {
         "threat_model": "distributed",
         "target_epsilon": 8.0,
     },
-    # per client, against the server too; min-replies set to 3/4 of the audited cohort (_client_configs)
+    # per client, against the server too; min-replies set to 9/10 of the audited cohort (_client_configs)
     "dp-fedavg secure aggregation ε=8": {
         "mechanism": "dp-fedavg",
         "threat_model": "secure-aggregation",
@@ -146,10 +146,10 @@ def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig
     for arm in arms:  # all checked first
         cfg = preset(args.preset, **{**base, **CLIENT_ARMS[arm]})
         if THREATS[cfg.threat_model].summed_securely:
-            # the shares are sized for min-replies m: 3/4 of the audited cohort (canaries included), so
-            # a sum of about 4m/3 carries no more noise than the plan needs beyond that margin
+            # the shares are sized for min-replies m: 9/10 of the audited cohort (canaries included), so
+            # a full cohort carries 10/9 of the noise the plan needs
             cohort = (cfg.num_clients + args.canaries) * cfg.sample_rate
-            cfg = cfg.replace(min_replies=max(cfg.secagg_neighbours // 2 + 1, int(0.75 * cohort)))
+            cfg = cfg.replace(min_replies=max(cfg.secagg_neighbours // 2 + 1, int(0.9 * cohort)))
         configs.append(cfg.check())
     return configs
 

@@ -33,7 +33,7 @@ from common.secagg.protocol import Params
 #: the two arms of the round-time comparison: label -> run config overrides
 ARMS: dict[str, dict[str, object]] = {
     "plain dp-fedavg (central noise)": {"threat_model": "central"},
-    "secure aggregation": {"threat_model": "secure-aggregation", "min_replies": 75, "max_participations": 5},
+    "secure aggregation": {"threat_model": "secure-aggregation", "min_replies": 90, "max_participations": 3},
 }
 
 

@@ -161,18 +161,17 @@ def test_the_server_holds_no_update_only_a_uniform_word_per_client(tmp_path):
         assert _top_bits_chi_square(x, bits) > 50 * CHI2_15  # what the node encoded: not
 
 
-def test_a_sample_smaller_than_min_replies_is_skipped_sending_and_charging_nothing(tmp_path):
-    """A round that samples fewer than min-replies clients could never be unmasked: nothing is sent
-    and nothing charged (per client, nobody took part); a round that samples all six runs as usual.
-    Sampling is Poisson from OS entropy, so which rounds run varies; the rule holds for each."""
-    cfg = _cfg(tmp_path / "run", rounds=3, sample_rate=0.7, min_replies=NODES)
+def test_clients_at_the_participation_cap_are_not_sampled_and_the_run_stops_when_too_few_are_left(tmp_path):
+    """Each secure round draws a fixed cohort from the clients under the cap. With a cap of 2 and
+    cohorts of 3 of 6 clients, rounds 1-4 use up every participation (each client exactly twice,
+    never a third time); round 5 has fewer than min-replies clients left and is not run."""
+    cfg = _cfg(tmp_path / "run", rounds=5, sample_rate=0.5, min_replies=3, secagg_neighbours=2)
     _federate(cfg)
     recs = records(tmp_path / "run")[1:]
     ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
-    charged = {r["round"] for r in ledger.rows()}
-    for rec in recs:
-        if rec["sampled"] < NODES:
-            assert rec["phase"] == "skipped" and rec["round"] not in charged and "eps_tight" not in rec
-        else:
-            assert rec["applied"] and rec["round"] in charged
-    assert sum(ledger.participations().values()) == NODES * len(charged)
+    assert [r["round"] for r in ledger.rows()] == [1, 2, 3, 4]
+    assert all(r["sampled"] == 3 for r in ledger.rows())
+    assert ledger.participations() == {n: 2 for n in range(1001, 1007)}
+    assert recs[-1]["phase"] == "stopped" and "participation cap" in recs[-1]["reason"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rounds_completed"] == 4 and "participation cap" in summary["stopped"]

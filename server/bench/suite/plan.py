@@ -118,7 +118,7 @@ def _public_arms(k: int, epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
 
 def _secure_arms(min_replies: int, cap: int, epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
     """dp-fedavg under secure aggregation (issue 34) at each ε: per client against the server, each of
-    at most ``cap`` participations at p = 1 (docs/secure-aggregation.md)."""
+    at most ``cap`` participations at p = 1, fixed cohorts of p·N (docs/secure-aggregation.md)."""
     return tuple(
         Arm(
             f"dp-fedavg secure aggregation ε={e:g} (per client, cap {cap})",
@@ -186,7 +186,7 @@ _PROFILES: dict[str, Profile] = {
         client_arms=(
             *_client_arms(min_replies=75, ae_steps=300, epsilons=(8.0, 3.0, 1.0)),
             *_public_arms(k=128, epsilons=(8.0, 3.0)),
-            *_secure_arms(min_replies=75, cap=5, epsilons=(8.0, 3.0)),
+            *_secure_arms(min_replies=90, cap=3, epsilons=(8.0, 3.0)),
         ),
         sample_base=_args(_FULL_SAMPLE),
         sample_arms=_sample_arms(3.0, FULL_SAMPLE_LR),

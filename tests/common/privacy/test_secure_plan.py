@@ -121,7 +121,7 @@ def test_a_secure_run_config_that_cannot_hold_fails_in_one_line(change, message)
 
 def test_a_secure_runs_plan_is_derived_from_its_config_and_the_adapters_size():
     """Both halves derive the same plan from the run config and the adapter's size: the cap and the
-    cohort bound from the options (or the sampling's mean plus a few standard deviations), p = 1,
+    cohort from the options (or the expected cohort p·N and the mean participations), p = 1,
     σ the Skellam plan's Gaussian equivalent, the planned ε the target over the cap; too few bits
     for the cohort, or no size, fail in one line before any round."""
     from common.privacy.plan import plan_noise
@@ -129,14 +129,15 @@ def test_a_secure_runs_plan_is_derived_from_its_config_and_the_adapters_size():
 
     cfg = _secure_cfg().check()
     plan = plan_noise(cfg, 74_000)
-    assert plan.p == 1.0 and plan.secure.participations == 5 and plan.secure.cohort == 140
+    assert plan.p == 1.0 and plan.secure.participations == 5 and plan.secure.cohort == 100
     assert plan.sigma == plan.secure.sigma and plan.event.l2 == plan.secure.l2
     # the ledger's RDP accountant (a finer grid of orders than the plan's search) lands at or below it
     assert 7.5 < plan.planned_epsilon(30) <= plan.secure.epsilon <= 8.0
     assert plan.budget_accountants == ("rdp",)
     derived = cfg.replace(max_participations=0)
-    # Binomial(30, 0.1): mean 3, sd 1.64 -> 3 + 3 sd = 7.9 -> 8
-    assert participation_cap(derived) == 8 and cohort_bound(cfg.replace(max_cohort=120)) == 120
+    # 30 rounds of 100 of 1,000 clients: 3 participations each on average, the default cap
+    assert participation_cap(derived) == 3 and cohort_bound(cfg.replace(max_cohort=120)) == 120
+    assert participation_cap(derived.replace(max_cohort=150)) == 5  # ceil(30 * 150 / 1000)
     with pytest.raises(FedloraError, match="needs the adapter's size"):
         plan_noise(cfg)
     with pytest.raises(FedloraError, match="8 bits per coordinate are too few") as err:
