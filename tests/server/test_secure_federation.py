@@ -80,7 +80,9 @@ def test_dropouts_mid_protocol_complete_the_round_and_degrade_only_their_own_cha
     assert second["secure"]["keys"] == NODES and second["secure"]["masked"] == NODES - 1
     assert second["secure"]["unmasked"] == NODES - 2 and not second["secure"]["failure"]
     assert sorted(second["rejected_nodes"]) == [1002, 1003]
-    assert second["accuracy"] != first["accuracy"]  # the decoded mean moved the adapter
+    assert (
+        second["loss"] != first["loss"]
+    )  # the decoded mean moved the adapter (40 examples: accuracy may tie)
 
     ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
     assert ledger.participations() == {n: 2 for n in range(1001, 1007) if n != 1003} | {1003: 1}
