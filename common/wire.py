@@ -251,9 +251,7 @@ def _parse_arrays(
         raise InvalidReply(f"schema {_short(meta.get('schema'))} != {SCHEMA!r}")
     if server_round is not None and not (_is_int(meta.get("round")) and meta.get("round") == server_round):
         raise InvalidReply(f"reply for round {_short(meta.get('round'))}, expected {server_round}")
-    for name, value in expected.items():
-        if not _matches(meta.get(name), value):
-            raise InvalidReply(f"{name} {_short(meta.get(name))} != {value!r}")
+    check_meta(meta, expected)
     if set(record.keys()) != set(shapes):
         raise InvalidReply(f"tensor names differ from the expected ({len(record)} vs {len(shapes)})")
     total = 0
@@ -322,6 +320,16 @@ def _same_shape(shape: object, want: tuple[int, ...]) -> bool:
         and len(shape) == len(want)
         and all(_is_int(s) and s == w for s, w in zip(shape, want, strict=True))
     )
+
+
+def check_meta(meta: object, expected: Mapping) -> None:
+    """Raise :class:`InvalidReply` unless the reply's ``meta`` record holds every ``expected`` value
+    (a train reply's mechanism and release parameters, as the round asked them)."""
+    if not isinstance(meta, ConfigRecord):
+        raise InvalidReply("no meta record")
+    for name, value in expected.items():
+        if not _matches(meta.get(name), value):
+            raise InvalidReply(f"{name} {_short(meta.get(name))} != {value!r}")
 
 
 def _matches(got: object, want: object) -> bool:

@@ -34,6 +34,7 @@ from common.privacy.accountants import Event
 from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, what_if
 from common.privacy.report import write_report
+from common.privacy.secure_plan import SecurePlan
 from common.privacy.statement import statement
 from server import checkpoint
 from server.checkpoint import LoopState
@@ -101,6 +102,11 @@ class FederationRun:
         return self.out.run_id
 
     @property
+    def secure(self) -> SecurePlan | None:
+        """The secure-aggregation plan of the run (``--threat-model secure-aggregation``), else None."""
+        return self.plan.secure if self.plan else None
+
+    @property
     def metric(self) -> str:
         """The held-out metric's name (the task's)."""
         return self.evaluator.task.metric
@@ -109,7 +115,7 @@ class FederationRun:
         """What :func:`server.round.run_round` needs of the run (the aggregate projected onto the
         public subspace, if any)."""
         post = self.subspace.project if self.subspace else None
-        gate = self.unmask_gate if self.plan and self.plan.secure else None
+        gate = self.unmask_gate if self.secure else None
         return RoundContext(self.grid, self.release, self.cfg, self.shapes, self.optimizer, post, gate)
 
     def unmask_gate(self, rnd: int, survivors: list[int], event: Event) -> str:
@@ -211,23 +217,23 @@ def _round(run: FederationRun, rnd: int) -> bool:
     """Round ``rnd``: sample, charge, run, evaluate, checkpoint, settle, log; False (and nothing run)
     when the client-level budget stops the run before it."""
     # the nodes online now: a lost node leaves, a restarted one (a new id) joins
-    online = sorted(run.grid.get_node_ids())
-    if run.plan and run.plan.secure:
-        online = eligible(online, run.ledger, run.plan.secure.participations)
+    online, secure = sorted(run.grid.get_node_ids()), run.secure
+    if secure:
+        online = eligible(online, run.ledger, secure.participations)
     if run.ledger and (stopped := _stop_reason(run, online)):
         run.stopped = stopped
         run.out.log({"round": rnd, "phase": "stopped", "reason": stopped})
         run.echo(f"round {rnd}: not run: {stopped}")
         return False
     t0, clip = time.monotonic(), run.release.clip
-    secure = run.plan.secure if run.plan else None
     if secure:  # a fixed cohort under the cap; fewer than m could never be unmasked: nothing sent
         sampled = fixed_sample(online, secure.cohort, run.rng)
         drawn, sampled = len(sampled), sampled if len(sampled) >= secure.min_survivors else []
     else:
         sampled = poisson_sample(online, run.cfg.sample_rate, run.rng)
-    if run.ledger and (sampled or not secure):  # committed before any instruction (any release) goes out
-        run.ledger.charge(_charge(run, rnd, sampled))  # (secure aggregation: per client; nobody, nothing)
+    charged = run.ledger is not None and bool(sampled or not secure)  # (secure: per client; nobody, nothing)
+    if charged:  # committed before any instruction (and so any release) goes out
+        run.ledger.charge(_charge(run, rnd, sampled))
     result = _train(run, rnd, sampled)
     if secure and not sampled:
         result.sampled = drawn
@@ -237,7 +243,7 @@ def _round(run: FederationRun, rnd: int) -> bool:
         run.loop.after = run.evaluator(run.state)
     run.loop.stale = (run.loop.stale or result.applied) and not evaluated
     record = _record(run, rnd, result, clip, t0)
-    _commit(run, rnd, result, record)
+    _commit(run, rnd, result, record, charged)
     return True
 
 
@@ -248,7 +254,7 @@ def _train(run: FederationRun, rnd: int, sampled: list[int]) -> RoundRecord:
     run.release.before_round(rnd, run.state)
     if run.subspace:
         run.subspace.refresh(rnd, run.state, run.echo)
-    runner = run_secure_round if run.plan and run.plan.secure else run_round
+    runner = run_secure_round if run.secure else run_round
     run.state, result = runner(run.round_context(), rnd, sampled, run.state)
     return result
 
@@ -256,9 +262,9 @@ def _train(run: FederationRun, rnd: int, sampled: list[int]) -> RoundRecord:
 def _stop_reason(run: FederationRun, online: list[int]) -> str | None:
     """Why the run must stop before the next round: the budget (secure aggregation: every client
     online has reached its participation cap), else None."""
-    if not (run.plan and run.plan.secure):
+    secure = run.secure
+    if not secure:
         return budget_stop(run.ledger, run.plan, run.release.events())
-    secure = run.plan.secure
     if len(online) >= secure.min_survivors:
         return None
     return (
@@ -279,17 +285,18 @@ def _record(run: FederationRun, rnd: int, result: RoundRecord, clip: float, t0: 
     return record
 
 
-def _commit(run: FederationRun, rnd: int, result: RoundRecord, record: dict) -> None:
-    """Checkpoint round ``rnd``, then settle its charge, then log and echo its metrics line."""
+def _commit(run: FederationRun, rnd: int, result: RoundRecord, record: dict, charged: bool) -> None:
+    """Checkpoint round ``rnd``, then settle its charge (if it was ``charged``), then log and echo its
+    metrics line."""
     loop = run.loop
     loop.round, loop.record = rnd, record
     loop.release, loop.optimizer_steps = run.release.state(), run.optimizer.steps
     checkpoint.save(run.out.checkpoint_path, run.state, loop, run.optimizer.state_tensors())
-    if run.ledger and run.ledger.row(run.run_id, rnd):
+    if charged:
         status = "applied" if result.applied or result.phase == "skipped" else "withheld"
         run.ledger.settle(run.run_id, rnd, status, replied=result.replied)
     run.out.log(record)
-    run.echo(_round_line(record, run.metric, run.ledger, bool(run.plan and run.plan.secure)))
+    run.echo(_round_line(record, run.metric, run.ledger, run.secure is not None))
 
 
 def _finish(run: FederationRun) -> dict:

@@ -56,6 +56,15 @@ class RoundRecord:
     def skipped(cls, rnd: int) -> RoundRecord:
         return cls(rnd, phase="skipped")
 
+    def reject(self, node: int, why: str) -> None:
+        """Record that ``node``'s reply (at some stage) was not used, and why."""
+        self.rejected.append(why)
+        self.rejected_nodes.append(node)
+
+    def used(self, node: int, reply: Message) -> None:
+        """Record ``node``'s usable reply under where its examples came from."""
+        self.data_sources.setdefault(data_source(reply) or "unstated", []).append(node)
+
     def to_json(self) -> dict:
         """The metrics line's fields (a skipped round has only round, phase, sampled, replied)."""
         values = asdict(self)
@@ -90,6 +99,12 @@ class RoundContext:
     post: Callable[[AdapterState], AdapterState] | None = None
     gate: Callable[[int, list[int], Event], str] | None = None
 
+    def step(self, state: AdapterState, mean: AdapterState) -> AdapterState:
+        """The global adapter after ``mean``: ``optimizer``'s step, or ``state + server-lr · mean``."""
+        if self.optimizer is None:
+            return apply_increment(state, mean, self.cfg.server_lr)
+        return self.optimizer.step(state, mean)
+
 
 def run_round(
     ctx: RoundContext, rnd: int, sampled: Sequence[int], state: AdapterState
@@ -98,7 +113,7 @@ def run_round(
     usable ones when there are at least ``cfg.min_replies`` (``ctx.post`` applied to the released mean
     first, e.g. the public-subspace projection; then ``ctx.optimizer``, None: ``state + server-lr · mean``);
     ``state`` is never changed in place."""
-    grid, release, cfg, optimizer, post = ctx.grid, ctx.release, ctx.cfg, ctx.optimizer, ctx.post
+    grid, release, cfg, post = ctx.grid, ctx.release, ctx.cfg, ctx.post
     k = len(sampled)
     messages = [
         Message(
@@ -136,13 +151,12 @@ def run_round(
         try:
             inc, weight, extra = accept_reply(reply, rnd, reply_shapes, expected, release, not cfg.private)
         except InvalidReply as exc:
-            record.rejected.append(str(exc))
-            record.rejected_nodes.append(node)
+            record.reject(node, str(exc))
             log.warning("round %d: rejected reply from node %s: %s", rnd, node, exc)
             release.answered(node, False)
             continue
         release.answered(node, True)
-        record.data_sources.setdefault(data_source(reply) or "unstated", []).append(node)
+        record.used(node, reply)
         record.bytes_up += reply.content["increment"].count_bytes()
         total.add(inc, weight)
         record.replied += 1
@@ -158,10 +172,7 @@ def run_round(
     if record.applied:
         with phase("decode-aggregate"):
             mean, record.sigma_released = total.release()
-            if optimizer is None:
-                state = apply_increment(state, mean, cfg.server_lr)
-            else:
-                state = optimizer.step(state, mean)
+            state = ctx.step(state, mean)
     finite = [x for x in losses if np.isfinite(x)]
     record.train_loss = float(np.mean(finite)) if finite else None
     return state, record

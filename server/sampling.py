@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from common.privacy.ledger import Ledger
+
 
 def os_sampler() -> np.random.Generator:
     """A fresh generator seeded from OS entropy (never from the run's seed, never checkpointed)."""
@@ -25,7 +27,7 @@ def poisson_sample(node_ids: Sequence[int], rate: float, rng: np.random.Generato
     return [n for n, k in zip(node_ids, keep, strict=True) if k]
 
 
-def eligible(node_ids: Sequence[int], ledger, cap: int) -> list[int]:
+def eligible(node_ids: Sequence[int], ledger: Ledger | None, cap: int) -> list[int]:
     """Secure aggregation: the nodes that have taken part (as the ``ledger``'s charges name them)
     fewer than ``cap`` times, the rest having spent their per-client budget."""
     taken = ledger.participations() if ledger is not None else {}

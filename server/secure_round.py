@@ -26,8 +26,7 @@ from common.secagg import wire as sw
 from common.secagg.errors import SecAggError
 from common.secagg.protocol import Params, PublicKeys
 from common.timing import phase
-from common.wire import InvalidReply, TrainInstruction, data_source
-from server.aggregate import apply_increment
+from common.wire import InvalidReply, TrainInstruction, check_meta
 from server.exchange import exchange, message_bytes
 from server.round import RoundContext, RoundRecord
 
@@ -147,19 +146,13 @@ def _advertised(
             continue
         try:
             values = sw.fields(reply, rnd)
-            meta = reply.content.get("meta")
-            for key, want in expected.items():
-                if meta is None or meta.get(key) != want:
-                    raise InvalidReply(
-                        f"{key} {None if meta is None else meta.get(key)!r}, the round asked {want!r}"
-                    )
+            check_meta(reply.content.get("meta"), expected)
             advertised[node] = sw.keys_from(values, node)
         except InvalidReply as exc:
-            record.rejected.append(str(exc))
-            record.rejected_nodes.append(node)
+            record.reject(node, str(exc))
             log.warning("round %d: rejected reply from node %s: %s", rnd, node, exc)
             continue
-        record.data_sources.setdefault(data_source(reply) or "unstated", []).append(node)
+        record.used(node, reply)
         record.bytes_up += message_bytes(reply)
     return advertised
 
@@ -208,8 +201,7 @@ def run_secure_round(
     record.bytes_down += result.bytes_down
     record.bytes_up += result.bytes_up
     for node, why in result.rejected.items():
-        record.rejected.append(why)
-        record.rejected_nodes.append(node)
+        record.reject(node, why)
     record.secure = {
         **{k: len(v) for k, v in result.stages.items()},
         "bits": params.bits,
@@ -228,13 +220,7 @@ def run_secure_round(
             record.secure["failure"] = f"overflow: {exc}"
             log.warning("round %d: the unmasked sum is not decodable: %s", rnd, exc)
         else:
-            if ctx.post is not None:
-                mean = ctx.post(mean)
-            state = (
-                apply_increment(state, mean, ctx.cfg.server_lr)
-                if ctx.optimizer is None
-                else ctx.optimizer.step(state, mean)
-            )
+            state = ctx.step(state, mean if ctx.post is None else ctx.post(mean))
             record.applied = True
             record.sigma_released = release.released_event(record.replied).sigma
     return state, record

@@ -299,13 +299,17 @@ class Ledger:
         named = self.participants()
         if not named and not nodes:
             return _totals(self.events() + list(extra), self.delta)
-        history = self._by_charge()
-        everyone = [e for seq, events in history if seq not in named for e in events]
+        everyone: list[Event] = []
+        own: dict[int, list[Event]] = {node: [] for node in nodes}
+        for seq, events in self._by_charge():
+            for node in named.get(seq, ()):
+                own.setdefault(node, []).extend(events)
+            if seq not in named:
+                everyone.extend(events)
         worst = dict.fromkeys(("mu", "eps_gdp", "eps_tight"), 0.0)
-        for node in set(nodes).union(*named.values()):
-            own = [e for seq, events in history if node in named.get(seq, ()) for e in events]
+        for node, events in own.items():
             added = list(extra) if not nodes or node in nodes else []
-            totals = _totals(everyone + own + added, self.delta)
+            totals = _totals(everyone + events + added, self.delta)
             worst = {k: max(v, totals[k]) for k, v in worst.items()}
         return worst
 

@@ -48,9 +48,8 @@ class ThreatModel:
     trust: str = "server"
     each_reply_private: bool = False  # every reply carries the whole noise on its own
     clear_replies: bool = False  # the server receives clipped replies without noise (it adds the noise)
-    summed_securely: bool = (
-        False  # the server learns only the sum (secure aggregation, server/secure_round.py)
-    )
+    # the server learns only the sum (secure aggregation, server/secure_round.py)
+    summed_securely: bool = False
 
     def client_std(self, update_sigma: float, clip: float, m: int, cohort_scale: float) -> float:
         """Noise std one client adds to its update clipped to ``clip`` (0: the server adds it)."""
