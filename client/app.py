@@ -91,13 +91,19 @@ def train(msg: Message, context: Context) -> Message:
             released = release_event(noise, ins.noise_std, clip), clip
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     cap = noise.secure.participations if secure else 0
+    # hidden participation: this node's own coin decides whether it contributes (else a zero update)
+    contributes = secure is None or client_secure.contributes(noise.secure.sample_rate)
     with _releases(context, cfg, pid, parts) if released else nullcontext() as releases:
         if releases is not None:
             releases.check(ins.round, released[0], releases.future(ins.round, cap))
-        metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan)
+        metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan) if contributes else {}
         if cfg.private:
             metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
-        increment = local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
+        increment = (
+            local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
+            if contributes
+            else {k: torch.zeros_like(v) for k, v in ins.global_state.items()}
+        )
         if releases is not None:  # committed before the release leaves
             releases.check(ins.round, released[0], releases.future(ins.round, cap))
             releases.charge(ins.round, *released, noise.threat_model)

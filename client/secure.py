@@ -10,6 +10,7 @@ reveal both shares of one node holds per answer).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 
 import numpy as np
@@ -25,7 +26,13 @@ from common.secagg.protocol import Client, Held, PublicKeys
 STATE = "secagg-state"  # context.state record of the round in progress
 
 
-def _save(context: Context, client: Client, x: np.ndarray) -> None:
+def _words(bits: int) -> np.dtype:
+    """The dtype a node keeps its input's words in: 4 bytes each when b ≤ 32, else 8."""
+    return np.dtype("<u4" if bits <= 32 else "<u8")
+
+
+def _save(context: Context, client: Client, x: bytes) -> None:
+    """Keep ``client`` and its input ``x`` (its words' bytes, :func:`_words`) in the node's state."""
     p = client.params
     peers, held = sorted(client.peers), sorted(client.held)
     values = {
@@ -42,12 +49,12 @@ def _save(context: Context, client: Client, x: np.ndarray) -> None:
         "held": held,
         "held-seed": [client.held[v].self_seed for v in held],
         "held-key": [client.held[v].mask_key for v in held],
-        "x": sw.vector_values(x, p.bits)["masked"],
+        "x": x,
     }
     context.state[STATE] = sw.config_record(values)
 
 
-def _load(context: Context, round_number: int) -> tuple[Client, np.ndarray]:
+def _load(context: Context, round_number: int) -> tuple[Client, bytes]:
     record = context.state.get(STATE)
     if not isinstance(record, ConfigRecord) or record.get("round") != round_number:
         raise FedloraError(f"no secure-aggregation state for round {round_number} on this node")
@@ -65,7 +72,7 @@ def _load(context: Context, round_number: int) -> tuple[Client, np.ndarray]:
         dict(zip(peers, pair_keys, strict=True)) if pair_keys else {},
         {u: Held(s, k) for u, s, k in zip(held, v.get("held-seed", []), v.get("held-key", []), strict=True)},
     )
-    return client, sw.vector_from({"masked": v["x"]}, params)
+    return client, v["x"]  # (unpacked by the one stage that needs it)
 
 
 def begin(context: Context, values: dict, round_number: int, node: int, x: np.ndarray) -> dict[str, object]:
@@ -75,7 +82,7 @@ def begin(context: Context, values: dict, round_number: int, node: int, x: np.nd
     params = sw.params_from(values, round_number)
     protocol.check_input(params, x)
     client, public = protocol.setup(params, node)
-    _save(context, client, np.asarray(x))
+    _save(context, client, np.asarray(x).astype(_words(params.bits)).tobytes())
     return sw.keys_values(public)
 
 
@@ -96,8 +103,16 @@ def train_reply(
     return RecordDict({**sw.record(rnd, **keys), "meta": ConfigRecord(meta)})
 
 
-def _stage(run: Callable[[Client, np.ndarray, dict, Context], dict[str, object]]):
-    """A ``train.secagg_*`` handler around ``run(client, x, values, context) -> reply values``."""
+def contributes(rate: float) -> bool:
+    """A coin that comes up with probability ``rate`` (to 2^-53), from OS entropy: whether this node
+    contributes its update to a round under hidden participation. Never seeded, never stored, never
+    sent: the server must not learn it."""
+    return secrets.randbelow(2**53) < round(rate * 2**53)
+
+
+def _stage(run: Callable[[Client, bytes, dict, Context], dict[str, object]]):
+    """A ``train.secagg_*`` handler around ``run(client, x, values, context) -> reply values`` (``x``:
+    the node's input, packed)."""
 
     def handler(msg: Message, context: Context) -> Message:
         rnd = int(msg.metadata.group_id)
@@ -109,19 +124,20 @@ def _stage(run: Callable[[Client, np.ndarray, dict, Context], dict[str, object]]
     return handler
 
 
-def _share(client: Client, x: np.ndarray, values: dict, context: Context) -> dict[str, object]:
+def _share(client: Client, x: bytes, values: dict, context: Context) -> dict[str, object]:
     client, outbox = protocol.share_keys(client, sw.peers_from(values))
     _save(context, client, x)
     return sw.tokens_values(outbox)
 
 
-def _mask(client: Client, x: np.ndarray, values: dict, context: Context) -> dict[str, object]:
-    client, y = protocol.masked_input(client, sw.tokens_from(values), x)
+def _mask(client: Client, x: bytes, values: dict, context: Context) -> dict[str, object]:
+    words = np.frombuffer(x, dtype=_words(client.params.bits)).astype(np.int64)
+    client, y = protocol.masked_input(client, sw.tokens_from(values), words)
     _save(context, client, x)
     return sw.vector_values(y, client.params.bits)
 
 
-def _unmask(client: Client, x: np.ndarray, values: dict, context: Context) -> dict[str, object]:
+def _unmask(client: Client, x: bytes, values: dict, context: Context) -> dict[str, object]:
     del context.state[STATE]  # answered at most once, whatever happens next
     return sw.unmask_values(protocol.unmask(client, sw.request_from(values)))
 
@@ -133,4 +149,4 @@ HANDLERS: dict[str, Callable[[Message, Context], Message]] = {
     "train.secagg_unmask": _stage(_unmask),
 }
 
-__all__ = ["HANDLERS", "STATE", "begin", "train_reply"]
+__all__ = ["HANDLERS", "STATE", "begin", "contributes", "train_reply"]

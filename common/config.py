@@ -320,7 +320,9 @@ class RunConfig:
     threat_model: str = option(
         "local",
         "who adds the client-level noise: local, distributed, secure-aggregation (distributed "
-        "discrete noise summed by SecAgg+: the server sees only the sum) or central",
+        "discrete noise summed by SecAgg+: the server sees only the sum), secure-aggregation-hidden "
+        "(also hides who contributed: every client takes part each round, contributing by its own "
+        "coin at the sample rate) or central",
         CLIENT_DP,
         choices=THREAT_MODELS,
     )
@@ -652,22 +654,28 @@ class RunConfig:
     def _check_secure_aggregation(self) -> None:
         from common.privacy.secure_plan import run_graph  # imports the accountants (numpy, scipy)
 
+        flag = f"--threat-model {self.threat_model}"
         if self.release_kind != "gaussian":
-            raise FedloraError(
-                "--threat-model secure-aggregation supports the gaussian release (--mechanism dp-fedavg)"
-            )
-        for flag, on in (
+            raise FedloraError(f"{flag} supports the gaussian release (--mechanism dp-fedavg)")
+        for option_flag, on in (
             ("--adaptive-clip", self.adaptive_clip),
             ("--clip-only", self.clip_only),
             ("--noise-cohort", self.noise_cohort > 0),
             ("--noise-multiplier", self.noise_multiplier > 0),
         ):
             if on:
-                raise FedloraError(
-                    f"--threat-model secure-aggregation plans its noise for --target-epsilon; drop {flag}"
-                )
+                raise FedloraError(f"{flag} plans its noise for --target-epsilon; drop {option_flag}")
         if self.target_epsilon <= 0:
-            raise FedloraError("--threat-model secure-aggregation needs --target-epsilon")
+            raise FedloraError(f"{flag} needs --target-epsilon")
+        hidden = THREATS[self.threat_model].hides_participation
+        for option_flag, on in (
+            ("--max-participations", self.max_participations),
+            ("--max-cohort", self.max_cohort),
+        ):
+            if hidden and on:
+                raise FedloraError(f"{flag} asks every client every round; drop {option_flag}")
+        if hidden and self.min_replies > self.num_clients:
+            raise FedloraError(f"--min-replies {self.min_replies} exceeds the {self.num_clients} clients")
         run_graph(self)
 
     def _check_dr_encoder(self) -> None:

@@ -97,6 +97,8 @@ def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
     if flat.shape[0] > size:
         raise ValueError(f"{flat.shape[0]} coordinates do not fit {size} rotation signs")
     padded = torch.nn.functional.pad(flat, (0, size - flat.shape[0]))
+    if not padded.any():  # a zero update (hidden participation: a client whose coin did not come up)
+        return padded
     return hadamard_transform(padded * signs) / math.sqrt(size)
 
 
@@ -136,12 +138,21 @@ def conditional_round(x: torch.Tensor | np.ndarray, bound: float, max_tries: int
     gen = _generator()
     for _ in range(max_tries):
         z = (floor + (gen.random(values.shape) < frac)).astype(np.int64)
-        if math.fsum(np.square(z.astype(np.float64))) <= bound * bound:
+        if _squared_norm(z) <= bound * bound:
             return z
     raise ValueError(
         f"conditional rounding found no vector with L2 norm <= {bound:g} in {max_tries} tries "
         f"(input norm {math.sqrt(math.fsum(values * values)):g}, {values.size} coordinates)"
     )
+
+
+def _squared_norm(z: np.ndarray) -> float:
+    """‖z‖² of an int64 vector, exactly: summed in int64 when no overflow is possible, else by
+    ``math.fsum`` of the (exact, below 2^52) float squares."""
+    top = int(np.abs(z).max()) if z.size else 0
+    if top * top * z.size < 2**63:
+        return float(np.dot(z, z))
+    return math.fsum(np.square(z.astype(np.float64)))
 
 
 def skellam_noise(shape: int | tuple[int, ...], variance: float) -> np.ndarray:

@@ -301,15 +301,19 @@ class Ledger:
             return _totals(self.events() + list(extra), self.delta)
         everyone: list[Event] = []
         own: dict[int, list[Event]] = {node: [] for node in nodes}
+        chosen = set(nodes)
         for seq, events in self._by_charge():
             for node in named.get(seq, ()):
                 own.setdefault(node, []).extend(events)
             if seq not in named:
                 everyone.extend(events)
         worst = dict.fromkeys(("mu", "eps_gdp", "eps_tight"), 0.0)
-        for node, events in own.items():
-            added = list(extra) if not nodes or node in nodes else []
-            totals = _totals(everyone + events + added, self.delta)
+        histories = {  # clients with the same history (every client, under hidden participation) share it
+            tuple(everyone + events + (list(extra) if not chosen or node in chosen else []))
+            for node, events in own.items()
+        }
+        for history in histories:
+            totals = _totals(list(history), self.delta)
             worst = {k: max(v, totals[k]) for k, v in worst.items()}
         return worst
 

@@ -215,13 +215,14 @@ def plan_noise(cfg: RunConfig, dim: int = 0) -> NoisePlan | None:
 
 def _secure_noise(cfg: RunConfig, dim: int) -> NoisePlan:
     """Secure aggregation's plan: σ the Gaussian equivalent of its Skellam noise, p = 1 (the server
-    sees who takes part), calibrated by construction to the target over the participation cap."""
+    sees who takes part; the sample rate with hidden participation), calibrated by construction to
+    the target over the participation cap."""
     if dim < 1:
         raise FedloraError("a secure-aggregation plan needs the adapter's size (its coordinates)")
     secure = run_secure_plan(cfg, dim)
     return NoisePlan(
         secure.sigma,
-        1.0,
+        secure.sample_rate,
         cfg.clip,
         cfg.threat_model,
         cfg.target_epsilon,

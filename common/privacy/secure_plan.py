@@ -8,11 +8,15 @@ and conditional rounding inflates the norm by well under 1 %), rotates and round
 variance μ/m, sized for the fewest survivors m a round may be unmasked with: any m or more carry at
 least μ, the variance the accountant charges. μ meets the target ε over ``participations``
 rounds at p = 1: the server sees who takes part, so sampling does not amplify against it
-(docs/secure-aggregation.md); a client that took part fewer times has spent less.
+(docs/secure-aggregation.md); a client that took part fewer times has spent less. With hidden
+participation (``--threat-model secure-aggregation-hidden``) every client online takes part in every
+round and contributes its update with probability p by its own coin: μ meets the target over all
+rounds Poisson-sampled at p, as central noise does.
 
-Bits: b is the smallest modulus with room for the worst-case sum of n = ``cohort`` clients plus
-``headroom`` standard deviations of their summed noise, and the detection margin of
-:func:`common.privacy.discrete.choose_bits`.
+Bits: b is the smallest modulus with room for the worst-case sum of the most contributors (the
+cohort, or with hidden participation a binomial bound exceeded with probability below
+:data:`CONTRIBUTOR_TAIL`) plus ``headroom`` standard deviations of the cohort's summed noise, and the
+detection margin of :func:`common.privacy.discrete.choose_bits`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
+from scipy.stats import binom
+
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy import discrete
 from common.privacy.skellam import integer_sensitivities, rounding_norm_bound, skellam_epsilon, skellam_mu
+from common.privacy.threat import THREATS
 
 #: sC = SCALE_FACTOR·√D: rounding inflates the norm by ~1/(8·factor²), 0.5 % at 5
 SCALE_FACTOR = 5.0
@@ -32,16 +39,20 @@ SCALE_FACTOR = 5.0
 ROUNDING_BETA = 1e-3
 #: standard deviations of the summed noise kept inside the modulus
 HEADROOM_SDS = 6.0
+#: hidden participation: the bits hold the sum of up to the contributors a round exceeds with at most this probability
+CONTRIBUTOR_TAIL = 1e-9
 
 
 @dataclass(frozen=True)
 class SecureTarget:
     """The guarantee a plan must meet: client-level ``epsilon`` at ``delta`` over ``participations``
-    rounds a client may take part in, each charged at p = 1."""
+    rounds a client may take part in, each charged at ``sample_rate`` (1: the server sees who
+    contributes; below 1 only with hidden participation, each client's own coin)."""
 
     epsilon: float
     delta: float
     participations: int
+    sample_rate: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -51,9 +62,11 @@ class SecurePlan:
     dim / padded: the update's coordinates d and the rotation's length D = 2^⌈log2 d⌉;
     scale: s; l2 / l1: the sensitivities Δ2 (the rounding bound) and Δ1 = min(Δ2², √D·Δ2);
     mu: the Skellam variance the charge assumes (m shares); share_variance: μ/m, each client's;
-    sigma: the Gaussian equivalent √μ/Δ2; epsilon: what ``participations`` rounds at p = 1 spend
-    (RDP, Agarwal et al.'s bound); bits: b; limit: the decode limit L (integer units);
-    vector_bytes: one client's masked vector (D words of b bits, packed: common/secagg/wire.py)."""
+    sigma: the Gaussian equivalent √μ/Δ2; epsilon: what ``participations`` rounds at ``sample_rate``
+    spend (RDP, Agarwal et al.'s bound, amplified by Zhu & Wang's below 1); cohort: the most nodes
+    in a round; contributors: the most updates its sum holds bits for; bits: b; limit: the decode
+    limit L (integer units); vector_bytes: one client's masked vector (D words of b bits, packed:
+    common/secagg/wire.py)."""
 
     epsilon_target: float
     delta: float
@@ -75,6 +88,8 @@ class SecurePlan:
     vector_bytes: int
     neighbours: int
     threshold: int
+    sample_rate: float = 1.0
+    contributors: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,22 +125,26 @@ def plan_secure(
     survivors: tuple[int, int],
     graph: tuple[int, int],
     bits: int = 0,
+    contributors: int = 0,
 ) -> SecurePlan:
     """The plan that meets ``target`` for an update of ``dim`` coordinates clipped to ``clip``;
     ``survivors`` = (m, n): the fewest clients
     a round may be unmasked with and the most that may be summed (the sampled cohort's bound);
-    ``graph`` = (k, t): SecAgg+ neighbours and threshold; ``bits``: b, 0 to choose it. Raises a
-    one-line :class:`FedloraError` for a plan that cannot hold: t outside (k/2, k], m < t, or b too
-    small for n·Δ2 plus the noise headroom."""
+    ``graph`` = (k, t): SecAgg+ neighbours and threshold; ``bits``: b, 0 to choose it;
+    ``contributors``: the most non-zero updates in a sum (0: n). Raises a one-line
+    :class:`FedloraError` for a plan that cannot hold: t outside (k/2, k], m < t, or b too small for
+    the contributors' n·Δ2 plus the noise headroom."""
     (least, most), (k, t) = survivors, graph
     epsilon, delta, participations = target.epsilon, target.delta, target.participations
+    rate, contributors = target.sample_rate, min(contributors or most, most)
     if not (epsilon > 0 and math.isfinite(epsilon)) or not 0 < delta < 1:
         raise FedloraError(
             f"secure aggregation needs epsilon > 0 and delta in (0, 1), got {epsilon}, {delta}"
         )
-    if participations < 1 or dim < 1 or not clip > 0:
+    if participations < 1 or dim < 1 or not clip > 0 or not 0 < rate <= 1:
         raise FedloraError(
-            f"participations and dim must be >= 1 and the clip > 0, got {participations}, {dim}, {clip}"
+            f"participations and dim must be >= 1, the clip > 0 and the sample rate in (0, 1], got "
+            f"{participations}, {dim}, {clip}, {rate}"
         )
     check_graph(k, t, least)
     if least > most:
@@ -134,12 +153,12 @@ def plan_secure(
     scale = SCALE_FACTOR * math.sqrt(padded) / clip
     l2 = rounding_norm_bound(scale * clip, padded, ROUNDING_BETA)
     l1, l2 = integer_sensitivities(l2, padded)
-    mu = skellam_mu(epsilon, l1, l2, 1.0, participations, delta)
+    mu = skellam_mu(epsilon, l1, l2, rate, participations, delta)
     summed = most * mu / least  # the most noise a sum may carry: n shares of μ/m
-    needed = discrete.choose_bits(most, l2, summed, HEADROOM_SDS)
+    needed = discrete.choose_bits(contributors, l2, summed, HEADROOM_SDS)
     if bits and bits < needed:
         raise FedloraError(
-            f"{bits} bits per coordinate are too few for {most} clients of norm {l2:.0f} (scale {scale:.4g} "
+            f"{bits} bits per coordinate are too few for {contributors} clients of norm {l2:.0f} (scale {scale:.4g} "
             f"x clip {clip:g}) and the noise headroom: at least {needed} needed"
         )
     bits = bits or needed
@@ -159,21 +178,30 @@ def plan_secure(
         min_survivors=least,
         share_variance=mu / least,
         sigma=math.sqrt(mu) / l2,
-        epsilon=skellam_epsilon(mu, l1, l2, 1.0, participations, delta),
+        epsilon=skellam_epsilon(mu, l1, l2, rate, participations, delta),
         cohort=most,
         bits=bits,
-        limit=discrete.decode_limit(most, l2, summed, HEADROOM_SDS),
+        limit=discrete.decode_limit(contributors, l2, summed, HEADROOM_SDS),
         vector_bytes=(padded * bits + 7) // 8,
         neighbours=k,
         threshold=t,
+        sample_rate=rate,
+        contributors=contributors,
     )
+
+
+def hides_participation(cfg: RunConfig) -> bool:
+    """Whether every client online takes part in every round, contributing by its own coin."""
+    return THREATS[cfg.threat_model].hides_participation
 
 
 def cohort_bound(cfg: RunConfig) -> int:
     """The clients a secure round samples: ``--max-cohort``, or the expected cohort p·N (rounded), at
     most N. Secure rounds draw exactly this many from the clients under the participation cap (fewer
     only when fewer are left): the server sees who takes part, so Poisson sampling buys no privacy
-    against it, and a fixed cohort fixes the bits and the shares."""
+    against it, and a fixed cohort fixes the bits and the shares. With hidden participation: all N."""
+    if hides_participation(cfg):
+        return cfg.num_clients
     if cfg.max_cohort:
         return min(cfg.max_cohort, cfg.num_clients)
     return min(cfg.num_clients, max(1, round(cfg.expected_cohort)))
@@ -181,7 +209,10 @@ def cohort_bound(cfg: RunConfig) -> int:
 
 def participation_cap(cfg: RunConfig) -> int:
     """``--max-participations``, or the mean participations of a run, ⌈rounds · cohort / N⌉: every
-    client can take part that often, and the run's rounds use up all clients' participations."""
+    client can take part that often, and the run's rounds use up all clients' participations. With
+    hidden participation every round (a client's coin, not the server, decides if it contributes)."""
+    if hides_participation(cfg):
+        return cfg.rounds
     if cfg.max_participations:
         return min(cfg.max_participations, cfg.rounds)
     return min(cfg.rounds, math.ceil(cfg.rounds * cohort_bound(cfg) / cfg.num_clients))
@@ -191,16 +222,27 @@ def participation_cap(cfg: RunConfig) -> int:
 def run_secure_plan(cfg: RunConfig, dim: int) -> SecurePlan:
     """The secure plan of a run (``--threat-model secure-aggregation``) for an adapter of ``dim``
     coordinates: ``--target-epsilon`` over the participation cap, survivors from ``--min-replies`` to
-    the cohort bound, the run's neighbours, threshold and bits. Both halves derive it from the run
-    config alone, so a node needs nothing from the server to check it."""
+    the cohort bound, the run's neighbours, threshold and bits; with hidden participation, every
+    round at the sample rate and bits for :func:`contributor_bound` contributors. Both halves derive
+    it from the run config alone, so a node needs nothing from the server to check it."""
+    hidden, cohort = hides_participation(cfg), cohort_bound(cfg)
+    rate = cfg.sample_rate if hidden else 1.0
     return plan_secure(
-        SecureTarget(cfg.target_epsilon, cfg.delta, participation_cap(cfg)),
+        SecureTarget(cfg.target_epsilon, cfg.delta, participation_cap(cfg), rate),
         dim,
         cfg.clip,
-        (cfg.min_replies, cohort_bound(cfg)),
+        (cfg.min_replies, cohort),
         run_graph(cfg),
         cfg.secagg_bits,
+        contributor_bound(cohort, rate) if hidden else 0,
     )
+
+
+def contributor_bound(clients: int, rate: float) -> int:
+    """The most of ``clients`` coins at ``rate`` that come up in a round, except with probability
+    below :data:`CONTRIBUTOR_TAIL` (the binomial's upper quantile). A round with more could only
+    overflow if their rotated updates aligned, and decoding reports that, never wraps silently."""
+    return min(clients, int(binom.isf(CONTRIBUTOR_TAIL, clients, rate)) + 1)
 
 
 def run_graph(cfg: RunConfig) -> tuple[int, int]:
@@ -227,6 +269,8 @@ __all__ = [
     "SecureTarget",
     "check_graph",
     "cohort_bound",
+    "contributor_bound",
+    "hides_participation",
     "participation_cap",
     "plan_secure",
     "round_graph",

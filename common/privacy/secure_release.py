@@ -79,9 +79,10 @@ class SecureRelease:
                 raise FedloraError(f"node policy: secure aggregation: {why}; nothing sent")
 
     def released_event(self, survivors: int) -> SkellamEvent:
-        """The charge of a sum of ``survivors`` shares: Skellam noise of variance r·μ/m at p = 1."""
+        """The charge of a sum of ``survivors`` shares: Skellam noise of variance r·μ/m at the plan's
+        sample rate (1, or each client's hidden coin)."""
         p = self.plan
-        return SkellamEvent(math.sqrt(survivors * p.share_variance) / p.l2, 1.0, 1, p.l1, p.l2)
+        return SkellamEvent(math.sqrt(survivors * p.share_variance) / p.l2, p.sample_rate, 1, p.l1, p.l2)
 
     def signs(self, public_seed: bytes) -> torch.Tensor:
         """The round's rotation signs (D,), from its public seed."""

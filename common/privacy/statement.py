@@ -20,7 +20,7 @@ def client_level(plan: NoisePlan | None, totals: dict | None) -> str:
     head = f"client-level ({plan.threat_model} noise, sigma {plan.sigma:.4g}{' calibrated' if plan.calibrated else ''}, {clip}"
     if plan.secure:  # Skellam noise: RDP is its accountant (the CLT mu-GDP is no bound for it)
         line = (
-            f"{head}, at most {plan.secure.participations} rounds per client at p = 1): epsilon "
+            f"{head}, at most {plan.secure.participations} rounds per client at p = {plan.p:g}): epsilon "
             f"{totals['eps_tight']:.4g} ({totals.get('tight_accountant', 'rdp')}, the worst client's)"
         )
     else:

@@ -50,6 +50,8 @@ class ThreatModel:
     clear_replies: bool = False  # the server receives clipped replies without noise (it adds the noise)
     # the server learns only the sum (secure aggregation, server/secure_round.py)
     summed_securely: bool = False
+    # every client online takes part in every round; each contributes by its own coin (secure aggregation)
+    hides_participation: bool = False
 
     def client_std(self, update_sigma: float, clip: float, m: int, cohort_scale: float) -> float:
         """Noise std one client adds to its update clipped to ``clip`` (0: the server adds it)."""
@@ -169,6 +171,33 @@ class SecureAggregation(DistributedNoise):
         )
 
 
+class HiddenParticipation(SecureAggregation):
+    """Secure aggregation that hides who contributed (docs/secure-aggregation.md): the server contacts
+    every client online in every round, and each contributes its update with probability p by its own
+    coin from OS entropy, else a zero update; all add their Skellam shares. The server learns the sum
+    and who was contacted, not who contributed, so Poisson sampling amplifies against it too (the
+    zero-out neighbour is the client that never contributes: Zhu & Wang's Poisson bound applies)."""
+
+    name = "secure-aggregation-hidden"
+    guarantee = Guarantee(
+        "zero-out adjacency (one client's update replaced by zero); each client contributes with "
+        "probability p by its own coin, which the server does not see",
+        "the honest-but-curious server and every other observer (secure aggregation: every client "
+        "online takes part in every round's protocol and the server learns only the sum; reply timing "
+        "is not hidden, docs/secure-aggregation.md)",
+        amplified=True,
+        relation="zero-out",
+    )
+    hides_participation = True
+
+    def noise_note(self, min_replies: int, sigma: float) -> str:
+        return (
+            f"secure aggregation, hidden participation: every client online adds a Skellam share of 1/m "
+            f"of the noise, m = min-replies {min_replies}, and contributes its update with probability p "
+            f"by its own coin; a sum of at least m masked inputs carries sigma >= {sigma:.4g}"
+        )
+
+
 class CentralNoise(ThreatModel):
     name = "central"
     guarantee = Guarantee(
@@ -183,7 +212,7 @@ class CentralNoise(ThreatModel):
 
 #: every client-level threat model, by name (``--threat-model``)
 THREATS: dict[str, ThreatModel] = {
-    t.name: t() for t in (LocalNoise, DistributedNoise, SecureAggregation, CentralNoise)
+    t.name: t() for t in (LocalNoise, DistributedNoise, SecureAggregation, HiddenParticipation, CentralNoise)
 }
 
 #: client-level release guarantee, by threat model
@@ -214,6 +243,7 @@ __all__ = [
     "CentralNoise",
     "DistributedNoise",
     "Guarantee",
+    "HiddenParticipation",
     "LocalNoise",
     "SecureAggregation",
     "ThreatModel",

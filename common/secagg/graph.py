@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable
+from functools import lru_cache
 
 from common.secagg.errors import SecAggError
 
@@ -36,7 +37,11 @@ def neighbours(node_ids: Iterable[int], k: int, seed: bytes) -> dict[int, frozen
     ``node_ids``: the round's distinct node ids (any order: they are sorted first); ``k``: the
     neighbour count, 1 <= k <= n-1; ``seed``: public bytes fixing the permutation.
     """
-    ids = sorted(set(node_ids))
+    return _harary(tuple(sorted(set(node_ids))), k, seed)
+
+
+@lru_cache(maxsize=16)  # every node and every stage of a round asks for the same graph
+def _harary(ids: tuple[int, ...], k: int, seed: bytes) -> dict[int, frozenset[int]]:
     n = len(ids)
     if not 1 <= k <= n - 1:
         raise SecAggError(f"a graph over {n} nodes has 1 to {n - 1} neighbours per node, not {k}")

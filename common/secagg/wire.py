@@ -158,11 +158,13 @@ def packed_size(length: int, bits: int) -> int:
 def vector_values(vector: np.ndarray, bits: int) -> dict[str, object]:
     """``vector`` (d,) of integers in [0, 2^bits) packed to ``bits`` bits each, least significant
     bit first (:func:`packed_size` bytes: 20 bits per coordinate send 2.5 bytes, not 4)."""
-    words = np.ascontiguousarray(vector).astype(np.uint64)
+    words = np.ascontiguousarray(vector).astype("<u8")
     if words.size and int(words.max()) >> bits:
         raise ValueError(f"a word of the vector is not below 2^{bits}")
-    planes = (words[:, None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)
-    return {"masked": np.packbits(planes.astype(np.uint8).reshape(-1), bitorder="little").tobytes()}
+    # the bits of each word's low ⌈bits/8⌉ bytes, least significant first; its low ``bits``, end to end
+    low = words.view(np.uint8).reshape(-1, 8)[:, : (bits + 7) // 8]
+    planes = np.unpackbits(low, axis=1, bitorder="little")[:, :bits]
+    return {"masked": np.packbits(planes.reshape(-1), bitorder="little").tobytes()}
 
 
 def vector_from(values: Mapping, params: Params) -> np.ndarray:
@@ -173,8 +175,11 @@ def vector_from(values: Mapping, params: Params) -> np.ndarray:
     bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
     if bits[params.length * params.bits :].any():
         raise InvalidReply("masked: bits set past the last word")
-    planes = bits[: params.length * params.bits].reshape(params.length, params.bits).astype(np.int64)
-    return planes @ (np.int64(1) << np.arange(params.bits, dtype=np.int64))
+    width = 4 if params.bits <= 32 else 8  # bytes of the word each b bits are widened to
+    planes = np.zeros((params.length, 8 * width), dtype=np.uint8)
+    planes[:, : params.bits] = bits[: params.length * params.bits].reshape(params.length, params.bits)
+    words = np.packbits(planes, axis=1, bitorder="little").view(f"<u{width}")
+    return words.reshape(-1).astype(np.int64)
 
 
 def request_values(request: UnmaskRequest) -> dict[str, object]:

@@ -34,6 +34,12 @@ CLIENT_ARMS: dict[str, dict[str, object]] = {
         "threat_model": "secure-aggregation",
         "target_epsilon": 8.0,
     },
+    # every client every round, each contributing by its own coin: amplified against the server
+    "dp-fedavg secure aggregation hidden ε=8": {
+        "mechanism": "dp-fedavg",
+        "threat_model": "secure-aggregation-hidden",
+        "target_epsilon": 8.0,
+    },
 }
 #: sample-level arms: name -> train-local overrides (the no-noise arm must lose, the others must hold)
 MIA_ARMS: dict[str, dict[str, object]] = {
@@ -148,7 +154,8 @@ def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig
         if THREATS[cfg.threat_model].summed_securely:
             # the shares are sized for min-replies m: 9/10 of the audited cohort (canaries included), so
             # a full cohort carries 10/9 of the noise the plan needs
-            cohort = (cfg.num_clients + args.canaries) * cfg.sample_rate
+            everyone = cfg.num_clients + args.canaries  # hidden participation asks all of them
+            cohort = everyone * (1.0 if THREATS[cfg.threat_model].hides_participation else cfg.sample_rate)
             cfg = cfg.replace(min_replies=max(cfg.secagg_neighbours // 2 + 1, int(0.9 * cohort)))
         configs.append(cfg.check())
     return configs

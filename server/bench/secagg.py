@@ -1,8 +1,9 @@
 """``fedlora bench secagg``: what secure aggregation costs, measured side by side in one invocation.
 
 1. **Round time.** The same federation (``--preset``; ``minilm-rt-xdev`` samples about 100 clients a
-   round) runs twice in this process with the same seed and workers: plain dp-fedavg (central noise)
-   and dp-fedavg under secure aggregation, both at ``--epsilon``. Reported: the mean seconds of the
+   round) runs three times in this process with the same seed and workers: plain dp-fedavg (central
+   noise), dp-fedavg under secure aggregation, and under secure aggregation with hidden participation
+   (every client in the protocol, about 100 contributing), all at ``--epsilon``. Reported: the mean seconds of the
    rounds that were not evaluated (the last one is), for each, their ratio, and the ratio per sampled
    client (each arm draws its own Poisson cohorts).
 2. **A client's protocol cost as a function of its neighbours k.** The SecAgg+ stages
@@ -27,6 +28,7 @@ import numpy as np
 
 from common.errors import FedloraError
 from common.presets import preset
+from common.privacy.threat import THREATS
 from common.secagg import protocol
 from common.secagg.protocol import Params
 
@@ -34,6 +36,8 @@ from common.secagg.protocol import Params
 ARMS: dict[str, dict[str, object]] = {
     "plain dp-fedavg (central noise)": {"threat_model": "central"},
     "secure aggregation": {"threat_model": "secure-aggregation", "min_replies": 90, "max_participations": 3},
+    # every client every round (about 10x the protocol's nodes), about p·N of them contributing
+    "secure aggregation, hidden participation": {"threat_model": "secure-aggregation-hidden"},
 }
 
 
@@ -68,7 +72,10 @@ def round_seconds(args: argparse.Namespace, work: Path) -> dict[str, dict]:
             eval_every=args.rounds,
             workers=args.workers,
             **change,
-        ).check()
+        )
+        if THREATS[cfg.threat_model].hides_participation:  # shares sized for 9/10 of everyone
+            cfg = cfg.replace(min_replies=int(0.9 * cfg.num_clients))
+        cfg = cfg.check()
         run_dir = simulate(cfg.replace(out_dir=str(work / f"arm-{k}")), work / f"arm-{k}")
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         timed = [r for r in rows if r.get("phase") == "train" and r["round"] < args.rounds]
@@ -80,6 +87,15 @@ def round_seconds(args: argparse.Namespace, work: Path) -> dict[str, dict]:
             "bytes_per_round": statistics.fmean(r["bytes_down"] + r["bytes_up"] for r in timed),
         }
     return out
+
+
+def _ratios(arm: dict, plain: dict) -> dict[str, float]:
+    """An arm's round time over the plain arm's, raw and per sampled client (the cohorts differ)."""
+    per = arm["seconds_per_round"] / arm["clients_per_round"]
+    return {
+        "round": arm["seconds_per_round"] / plain["seconds_per_round"],
+        "per_client": per / (plain["seconds_per_round"] / plain["clients_per_round"]),
+    }
 
 
 def protocol_cost(k: int, length: int, bits: int) -> dict[str, float]:
@@ -131,14 +147,12 @@ def run(args: argparse.Namespace) -> int:
     length = padded_dim(adapter_size(adapter_shapes(Evaluator(cfg).bundle.model)))
     with tempfile.TemporaryDirectory(prefix="fedlora-bench-secagg-") as tmp:
         rounds = round_seconds(args, Path(tmp))
-    plain, secure = (rounds[label]["seconds_per_round"] for label in ARMS)
-    per_client = [rounds[label]["seconds_per_round"] / rounds[label]["clients_per_round"] for label in ARMS]
+    plain, *secure = ARMS
     result = {
         "preset": args.preset,
         "epsilon": args.epsilon,
         "round_time": rounds,
-        "ratio": secure / plain,
-        "ratio_per_client": per_client[1] / per_client[0],  # the Poisson cohorts differ between the arms
+        "ratios": {label: _ratios(rounds[label], rounds[plain]) for label in secure},
         "protocol": {
             "length": length,
             "bits": args.bits,
@@ -159,10 +173,11 @@ def run(args: argparse.Namespace) -> int:
             f"{label}: {row['seconds_per_round']:.1f} s a round ({row['clients_per_round']:.0f} clients, "
             f"{row['bytes_per_round'] / 1e6:.1f} MB)"
         )
-    print(
-        f"secure / plain round time: {result['ratio']:.2f}x ({result['ratio_per_client']:.2f}x per sampled "
-        "client: the arms' Poisson cohorts differ)"
-    )
+    for label, ratio in result["ratios"].items():
+        print(
+            f"{label} / plain round time: {ratio['round']:.2f}x ({ratio['per_client']:.2f}x per sampled "
+            "client: the arms' cohorts differ)"
+        )
     print(f"a client's protocol cost, D = {length} words of {args.bits} bits (ms per client, one thread):")
     for k in ks:
         c = {stage: 1e3 * v for stage, v in result["protocol"][str(k)].items()}

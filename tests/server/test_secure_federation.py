@@ -7,12 +7,14 @@ carried; the statement names the RDP accountant and the server as an observer.""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Message
 
+from client import app as app_module
 from client import secure
 from common.config import to_flat
 from common.presets import preset
@@ -148,7 +150,7 @@ def test_the_server_holds_no_update_only_a_uniform_word_per_client(tmp_path):
             params[ctx.node_id] = sw.params_from(sw.fields(msg.content, rnd), rnd)
         if kind == "train.secagg_mask":
             p = params[ctx.node_id]
-            x = sw.vector_from({"masked": ctx.state[secure.STATE]["x"]}, p)
+            x = np.frombuffer(ctx.state[secure.STATE]["x"], dtype="<u4")  # its words, b <= 32
             views[ctx.node_id] = (sw.vector_from(sw.fields(reply, rnd), p), x, p.bits)
         return reply
 
@@ -184,3 +186,42 @@ def test_clients_at_the_participation_cap_are_not_sampled_and_the_run_stops_when
     assert recs[-1]["round"] == len(rounds) + 1
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds_completed"] == len(rounds) and "participation cap" in summary["stopped"]
+
+
+def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sample_rate(
+    tmp_path, monkeypatch
+):
+    """``secure-aggregation-hidden``: every node takes part in every round's protocol and its own coin
+    decides whether it trains and contributes (else a zero update with its Skellam share). The
+    server's records are the same whatever the coins say: every node in every round, the same reply
+    records; the ledgers (server and node) charge every client every round as Poisson-sampled at p,
+    which amplifies against the server too, so ε is below the same noise at p = 1."""
+    coins = iter([True, False, False, True, False, False] * 2)
+    monkeypatch.setattr(secure, "contributes", lambda rate: rate == 0.5 and next(coins))
+    trained = []
+    real_steps = app_module._train_steps
+    monkeypatch.setattr(
+        app_module,
+        "_train_steps",
+        lambda context, *a: trained.append(context.node_id) or real_steps(context, *a),
+    )
+    cfg = _cfg(
+        tmp_path / "run", threat_model="secure-aggregation-hidden", sample_rate=0.5, max_participations=0
+    )
+    _federate(cfg)
+    recs = records(tmp_path / "run")[1:]
+    assert [(r["sampled"], r["replied"], r["applied"]) for r in recs] == [(NODES, NODES, True)] * 2
+    assert len(trained) == 4  # two coins of six came up in each round: only those nodes trained
+    ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
+    assert ledger.participations() == {n: 2 for n in range(1001, 1001 + NODES)}
+    events = ledger.events()
+    assert all(isinstance(e, SkellamEvent) and e.p == 0.5 for e in events)
+    spent = ledger.spent()["eps_tight"]
+    assert spent == pytest.approx(_rdp(*events)) and spent <= 8.0
+    assert spent < _rdp(*(replace(e, p=1.0) for e in events))  # the hidden coin amplifies
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "at p = 0.5" in summary["privacy"] and "honest-but-curious server" in summary["privacy"]
+    node_ledger = Ledger.open(
+        Path(cfg.out_dir).parent / "nodes" / "node-0" / "client-ledger.sqlite", "client-level"
+    )
+    assert [e.p for e in node_ledger.events()] == [0.5, 0.5]  # charged whether or not its coin came up

@@ -132,6 +132,21 @@ def _secure_arms(min_replies: int, cap: int, epsilons: tuple[float, ...]) -> tup
     )
 
 
+def _hidden_arms(min_replies: int, epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
+    """dp-fedavg under secure aggregation with hidden participation (issue 34) at each ε: every client
+    in every round, each contributing by its own coin at p, so sampling amplifies against the server."""
+    return tuple(
+        Arm(
+            f"dp-fedavg secure aggregation ε={e:g} (hidden participation)",
+            _args(
+                f"{_DP} --threat-model secure-aggregation-hidden --target-epsilon {e:g} --min-replies {min_replies}"
+            ),
+            e,
+        )
+        for e in epsilons
+    )
+
+
 SAMPLE_METHODS = ("fedavg", "prism", "dp-adamw", "ffa", "sparta")
 
 
@@ -187,6 +202,7 @@ _PROFILES: dict[str, Profile] = {
             *_client_arms(min_replies=75, ae_steps=300, epsilons=(8.0, 3.0, 1.0)),
             *_public_arms(k=128, epsilons=(8.0, 3.0)),
             *_secure_arms(min_replies=90, cap=3, epsilons=(8.0, 3.0)),
+            *_hidden_arms(min_replies=900, epsilons=(8.0, 3.0)),
         ),
         sample_base=_args(_FULL_SAMPLE),
         sample_arms=_sample_arms(3.0, FULL_SAMPLE_LR),
