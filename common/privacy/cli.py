@@ -95,6 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --rounds: also the ε against observers of the released adapter only (sampling hidden)",
     )
     sec.add_argument("--rounds", type=int, metavar="T", help="the run's rounds, with --sample-rate")
+    sec.add_argument(
+        "--hidden",
+        action="store_true",
+        help="hidden participation (--threat-model secure-aggregation-hidden): every client in every "
+        "round, contributing by its own coin at --sample-rate; the plan is for --rounds at that rate and "
+        "--participations is not used",
+    )
     sec.add_argument("--json", action="store_true", help="print one JSON object")
     led = sub.add_parser("ledger", help="show a privacy ledger; write its report (JSON + PNG plot)")
     led.add_argument("path", type=Path, help="ledger file (a run's ledger.sqlite or a node's)")
@@ -207,25 +214,43 @@ def _wishart(args: argparse.Namespace) -> int:
 
 
 def _secagg(args: argparse.Namespace) -> int:
-    from common.privacy.secure_plan import SecureTarget, plan_secure
+    from common.privacy.secure_plan import SecureTarget, contributor_bound, plan_secure
 
+    if (args.sample_rate is None) != (args.rounds is None):
+        raise FedloraError("--sample-rate and --rounds go together")
+    if args.hidden and args.sample_rate is None:
+        raise FedloraError("--hidden needs --sample-rate and --rounds")
+    target = (
+        SecureTarget(args.epsilon, args.delta, args.rounds, args.sample_rate)
+        if args.hidden
+        else SecureTarget(args.epsilon, args.delta, args.participations)
+    )
     plan = plan_secure(
-        SecureTarget(args.epsilon, args.delta, args.participations),
+        target,
         args.dim,
         args.clip,
         (args.min_survivors, args.cohort),
         (args.neighbours, args.threshold),
         args.bits,
+        contributor_bound(args.cohort, args.sample_rate) if args.hidden else 0,
     )
     result = {
-        "accountant": "rdp (Skellam: Agarwal et al. 2021), p = 1 per participation",
+        "accountant": "rdp (Skellam: Agarwal et al. 2021), "
+        + (
+            f"every round at p = {args.sample_rate:g} (Zhu & Wang 2019)"
+            if args.hidden
+            else "p = 1 per participation"
+        ),
         "guarantee": "client-level, zero-out adjacency; against the honest-but-curious server and every "
-        "other observer (secure aggregation); who participated is visible",
+        "other observer (secure aggregation); "
+        + (
+            "who contributed is hidden (each client's own coin)"
+            if args.hidden
+            else "who participated is visible"
+        ),
         **plan.as_dict(),
     }
-    if (args.sample_rate is None) != (args.rounds is None):
-        raise FedloraError("--sample-rate and --rounds go together")
-    if args.sample_rate is not None:
+    if args.sample_rate is not None and not args.hidden:
         result["epsilon_adapter_observers"] = plan.observers_epsilon(args.sample_rate, args.rounds)
         result["adapter_observers"] = (
             f"against observers of the released adapter only (sampling at p = {args.sample_rate:g} hidden "
@@ -261,11 +286,16 @@ def _ledger(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
+    if report["tight_accountant"] == "rdp":  # Skellam noise: the CLT mu-GDP is no bound, RDP alone holds
+        spent = f"epsilon {report['epsilon']:.4g} (rdp; the CLT gdp {report['eps_gdp']:.4g} is no bound here)"
+    else:
+        spent = (
+            f"epsilon {report['eps_gdp']:.4g} (gdp, mu {report['mu']:.4g}) / {report['eps_tight']:.4g} "
+            f"({report['tight_accountant']})"
+        )
     print(
         f"{report['what_if']}{report['unit']} ledger {args.path} (owner {report['owner']}), "
-        f"delta {float(report['delta']):g}: "
-        f"epsilon {report['eps_gdp']:.4g} (gdp, mu {report['mu']:.4g}) / {report['eps_tight']:.4g} "
-        f"({report['tight_accountant']})"
+        f"delta {float(report['delta']):g}: {spent}"
     )
     for guarantee in report["guarantees"]:
         print(f"  guarantee: {guarantee}")

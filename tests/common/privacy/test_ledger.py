@@ -231,8 +231,9 @@ def test_a_secure_aggregation_round_charges_skellam_events_accounted_by_rdp(ledg
     assert plain.report()["accountants"]["tight"] == "PLD (pessimistic)"
     reopened.close()
     ledger.close()
-    assert run_cli(["privacy", "ledger", str(ledger.path)]) == 0  # the one-line summary names RDP
-    assert f"{totals['eps_tight']:.4g} (rdp)" in capsys.readouterr().out
+    assert run_cli(["privacy", "ledger", str(ledger.path)]) == 0  # the one-line summary names RDP first
+    out = capsys.readouterr().out
+    assert f"epsilon {totals['eps_tight']:.4g} (rdp;" in out and "is no bound here" in out
 
 
 def test_an_events_table_of_an_older_file_gains_the_sensitivity_columns(ledger):

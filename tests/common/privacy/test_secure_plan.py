@@ -199,3 +199,19 @@ def test_a_hidden_participation_runs_plan_asks_everyone_every_round_at_the_sampl
     assert plan.p == plan.event.p == plan.secure.sample_rate == 0.1
     assert plan.secure.contributors == contributor_bound(1000, 0.1) and plan.secure.bits <= 20
     assert 7.5 < plan.planned_epsilon(30) <= 8.0
+
+
+def test_the_cli_plans_hidden_participation_for_every_round_at_the_sample_rate(capsys):
+    args = "--epsilon 8 --delta 1e-6 --participations 1 --dim 74000 --clip 0.5 --min-survivors 900"
+    graph = "--cohort 1000 --neighbours 10 --threshold 6"
+    code = run_cli(f"privacy secagg {args} {graph} --hidden --sample-rate 0.1 --rounds 30 --json".split())
+    out = json.loads(capsys.readouterr().out)
+    expected = plan_secure(
+        SecureTarget(8.0, 1e-6, 30, 0.1),
+        **{**MINILM, "survivors": (900, 1000)},
+        contributors=contributor_bound(1000, 0.1),
+    )
+    assert code == 0 and (out["sigma"], out["bits"]) == (expected.sigma, expected.bits)
+    assert "who contributed is hidden" in out["guarantee"] and "p = 0.1" in out["accountant"]
+    assert run_cli(f"privacy secagg {args} {graph} --hidden".split()) == 2
+    assert "--hidden needs --sample-rate and --rounds" in capsys.readouterr().err
