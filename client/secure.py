@@ -112,7 +112,7 @@ def contributes(rate: float) -> bool:
 
 def _stage(run: Callable[[Client, bytes, dict, Context], dict[str, object]]):
     """A ``train.secagg_*`` handler around ``run(client, x, values, context) -> reply values`` (``x``:
-    the node's input, packed)."""
+    the bytes of the node's input words, :func:`_words`)."""
 
     def handler(msg: Message, context: Context) -> Message:
         rnd = int(msg.metadata.group_id)

@@ -162,13 +162,14 @@ class SecureAggregation(DistributedNoise):
     )
     trust = "aggregate"
     summed_securely = True
+    note = (
+        "secure aggregation: each sampled client adds a Skellam share of 1/m of the noise, m = "
+        "min-replies {m}; a sum is unmasked only with at least m masked inputs, so it carries sigma >= "
+        "{sigma:.4g}; the server sees only that sum"
+    )
 
     def noise_note(self, min_replies: int, sigma: float) -> str:
-        return (
-            f"secure aggregation: each sampled client adds a Skellam share of 1/m of the noise, m = "
-            f"min-replies {min_replies}; a sum is unmasked only with at least m masked inputs, so it "
-            f"carries sigma >= {sigma:.4g}; the server sees only that sum"
-        )
+        return self.note.format(m=min_replies, sigma=sigma)
 
 
 class HiddenParticipation(SecureAggregation):
@@ -189,13 +190,11 @@ class HiddenParticipation(SecureAggregation):
         relation="zero-out",
     )
     hides_participation = True
-
-    def noise_note(self, min_replies: int, sigma: float) -> str:
-        return (
-            f"secure aggregation, hidden participation: every client online adds a Skellam share of 1/m "
-            f"of the noise, m = min-replies {min_replies}, and contributes its update with probability p "
-            f"by its own coin; a sum of at least m masked inputs carries sigma >= {sigma:.4g}"
-        )
+    note = (
+        "secure aggregation, hidden participation: every client online adds a Skellam share of 1/m of "
+        "the noise, m = min-replies {m}, and contributes its update with probability p by its own coin; "
+        "a sum of at least m masked inputs carries sigma >= {sigma:.4g}"
+    )
 
 
 class CentralNoise(ThreatModel):

@@ -151,15 +151,23 @@ def test_deploy_finishes_with_the_survivors_when_a_supernode_dies(tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_secure_aggregation_over_tls_survives_a_supernode_killed_mid_protocol(tmp_path):
+@pytest.mark.parametrize(
+    "threat, rate",
+    [
+        ("secure-aggregation", 1.0),
+        pytest.param("secure-aggregation-hidden", 0.5, marks=pytest.mark.slow),  # each node's own coin
+    ],
+)
+def test_secure_aggregation_over_tls_survives_a_supernode_killed_mid_protocol(tmp_path, threat, rate):
     """Issue 34 over real processes: 4 SuperNodes behind a TLS SuperLink with node authentication, a
     secure-aggregation round; node-1 is SIGKILLed once its unmask request arrives, after its masked
     upload. The round still unmasks the sum (node-1's self-mask recovered from its neighbours'
-    shares), the ledger charges every client whose input was summed, and the run completes."""
+    shares), the ledger charges every client whose input was summed, and the run completes. With
+    hidden participation every node takes part and is charged at the sample rate."""
     run = (
         "preset='minilm-rt' rounds=1 local-steps=2 batch-size=8 max-train-examples=200 eval-examples=40 "
-        "seed=5 mechanism='dp-fedavg' threat-model='secure-aggregation' target-epsilon=8.0 clip=0.5 "
-        "min-replies=2 round-timeout=240",
+        f"seed=5 mechanism='dp-fedavg' threat-model='{threat}' target-epsilon=8.0 clip=0.5 "
+        f"min-replies=2 round-timeout=240 sample-rate={rate}",
     )
     result = _run_killing(_opts(tmp_path, nodes=4, run_config=run, tls=True), "secagg_unmask")[0]
     assert result.status == "finished:completed", result.status
@@ -173,6 +181,7 @@ def test_secure_aggregation_over_tls_survives_a_supernode_killed_mid_protocol(tm
     try:
         assert ledger.participations() == {n: 1 for n in rec["data_sources"]["partition"]}
         assert len(ledger.participations()) == 4 and ledger.events()[0].kind == "skellam"
+        assert ledger.events()[0].p == rate
     finally:
         ledger.close()
 
