@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.privacy.plan import NoisePlan, uncovered, what_if
-from common.privacy.threat import ALWAYS_VISIBLE, SAMPLE_LEVEL, what_if_label
+from common.privacy.threat import SAMPLE_LEVEL, THREATS, what_if_label
 
 
 def client_level(plan: NoisePlan | None, totals: dict | None) -> str:
@@ -50,7 +50,8 @@ def sample_level(cfg: RunConfig) -> str:
 def outside(cfg: RunConfig) -> list[str]:
     """What leaves a client that no guarantee of the run covers."""
     clear = [] if cfg.private else ["each reply's example count and training loss (non-private run)"]
-    return [*(f"round {rnd}: {what}" for rnd, what in uncovered(cfg)), *clear, ALWAYS_VISIBLE]
+    visible = THREATS[cfg.threat_model].visible  # (hidden participation: who was contacted, not sampled)
+    return [*(f"round {rnd}: {what}" for rnd, what in uncovered(cfg)), *clear, visible]
 
 
 def statement(cfg: RunConfig, plan: NoisePlan | None, totals: dict | None) -> dict[str, object]:

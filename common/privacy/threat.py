@@ -15,6 +15,10 @@ if TYPE_CHECKING:  # the accountants import numpy: common/config.py imports this
     from common.privacy.accountants import Event
 
 
+#: what the server sees of every sampled client whatever the mechanism: not covered by any epsilon
+ALWAYS_VISIBLE = "who was sampled, who replied and when (node ids, counts, dropouts: server-side records)"
+
+
 @dataclass(frozen=True)
 class Guarantee:
     """``adjacency``: the neighbouring datasets; ``observer``: who cannot tell them apart;
@@ -52,6 +56,8 @@ class ThreatModel:
     summed_securely: bool = False
     # every client online takes part in every round; each contributes by its own coin (secure aggregation)
     hides_participation: bool = False
+    # what the server sees of every client whatever the noise: not covered by any epsilon
+    visible: str = ALWAYS_VISIBLE
 
     def client_std(self, update_sigma: float, clip: float, m: int, cohort_scale: float) -> float:
         """Noise std one client adds to its update clipped to ``clip`` (0: the server adds it)."""
@@ -190,6 +196,10 @@ class HiddenParticipation(SecureAggregation):
         relation="zero-out",
     )
     hides_participation = True
+    visible = (
+        "who was contacted (every client online, every round), who replied and when (node ids, counts, "
+        "dropouts: server-side records); reply timing can show who trained"
+    )
     note = (
         "secure aggregation, hidden participation: every client online adds a Skellam share of 1/m of "
         "the noise, m = min-replies {m}, and contributes its update with probability p by its own coin; "
@@ -223,9 +233,6 @@ SAMPLE_LEVEL = Guarantee(
     "everyone, the server included (the node's noisy steps and everything computed from them)",
     amplified=True,
 )
-
-#: what the server sees of every sampled client whatever the mechanism: not covered by any epsilon
-ALWAYS_VISIBLE = "who was sampled, who replied and when (node ids, counts, dropouts: server-side records)"
 
 
 def what_if_label(validity: str) -> str:

@@ -221,6 +221,7 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     assert spent < _rdp(*(replace(e, p=1.0) for e in events))  # the hidden coin amplifies
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert "at p = 0.5" in summary["privacy"] and "honest-but-curious server" in summary["privacy"]
+    assert "who was contacted" in summary["not_covered"][-1]  # not "who was sampled": the coins are hidden
     node_ledger = Ledger.open(
         Path(cfg.out_dir).parent / "nodes" / "node-0" / "client-ledger.sqlite", "client-level"
     )
