@@ -91,7 +91,7 @@ class SkellamEvent(Event):
         return (self.sigma * self.l2) ** 2
 
     def rdp(self, orders: tuple[float, ...]) -> np.ndarray:
-        """``count`` times the Skellam RDP at ``orders``; under sampling (p < 1) Zhu & Wang's bound
+        """``count`` times the Skellam RDP at ``orders``; under sampling (p < 1) the amplification bound
         needs integer orders, so a fractional α takes ⌈α⌉'s value (RDP does not decrease in α)."""
         if self.sigma == 0:
             return np.full(len(orders), np.inf)

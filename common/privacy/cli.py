@@ -237,7 +237,7 @@ def _secagg(args: argparse.Namespace) -> int:
     result = {
         "accountant": "rdp (Skellam: Agarwal et al. 2021), "
         + (
-            f"every round at p = {args.sample_rate:g} (Zhu & Wang 2019)"
+            f"every round at p = {args.sample_rate:g} (Steinke 2022)"
             if args.hidden
             else "p = 1 per participation"
         ),
@@ -254,7 +254,7 @@ def _secagg(args: argparse.Namespace) -> int:
         result["epsilon_adapter_observers"] = plan.observers_epsilon(args.sample_rate, args.rounds)
         result["adapter_observers"] = (
             f"against observers of the released adapter only (sampling at p = {args.sample_rate:g} hidden "
-            f"from them, {args.rounds} rounds; Zhu & Wang 2019's amplification): not against the server"
+            f"from them, {args.rounds} rounds; Steinke 2022's amplification): not against the server"
         )
     _print(result, args.json)
     return 0

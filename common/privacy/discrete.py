@@ -28,7 +28,7 @@ Communication, from :func:`choose_bits` (test_discrete.py recomputes these figur
 adapter, dim = 74,000 (D = 131,072 after padding), n = 100 clients, C = 0.5, s = 5√D/C
 (so sC = 5√D and rounding inflates Δ2 by 0.6 %), β = 1e-3 for the rounding bound (Δ2 = 1,821.3),
 ε = 8 noise from :func:`common.privacy.skellam.skellam_mu` (Poisson rate 0.1, 30 rounds, δ = 1e-6:
-summed variance μ = 2.92e6, σ ≈ 0.94 in units of Δ2), 6 standard deviations of headroom:
+summed variance μ = 2.38e6, σ ≈ 0.85 in units of Δ2), 6 standard deviations of headroom:
 
 * worst-case signal n·Δ2 per coordinate: b = 19 bits per coordinate, 311,296 bytes per client;
 * the rotated L∞ bound at β = 1e-9 plus 1 for rounding (n·41.7): b = 16 bits, 262,144 bytes per client;

@@ -90,7 +90,7 @@ _EVENT_COLUMNS = ("l1", "l2")  # added after the events table: absent from older
 #: the tight accountant of a history and its label, by whether every event has a PLD
 TIGHT: dict[bool, tuple[type[Accountant], str]] = {
     True: (PldAccountant, "PLD (pessimistic)"),
-    False: (RdpAccountant, "RDP (Skellam: Agarwal et al. 2021; sampling: Zhu & Wang 2019)"),
+    False: (RdpAccountant, "RDP (Skellam: Agarwal et al. 2021; sampling: Steinke 2022)"),
 }
 
 

@@ -63,7 +63,7 @@ class SecurePlan:
     scale: s; l2 / l1: the sensitivities Δ2 (the rounding bound) and Δ1 = min(Δ2², √D·Δ2);
     mu: the Skellam variance the charge assumes (m shares); share_variance: μ/m, each client's;
     sigma: the Gaussian equivalent √μ/Δ2; epsilon: what ``participations`` rounds at ``sample_rate``
-    spend (RDP, Agarwal et al.'s bound, amplified by Zhu & Wang's below 1); cohort: the most nodes
+    spend (RDP, Agarwal et al.'s bound, amplified by Steinke's below 1); cohort: the most nodes
     in a round; contributors: the most updates its sum holds bits for; bits: b; limit: the decode
     limit L (integer units); vector_bytes: one client's masked vector (D words of b bits, packed:
     common/secagg/wire.py)."""
@@ -97,7 +97,7 @@ class SecurePlan:
     def observers_epsilon(self, sample_rate: float, rounds: int) -> float:
         """ε against observers of the released adapter only, who do not see who was sampled:
         ``rounds`` rounds Poisson-sampled at ``sample_rate``, each sum carrying at least μ (Agarwal
-        et al.'s bound amplified by Zhu & Wang's). Not a guarantee against the server."""
+        et al.'s bound amplified by Steinke's). Not a guarantee against the server."""
         if not 0 < sample_rate <= 1 or rounds < 1:
             raise FedloraError(f"sample rate must be in (0, 1] and rounds >= 1, got {sample_rate}, {rounds}")
         return skellam_epsilon(self.mu, self.l1, self.l2, sample_rate, rounds, self.delta)

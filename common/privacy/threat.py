@@ -183,7 +183,7 @@ class HiddenParticipation(SecureAggregation):
     every client online in every round, and each contributes its update with probability p by its own
     coin from OS entropy, else a zero update; all add their Skellam shares. The server learns the sum
     and who was contacted, not who contributed, so Poisson sampling amplifies against it too (the
-    zero-out neighbour is the client that never contributes: Zhu & Wang's Poisson bound applies)."""
+    zero-out neighbour is the client that never contributes: Steinke's Poisson bound for RDP applies)."""
 
     name = "secure-aggregation-hidden"
     guarantee = Guarantee(

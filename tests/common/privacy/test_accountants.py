@@ -218,10 +218,10 @@ def test_a_skellam_event_costs_at_least_its_gaussian_equivalent_and_tends_to_it(
             acc.compose(_skellam(1.0, p, 30, l2))
             costs.append(acc.epsilon(1e-6))
         assert all(c >= gauss.epsilon(1e-6) for c in costs) and costs[0] > costs[1] > costs[2]
-        # p = 1: the bound's Gaussian term is exact; p < 1: Zhu & Wang's general sampling bound is
-        # looser than the exact sampled Gaussian (ε 7.35 against 5.61 here, 1.31x)
-        ratio = costs[-1] / gauss.epsilon(1e-6)
-        assert ratio == pytest.approx(1.0, abs=1e-3) if p == 1 else 1.0 < ratio < 1.4
+        # the bound's Gaussian term is exact, and the sampling bound applied to the Gaussian curve is
+        # the exact sampled Gaussian's RDP (common/privacy/skellam.py); the Gaussian's accountant also
+        # has fractional orders, the Skellam one integer orders only (measured: 1.0018 at p = 0.1)
+        assert costs[-1] / gauss.epsilon(1e-6) == pytest.approx(1.0, abs=3e-3)
 
 
 def test_a_skellam_history_is_refused_by_pld_and_read_at_its_gaussian_equivalent_by_gdp():

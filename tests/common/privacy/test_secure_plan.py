@@ -161,14 +161,14 @@ def test_hidden_participation_charges_every_round_at_the_sample_rate_and_needs_l
     """Hidden participation (every client in every round, each contributing by its own coin at p):
     μ meets the target over all rounds Poisson-sampled at p, by the independent sampled-Gaussian RDP
     of common/privacy/rdp.py as a floor (the Skellam bound is never below it); it needs less noise
-    than the same clients taking part 3 times at p = 1, and sits within 15 % of the Gaussian's RDP σ
-    for the same sampling (Zhu & Wang's amplification holds for any mechanism, so it is looser than
-    the sampled Gaussian's own computation: 0.939 against 0.838 here)."""
+    than the same clients taking part 3 times at p = 1, and sits within 2 % of the Gaussian's RDP σ
+    for the same sampling (the amplification bound is exact for the Gaussian curve; what is left is
+    the Skellam bound's excess term and the rounding: 0.847 against 0.838 here)."""
     hidden = plan_secure(SecureTarget(8.0, 1e-6, 30, 0.1), **{**MINILM, "survivors": (900, 1000)})
     visible = plan_secure(SecureTarget(8.0, 1e-6, 3), **{**MINILM, "survivors": (90, 100)})
     assert hidden.sample_rate == 0.1 and hidden.epsilon == pytest.approx(8.0, rel=1e-4)
     gaussian = calibrate_sigma("rdp", 8.0, 1e-6, 0.1, 30)
-    assert gaussian < hidden.sigma < 1.15 * gaussian
+    assert gaussian < hidden.sigma < 1.02 * gaussian
     assert hidden.sigma < visible.sigma
 
 
