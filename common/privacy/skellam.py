@@ -25,22 +25,11 @@ Skellam paper's experiments bound the rounded vector's L1 norm the same way). :f
 Steinke's (ICML 2021, arXiv 2102.06387, the conditional randomized rounding lemma of §4) bound
 for choosing Δ2 so that re-rounding is rarely needed.
 
-Subsampling. Poisson sampling at rate q amplifies any mechanism's RDP at integer α ≥ 2, for
-add/remove (and zero-out) neighbours, in both directions (Steinke, "Composition of differential
-privacy & privacy amplification by subsampling", arXiv 2210.00597, 2022, the Poisson subsampling
-theorem for RDP):
-
-    ε_q(α) ≤ 1/(α−1)·log[(1−q)^{α−1}(1 + (α−1)q) + Σ_{ℓ=2}^{α} C(α,ℓ)q^ℓ(1−q)^{α−ℓ}e^{(ℓ−1)ε(ℓ)}],
-
-where ε(ℓ) bounds the base mechanism's divergence in both directions (true for the Skellam bound:
-the noise is symmetric about 0), and never more than ε(α) (joint convexity of e^{(α−1)D_α}). For
-the Gaussian curve ε(ℓ) = ℓ/(2σ²) this is exactly the sampled Gaussian's RDP (Mironov, Talwar &
-Zhang 2019), so for Skellam noise the only price over central Gaussian noise is the Skellam bound's
-excess term. Zhu & Wang's earlier general bound (ICML 2019, Theorem 6) carries a factor 3 on the
-ℓ ≥ 3 terms and needed σ 1.775 where this needs 1.398 (ε 3, δ 1e-6, 30 rounds at q 0.1). The
-tests check the bound against the exact sampled-Gaussian RDP of common/privacy/rdp.py and against
-both directions of the exact divergence of random discrete pairs and of subsampled 1-D Skellams.
-Rounds compose additively and :func:`common.privacy.rdp.eps_from_rdp` converts to (ε, δ).
+Subsampling. Poisson sampling at rate q amplifies the Skellam bound at integer orders by
+:func:`common.privacy.amplification.subsampled_rdp` (both directions of zero-out neighbours; for the
+Gaussian curve it is exactly the sampled Gaussian's RDP, so Skellam noise costs only the bound's
+excess term: σ 1.398 where Zhu & Wang's general bound needed 1.775, ε 3, δ 1e-6, 30 rounds at
+q 0.1). Rounds compose additively and :func:`common.privacy.rdp.eps_from_rdp` converts to (ε, δ).
 
 Who the guarantee is against: amplification by sampling assumes the observer does not learn who
 was sampled. A secure-aggregation server sees which clients took part in a round; against it, charge
@@ -53,18 +42,15 @@ numpy/scipy only (no torch), like common/privacy/rdp.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
-from scipy import special
 
+from common.privacy.amplification import subsampled_rdp
 from common.privacy.rdp import eps_from_rdp
 
 #: integer RDP orders (the subsampling bound needs integers); dense where (ε, δ) optima usually fall
 SKELLAM_ORDERS: tuple[int, ...] = (*range(2, 65), 72, 80, 96, 112, 128, 160, 192, 256)
-
-#: an RDP curve as a function of integer orders: maps an int array of orders to their RDP values
-RdpFunction = Callable[[np.ndarray], np.ndarray]
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -100,29 +86,6 @@ def skellam_rdp(order: float | np.ndarray, mu: float, l1: float, l2: float) -> f
     excess = np.minimum(((2 * alpha - 1) * l2 * l2 + 6 * l1) / (4 * mu * mu), 3 * l1 / (2 * mu))
     out = gaussian + excess
     return float(out) if out.ndim == 0 else out
-
-
-def subsampled_rdp(rdp: RdpFunction, sample_rate: float, order: int) -> float:
-    """RDP at integer ``order`` α ≥ 2 of a mechanism with RDP curve ``rdp`` under Poisson sampling at
-    ``sample_rate`` q: Steinke 2022 (arXiv 2210.00597; any mechanism, add/remove or zero-out
-    neighbours, both directions; no factor 3, unlike Zhu & Wang 2019 Theorem 6), capped at the
-    unsampled ε(α). ``rdp`` must be valid at every integer order 2..α (both directions of the
-    add/remove neighbours: true for additive noise symmetric about 0)."""
-    _check_rate(sample_rate)
-    if int(order) != order or order < 2:
-        raise ValueError(f"the subsampling bound needs an integer order >= 2, got {order}")
-    alpha = int(order)
-    base = np.asarray(rdp(np.arange(2, alpha + 1)), dtype=float)  # ε(2), ..., ε(α)
-    if sample_rate == 1:
-        return float(base[-1])
-    q = sample_rate
-    log_q, log_1q = math.log(q), math.log1p(-q)
-    ell = np.arange(2, alpha + 1)
-    log_binom = special.gammaln(alpha + 1) - special.gammaln(ell + 1) - special.gammaln(alpha - ell + 1)
-    terms = log_binom + ell * log_q + (alpha - ell) * log_1q + (ell - 1) * base
-    head = (alpha - 1) * log_1q + math.log1p((alpha - 1) * q)  # the ℓ = 0 and ℓ = 1 terms together
-    log_sum = float(special.logsumexp(np.append(terms, head)))
-    return min(max(0.0, log_sum) / (alpha - 1), float(base[-1]))
 
 
 def skellam_curve(

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pytest
-from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import special, stats
+from scipy import stats
 
-from common.privacy.rdp import eps_from_rdp, rdp_subsampled_gaussian
+from common.privacy.amplification import subsampled_rdp
+from common.privacy.rdp import eps_from_rdp
 from common.privacy.skellam import (
     SKELLAM_ORDERS,
     integer_sensitivities,
@@ -18,8 +18,8 @@ from common.privacy.skellam import (
     skellam_epsilon,
     skellam_mu,
     skellam_rdp,
-    subsampled_rdp,
 )
+from tests.common.privacy.test_amplification import renyi
 
 
 def exact_skellam_divergence(mu: float, shift: int, order: float) -> float:
@@ -32,7 +32,7 @@ def exact_skellam_divergence(mu: float, shift: int, order: float) -> float:
         log_p = stats.skellam.logpmf(k - shift, mu / 2, mu / 2)
         log_q = stats.skellam.logpmf(k, mu / 2, mu / 2)
         assert np.isfinite(log_p).all() and np.isfinite(log_q).all()
-        return float(special.logsumexp(order * log_p + (1 - order) * log_q)) / (order - 1)
+        return renyi(order, log_p, log_q)
 
     value = on(12)
     assert on(15) == pytest.approx(value, rel=1e-9)
@@ -80,46 +80,6 @@ def test_full_sampling_gives_the_base_rdp():
         assert subsampled_rdp(lambda a: skellam_rdp(a, mu, l1, l2), 1.0, alpha) == pytest.approx(base)
     orders = (2, 3, 10)
     assert np.allclose(skellam_curve(mu, l1, l2, 1.0, orders), skellam_rdp(np.array(orders), mu, l1, l2))
-
-
-@pytest.mark.parametrize("q", [0.001, 0.01, 0.1, 0.5, 0.9])
-@pytest.mark.parametrize("sigma", [0.7, 1.0, 2.0])
-def test_amplification_of_the_gaussian_curve_is_the_exact_sampled_gaussian(q, sigma):
-    """Applied to the Gaussian curve α/(2σ²) the bound is the exact sampled-Gaussian RDP (Mironov,
-    Talwar & Zhang): common/privacy/rdp.py's series and dp_accounting's, computed independently."""
-    orders = (2, 3, 5, 10, 32, 64)
-    ours = [subsampled_rdp(lambda a, s=sigma: a / (2 * s * s), q, alpha) for alpha in orders]
-    theirs = rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(q, sigma, orders)
-    series = [rdp_subsampled_gaussian(q, sigma, alpha) for alpha in orders]
-    assert ours == pytest.approx(list(theirs), rel=1e-9, abs=1e-15)
-    assert ours == pytest.approx(series, rel=1e-9, abs=1e-15)
-
-
-def renyi(order: int, log_p: np.ndarray, log_q: np.ndarray) -> float:
-    """D_α(P ‖ Q) of two pmfs given as logs on one support."""
-    return float(special.logsumexp(order * log_p + (1 - order) * log_q)) / (order - 1)
-
-
-def test_amplification_bounds_both_directions_for_any_pair():
-    """Property test of the amplification theorem itself, for mechanisms far from Gaussian: for random
-    pmfs P, Q on 2-6 points with ε(ℓ) = max(D_ℓ(P‖Q), D_ℓ(Q‖P)), both D_α(R‖Q) and D_α(Q‖R) of the
-    mixture R = (1 − q)Q + qP stay under the bound, and some pair comes within 1 % of it."""
-    rng = np.random.default_rng(20261127)
-    closest = math.inf
-    for _ in range(3000):
-        size = int(rng.integers(2, 7))
-        log_p, log_q = (np.log(rng.dirichlet(np.full(size, rng.uniform(0.2, 3)))) for _ in range(2))
-        q, alpha = float(rng.uniform(0.01, 0.99)), int(rng.integers(2, 9))
-
-        def curve(orders: np.ndarray, lp=log_p, lq=log_q) -> np.ndarray:
-            return np.array([max(renyi(int(a), lp, lq), renyi(int(a), lq, lp)) for a in orders])
-
-        bound = subsampled_rdp(curve, q, alpha)
-        log_r = np.logaddexp(math.log1p(-q) + log_q, math.log(q) + log_p)
-        worst = max(renyi(alpha, log_r, log_q), renyi(alpha, log_q, log_r))
-        assert worst <= bound * (1 + 1e-9) + 1e-12
-        closest = min(closest, bound / worst if worst > 0 else math.inf)
-    assert closest < 1.01
 
 
 #: μ -> how far above both exact subsampled divergences the per-round curve may sit at orders 2-32
