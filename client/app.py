@@ -91,8 +91,7 @@ def train(msg: Message, context: Context) -> Message:
             released = release_event(noise, ins.noise_std, clip), clip
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     cap = noise.secure.participations if secure else 0
-    # hidden participation: this node's own coin decides whether it contributes (else a zero update)
-    contributes = secure is None or client_secure.contributes(noise.secure.sample_rate)
+    contributes = client_secure.takes_part(noise)  # hidden participation: this node's own coin
     with _releases(context, cfg, pid, parts) if released else nullcontext() as releases:
         if releases is not None:
             releases.check(ins.round, released[0], releases.future(ins.round, cap))

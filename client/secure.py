@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from common.errors import FedloraError
 from common.models import AdapterState
+from common.privacy.plan import NoisePlan
 from common.privacy.secure_release import SecureRelease
 from common.secagg import keys, protocol
 from common.secagg import wire as sw
@@ -110,6 +111,13 @@ def contributes(rate: float) -> bool:
     return secrets.randbelow(2**53) < round(rate * 2**53)
 
 
+def takes_part(noise: NoisePlan | None) -> bool:
+    """Whether this node contributes its update this round (else a zero update with its share): by
+    its own coin at the plan's sample rate under secure aggregation (1 unless participation is
+    hidden), always otherwise. Real clients (client/app.py) and audit canaries flip the same coin."""
+    return noise is None or noise.secure is None or contributes(noise.secure.sample_rate)
+
+
 def _stage(run: Callable[[Client, bytes, dict, Context], dict[str, object]]):
     """A ``train.secagg_*`` handler around ``run(client, x, values, context) -> reply values`` (``x``:
     the bytes of the node's input words, :func:`_words`)."""
@@ -149,4 +157,4 @@ HANDLERS: dict[str, Callable[[Message, Context], Message]] = {
     "train.secagg_unmask": _stage(_unmask),
 }
 
-__all__ = ["HANDLERS", "STATE", "begin", "contributes", "train_reply"]
+__all__ = ["HANDLERS", "STATE", "begin", "contributes", "takes_part", "train_reply"]

@@ -55,7 +55,7 @@ from safetensors.torch import load_file
 from client.app import release_reply
 from client.increment import increment as local_increment
 from client.node.shard import node_shard
-from client.secure import contributes
+from client.secure import takes_part
 from common.config import RunConfig, from_flat
 from common.models import AdapterState, adapter_size
 from common.privacy.audit import MIN_CANARIES, summarize
@@ -118,7 +118,7 @@ class Canaries:
                 return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ABSENT), reply_to=msg)
             cfg = from_flat(dict(ctx.run_config)).check()
             template = local_increment(ins.global_state, ins.global_state, cfg.increment_form)
-            if self.included[j] and _contributes(cfg, ins):
+            if self.included[j] and takes_part(plan_noise(cfg, adapter_size(ins.global_state))):
                 sent = self.direction(j, template)
             else:  # zero-out: the client's update replaced by zero, its participation unchanged
                 sent = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in sorted(template.items())}
@@ -127,13 +127,6 @@ class Canaries:
             return Message(reply, reply_to=msg)
 
         return handle
-
-
-def _contributes(cfg: RunConfig, ins: TrainInstruction) -> bool:
-    """An included canary's coin: under hidden participation it contributes with the run's sample
-    rate, as a real client does (client/app.py), otherwise whenever its node is asked."""
-    plan = plan_noise(cfg, adapter_size(ins.global_state))
-    return plan is None or plan.secure is None or contributes(plan.secure.sample_rate)
 
 
 def cosines(canaries: Canaries, final: AdapterState) -> np.ndarray:

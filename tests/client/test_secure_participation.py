@@ -29,3 +29,17 @@ def test_the_coin_comes_up_at_its_rate_and_ignores_every_seed():
         torch.manual_seed(RunConfig().seed)
         runs.append([secure.contributes(0.5) for _ in range(128)])
     assert runs[0] != runs[1]
+
+
+def test_takes_part_flips_the_coin_only_under_secure_aggregation():
+    """No plan or no secure plan: always; a secure plan: the coin at its sample rate (1 when
+    participation is visible), the one coin real clients and audit canaries share."""
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(secure=SimpleNamespace(sample_rate=0.1))
+    assert secure.takes_part(None) and secure.takes_part(SimpleNamespace(secure=None))
+    assert all(
+        secure.takes_part(SimpleNamespace(secure=SimpleNamespace(sample_rate=1.0))) for _ in range(500)
+    )
+    hits = sum(secure.takes_part(plan) for _ in range(20_000))
+    assert abs(hits - 2_000) < 5 * math.sqrt(20_000 * 0.1 * 0.9)
