@@ -17,9 +17,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -76,7 +78,8 @@ def round_seconds(args: argparse.Namespace, work: Path) -> dict[str, dict]:
         if THREATS[cfg.threat_model].hides_participation:  # shares sized for 9/10 of everyone
             cfg = cfg.replace(min_replies=int(0.9 * cfg.num_clients))
         cfg = cfg.check()
-        run_dir = simulate(cfg.replace(out_dir=str(work / f"arm-{k}")), work / f"arm-{k}")
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):  # stdout: the JSON only
+            run_dir = simulate(cfg.replace(out_dir=str(work / f"arm-{k}")), work / f"arm-{k}")
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         timed = [r for r in rows if r.get("phase") == "train" and r["round"] < args.rounds]
         seconds = [r["seconds"] for r in timed]

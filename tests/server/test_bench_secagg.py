@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from server.bench import secagg
 from server.bench.secagg import protocol_cost
 from tests.conftest import run_cli
 
@@ -23,3 +24,25 @@ def test_bad_options_are_one_line(argv, message, capsys):
     assert run_cli(["bench", "secagg", *argv]) != 0
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_with_json_the_runs_echo_goes_to_stderr(tmp_path, monkeypatch, capsys):
+    """``--json`` keeps stdout for the one JSON object: each arm's run prints its rounds to stderr."""
+    import argparse
+    import json
+
+    import server.simulate
+
+    def fake(cfg, out):
+        print("round 1: the run's echo")
+        out.mkdir(parents=True)
+        rows = [{"phase": "train", "round": 1, "seconds": 1.0, "sampled": 10, "bytes_down": 1, "bytes_up": 1}]
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return out
+
+    monkeypatch.setattr(server.simulate, "simulate", fake)
+    args = argparse.Namespace(json=True, rounds=2, preset="minilm-rt-xdev", epsilon=8.0, workers=1)
+    rounds = secagg.round_seconds(args, tmp_path)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("the run's echo") == len(secagg.ARMS)
+    assert set(rounds) == set(secagg.ARMS)
