@@ -92,10 +92,11 @@ def train(msg: Message, context: Context) -> Message:
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     cap = noise.secure.participations if secure else 0
     contributes = client_secure.takes_part(noise)  # hidden participation: this node's own coin
+    trains = contributes or cfg.secagg_train_always  # ... which timing must not show
     with _releases(context, cfg, pid, parts) if released else nullcontext() as releases:
         if releases is not None:
             releases.check(ins.round, released[0], releases.future(ins.round, cap))
-        metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan) if contributes else {}
+        metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan) if trains else {}
         if cfg.private:
             metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
         increment = (
@@ -121,7 +122,8 @@ def secure_round(ins: TrainInstruction, cfg: RunConfig, node: int) -> tuple[Secu
     noise = plan_noise(cfg, adapter_size(ins.global_state))
     if noise is None or noise.secure is None:
         return None
-    release = SecureRelease(noise.secure, {k: tuple(v.shape) for k, v in ins.global_state.items()})
+    shapes = {k: tuple(v.shape) for k, v in ins.global_state.items()}
+    release = SecureRelease(noise.secure, shapes, constant_work=cfg.secagg_train_always)
     values = sw.fields(RecordDict(dict(ins.records)), ins.round)
     release.check_params(sw.params_from(values, ins.round), node, ins.noise_std)
     return release, values

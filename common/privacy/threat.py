@@ -191,14 +191,14 @@ class HiddenParticipation(SecureAggregation):
         "probability p by its own coin, which the server does not see",
         "the honest-but-curious server and every other observer (secure aggregation: every client "
         "online takes part in every round's protocol and the server learns only the sum; reply timing "
-        "is not hidden, docs/secure-aggregation.md)",
+        "shows who trained unless --secagg-train-always, docs/secure-aggregation.md)",
         amplified=True,
         relation="zero-out",
     )
     hides_participation = True
     visible = (
         "who was contacted (every client online, every round), who replied and when (node ids, counts, "
-        "dropouts: server-side records); reply timing can show who trained"
+        "dropouts: server-side records); reply timing can show who trained (not with --secagg-train-always)"
     )
     note = (
         "secure aggregation, hidden participation: every client online adds a Skellam share of 1/m of "

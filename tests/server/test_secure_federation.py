@@ -226,3 +226,34 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
         Path(cfg.out_dir).parent / "nodes" / "node-0" / "client-ledger.sqlite", "client-level"
     )
     assert [e.p for e in node_ledger.events()] == [0.5, 0.5]  # charged whether or not its coin came up
+
+
+def test_with_train_always_every_node_trains_and_encodes_a_zero_with_full_work(tmp_path, monkeypatch):
+    """``--secagg-train-always``: every node trains every round whatever its coin (so reply timing
+    does not show the coin), a node whose coin did not come up still sends a zero update, and it
+    encodes that zero with the full rotation and rounding (never the shortcut)."""
+    from common.privacy import discrete
+
+    coins = iter([True, False, False, True, False, False] * 2)
+    monkeypatch.setattr(secure, "contributes", lambda rate: rate == 0.5 and next(coins))
+    trained, zeros = [], []
+    real_steps, real_encode = app_module._train_steps, discrete.encode
+    monkeypatch.setattr(
+        app_module,
+        "_train_steps",
+        lambda context, *a: trained.append(context.node_id) or real_steps(context, *a),
+    )
+    monkeypatch.setattr(discrete, "encode", lambda x, *a: zeros.append(not x.any()) or real_encode(x, *a))
+    monkeypatch.setattr(discrete, "encode_zero", lambda *a: pytest.fail("the shortcut shows a zero update"))
+    cfg = _cfg(
+        tmp_path / "run",
+        threat_model="secure-aggregation-hidden",
+        sample_rate=0.5,
+        max_participations=0,
+        secagg_train_always=True,
+    )
+    _federate(cfg)
+    recs = records(tmp_path / "run")[1:]
+    assert [(r["sampled"], r["replied"], r["applied"]) for r in recs] == [(NODES, NODES, True)] * 2
+    assert len(trained) == 2 * NODES  # every node, every round
+    assert sorted(zeros) == [False] * 4 + [True] * 8  # two contributors a round; the rest sent zero
