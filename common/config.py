@@ -276,7 +276,8 @@ class RunConfig:
     )
     microbatch: int = option(
         0,
-        "examples per forward/backward within one DP step (memory; 0 = 16, or the batch if smaller)",
+        "examples per forward/backward within one local step (memory; 0 = 16 for DP steps, or the "
+        "batch if smaller, and 32 for non-private ones)",
         SAMPLE_DP,
         rule=NON_NEGATIVE,
     )

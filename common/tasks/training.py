@@ -47,9 +47,10 @@ class StepSchedule:
 
     @classmethod
     def of(cls, cfg: RunConfig, seed: int) -> StepSchedule:
-        """The clients' local recipe of ``cfg`` (its local steps, batch size, lr and
-        ``--client-optimizer``) from ``seed``."""
-        return cls(cfg.local_steps, cfg.batch_size, cfg.lr, seed, cfg.client_optimizer)
+        """The clients' local recipe of ``cfg`` (its local steps, batch size, lr,
+        ``--client-optimizer`` and ``--microbatch``, 0 keeping the default) from ``seed``."""
+        microbatch = cfg.microbatch or cls.microbatch
+        return cls(cfg.local_steps, cfg.batch_size, cfg.lr, seed, cfg.client_optimizer, microbatch)
 
 
 def train_steps(

@@ -52,3 +52,12 @@ def test_micro_batched_gradient_is_the_whole_batch_gradient(kind, minilm, tiny_l
     for name in whole:
         torch.testing.assert_close(parts[name], whole[name], rtol=1e-4, atol=1e-6)
     assert any(g.abs().sum() > 0 for g in whole.values())
+
+
+def test_non_private_steps_take_microbatch_from_the_config():
+    """``--microbatch`` sizes the pieces of non-private local steps too (0 keeps their default 32)."""
+    from common.presets import preset
+    from common.tasks.training import StepSchedule
+
+    assert StepSchedule.of(preset("minilm-rt-xdev", microbatch=4), 0).microbatch == 4
+    assert StepSchedule.of(preset("minilm-rt-xdev"), 0).microbatch == 32
