@@ -19,10 +19,12 @@ CLIENT_LEDGER_FILE = "client-ledger.sqlite"
 
 
 def node_state_dir(node_config: dict) -> Path:
-    """``state-dir`` from the node config, else ``$FEDLORA_NODE_STATE``, else
-    ``~/.fedlora/node-<partition-id>``; created if missing."""
+    """``state-dir`` from the node config, else ``$FEDLORA_NODE_STATE`` (this node's own directory),
+    else ``node-<partition-id>`` under ``$FEDLORA_NODE_STATE_ROOT`` (a simulation's nodes) or under
+    ``~/.fedlora``; created if missing."""
     path = node_config.get("state-dir") or os.environ.get("FEDLORA_NODE_STATE")
-    path = Path(path) if path else Path.home() / ".fedlora" / f"node-{node_config.get('partition-id', 0)}"
+    root = Path(os.environ.get("FEDLORA_NODE_STATE_ROOT") or Path.home() / ".fedlora")
+    path = Path(path) if path else root / f"node-{node_config.get('partition-id', 0)}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -128,6 +128,7 @@ def _ray(options: dict[str, object], out: Path) -> tuple[subprocess.CompletedPro
         **flower_env(home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FEDLORA_NODE_STATE_ROOT": str(out.parent / f"{out.name}-nodes"),  # not ~/.fedlora
     }
     try:
         done = subprocess.run(

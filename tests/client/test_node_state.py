@@ -37,6 +37,9 @@ def test_sample_ledger_for_other_data_is_refused(tmp_path):
 def test_default_state_dir_is_per_partition(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("FEDLORA_NODE_STATE", raising=False)
+    monkeypatch.delenv("FEDLORA_NODE_STATE_ROOT", raising=False)
     assert node_state_dir({"partition-id": 2}) == tmp_path / ".fedlora" / "node-2"
-    monkeypatch.setenv("FEDLORA_NODE_STATE", str(tmp_path / "env"))
+    monkeypatch.setenv("FEDLORA_NODE_STATE_ROOT", str(tmp_path / "sim"))  # a simulation's nodes
+    assert node_state_dir({"partition-id": 2}) == tmp_path / "sim" / "node-2"
+    monkeypatch.setenv("FEDLORA_NODE_STATE", str(tmp_path / "env"))  # this node's own directory
     assert node_state_dir({}) == tmp_path / "env"

@@ -284,6 +284,22 @@ def test_bench_scale_reports_time_and_memory_per_population(capsys):
         )
 
 
+def test_bench_scale_on_ray_keeps_node_state_beside_its_run(tmp_path, monkeypatch):
+    """The ray backend's nodes keep their state under the run's work folder, not in ~/.fedlora."""
+    import subprocess
+
+    from server.bench import scale
+
+    seen = []
+    monkeypatch.setattr(
+        scale.subprocess,
+        "run",
+        lambda cmd, **kw: seen.append(kw.get("env")) or subprocess.CompletedProcess(cmd, 0, "", ""),
+    )
+    scale._ray({"num-clients": 2}, tmp_path / "ray-n2")
+    assert seen[0]["FEDLORA_NODE_STATE_ROOT"] == str(tmp_path / "ray-n2-nodes")
+
+
 def test_mean_pooling_reads_the_real_tokens_only():
     """With --pooling mean the head's input is the mean token state over the attention mask: a text
     scores the same alone and padded in a batch, and equals the masked mean of the encoder output."""
