@@ -45,7 +45,7 @@ from server.public_prior import PublicSubspace
 from server.releases import Release, RunHandles, make_release
 from server.round import RoundContext, RoundRecord, run_round
 from server.run_dir import RunDir
-from server.sampling import eligible, fixed_sample, os_sampler, poisson_sample
+from server.sampling import balanced_sample, eligible, os_sampler, participations, poisson_sample
 from server.secure_round import run_secure_round
 from server.summary import data_used, format_summary
 
@@ -218,8 +218,9 @@ def _round(run: FederationRun, rnd: int) -> bool:
     when the client-level budget stops the run before it."""
     # the nodes online now: a lost node leaves, a restarted one (a new id) joins
     online, secure = sorted(run.grid.get_node_ids()), run.secure
+    taken = participations(run.ledger) if secure else {}
     if secure:
-        online = eligible(online, run.ledger, secure.participations)
+        online = eligible(online, taken, secure.participations)
     if run.ledger and (stopped := _stop_reason(run, online)):
         run.stopped = stopped
         run.out.log({"round": rnd, "phase": "stopped", "reason": stopped})
@@ -227,7 +228,7 @@ def _round(run: FederationRun, rnd: int) -> bool:
         return False
     t0, clip = time.monotonic(), run.release.clip
     if secure:  # a fixed cohort under the cap; fewer than m could never be unmasked: nothing sent
-        sampled = fixed_sample(online, secure.cohort, run.rng)
+        sampled = balanced_sample(online, taken, secure.cohort, run.rng)
         drawn, sampled = len(sampled), sampled if len(sampled) >= secure.min_survivors else []
     else:
         sampled = poisson_sample(online, run.cfg.sample_rate, run.rng)

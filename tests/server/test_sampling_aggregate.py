@@ -1,11 +1,11 @@
-"""Poisson client sampling and FedAvg of increments."""
+"""Poisson client sampling, secure aggregation's balanced cohorts, and FedAvg of increments."""
 
 import numpy as np
 import pytest
 import torch
 
 from server.aggregate import apply_increment, weighted_mean
-from server.sampling import poisson_sample
+from server.sampling import balanced_sample, eligible, poisson_sample
 
 
 def test_poisson_inclusion_rate_matches_p():
@@ -27,6 +27,32 @@ def test_poisson_can_sample_nobody_and_everybody():
     sizes = {len(poisson_sample(list(range(3)), 0.2, rng)) for _ in range(500)}
     assert 0 in sizes and 3 in sizes
     assert poisson_sample([1, 2, 3], 1.0, rng) == [1, 2, 3]
+
+
+def test_balanced_cohorts_use_every_cap_and_run_every_round():
+    """Cohorts of 100 from 1,000 clients with a cap of 3: 30 rounds run, every client takes part
+    exactly 3 times, and nobody takes a second turn before everyone had a first; within a tier the
+    draw is random (two runs differ)."""
+    runs = []
+    for seed in (0, 1):
+        rng, taken, cohorts = np.random.default_rng(seed), {}, []
+        while len(online := eligible(list(range(1000)), taken, 3)) >= 100:
+            cohort = balanced_sample(online, taken, 100, rng)
+            assert len(cohort) == 100 and cohort == sorted(set(cohort))
+            assert max(taken.get(n, 0) for n in cohort) == min(taken.get(n, 0) for n in online)
+            for n in cohort:
+                taken[n] = taken.get(n, 0) + 1
+            cohorts.append(cohort)
+        assert len(cohorts) == 30 and set(taken.values()) == {3} and len(taken) == 1000
+        runs.append(cohorts)
+    assert runs[0][0] != runs[1][0]
+
+
+def test_a_cohort_spans_tiers_when_the_least_used_do_not_fill_it():
+    taken = {1: 0, 2: 1, 3: 1, 4: 1, 5: 2}
+    cohort = balanced_sample([1, 2, 3, 4, 5], taken, 3, np.random.default_rng(0))
+    assert 1 in cohort and 5 not in cohort and len(cohort) == 3
+    assert balanced_sample([4, 2], taken, 3, np.random.default_rng(0)) == [2, 4]
 
 
 @pytest.mark.parametrize("p", [0.0, -0.1, 1.5])
