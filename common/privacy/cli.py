@@ -253,8 +253,9 @@ def _secagg(args: argparse.Namespace) -> int:
     if args.sample_rate is not None and not args.hidden:
         result["epsilon_adapter_observers"] = plan.observers_epsilon(args.sample_rate, args.rounds)
         result["adapter_observers"] = (
-            f"against observers of the released adapter only (sampling at p = {args.sample_rate:g} hidden "
-            f"from them, {args.rounds} rounds; Steinke 2022's amplification): not against the server"
+            f"against observers of the released adapter only, had the {args.rounds} rounds been "
+            f"Poisson-sampled at p = {args.sample_rate:g} (hidden from them): not against the server, and "
+            "not for runs, whose cohorts are fixed and balanced (docs/secure-aggregation.md)"
         )
     _print(result, args.json)
     return 0
