@@ -195,6 +195,40 @@ def test_audit_client_excluded_canary_releases_a_zero_increment_under_zero_out(t
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("coin", [True, False])
+def test_audit_client_hidden_canaries_flip_the_coin_real_clients_flip(tmp_path, monkeypatch, coin):
+    """Under hidden participation an included canary contributes only when its own coin comes up, as a
+    real client does (client/secure.py takes_part); an excluded one always sends zero. With every
+    coin up, the nonzero encodings are the 2 real clients' and the included canaries'; with every
+    coin down, all 12 are zero."""
+    from client import secure
+    from common.presets import preset
+    from common.privacy import discrete
+    from server.audit.client import audit_run
+    from tests.harness import TINY
+
+    monkeypatch.setattr(secure, "contributes", lambda rate: coin)
+    sent = []
+    real_encode, real_zero = discrete.encode, discrete.encode_zero
+    monkeypatch.setattr(discrete, "encode", lambda x, *a: sent.append(bool(x.any())) or real_encode(x, *a))
+    monkeypatch.setattr(discrete, "encode_zero", lambda *a: sent.append(False) or real_zero(*a))
+    cfg = preset(
+        "minilm-rt",
+        **{**TINY, "num_clients": 2, "rounds": 1},
+        mechanism="dp-fedavg",
+        threat_model="secure-aggregation-hidden",
+        target_epsilon=8.0,
+        clip=0.5,
+        sample_rate=0.5,
+        min_replies=2,
+        secagg_neighbours=2,
+    ).check()
+    audit_run(cfg, 10, tmp_path / "audit", seed=0, confidence=0.95)
+    included = json.loads((tmp_path / "audit" / "canaries.json").read_text())["included"]
+    assert len(sent) == 12 and sum(sent) == ((2 + sum(included)) if coin else 0)
+
+
+@pytest.mark.integration
 def test_audit_client_excluded_canary_is_absent_under_central_noise(tmp_path, monkeypatch):
     """Central noise is accounted for add/remove: an excluded canary's node, sampled, answers at once
     with an error reply, which the round rejects: the aggregate sums the real clients' and the
