@@ -19,13 +19,14 @@ directions; it does for additive noise symmetric about 0):
 
       f(L) ≤ λ·g1(L) + (1 − λ)·g2(L) + c·(L − 1),  g1 = (1 − q + qL)^α,  g2 = L·(1 − q + q/L)^α,
 
-  c fixed by matching slopes at L = 1, where all three sides equal 1. Taking E_Q: E_Q[L − 1] = 0,
+  c fixed by matching slopes at L = 1, where all three sides equal 1 (λ is then fixed by the Taylor
+  expansion there: :func:`add_certificate`). Taking E_Q: E_Q[L − 1] = 0,
   E_Q[g1] = e^{(α−1)D_α(R‖Q)} ≤ S(ε), and E_Q[g2] = E_P[(1 − q + q/L)^α] = e^{(α−1)D_α((1−q)P+qQ‖P)}
   ≤ S(ε) (the same expansion with D_ℓ(Q‖P)), so the add direction is ≤ S(ε) too. The pointwise
-  inequality in L does not involve the mechanism: it is checked numerically, once per (q, α), on
-  a grid of log L over [−60, 60] (and finely around L = 1, where it holds with equality); beyond
-  the grid the dominant term (g1 for large L, g2 for small L) grows without bound. Where no λ
-  passes, the factor 3 comes back for that order.
+  inequality in L does not involve the mechanism: near L = 1 it holds by its Taylor expansion
+  (closed form); elsewhere it is checked numerically, once per (q, α), on a grid of log L over
+  [−60, 60] with spacing 0.002; beyond the grid the dominant term (g1 for large L, g2 for small L)
+  grows without bound. Where it does not pass, the factor 3 comes back for that order.
 
 For the Gaussian curve ε(ℓ) = ℓ/(2σ²), S is exactly the sampled Gaussian's RDP, so Skellam noise
 then costs only the Skellam bound's own excess over the Gaussian (common/privacy/skellam.py).
@@ -40,21 +41,18 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy import optimize, special
+from scipy import special
 
 #: an RDP curve as a function of integer orders: maps an int array of orders to their RDP values
 RdpFunction = Callable[[np.ndarray], np.ndarray]
 
-#: log L on which the add-direction certificate is checked: wide, plus fine around L = 1
-_LOG_L = np.unique(np.concatenate([np.linspace(-60.0, 60.0, 12_001), np.linspace(-0.05, 0.05, 1_001)]))
-#: relative slack allowed for round-off (the inequality is an equality at L = 1)
-_SLACK = 1e-12
+#: log L on which the add-direction certificate is checked, away from L = 1 (spacing 0.002)
+_LOG_L = np.concatenate([np.linspace(-60.0, -0.05, 29_976), np.linspace(0.05, 60.0, 29_976)])
 
 
-def _certificate_margin(q: float, alpha: int, lam: float) -> float:
-    """min over the grid of [λ·g1 + (1 − λ)·g2 + c(L − 1) − f], each point divided by its largest
-    term (the sign is what matters; the terms span hundreds of orders of magnitude)."""
-    t = _LOG_L
+def _certificate_margin(q: float, alpha: int, lam: float, t: np.ndarray = _LOG_L) -> float:
+    """min over the log L grid ``t`` of [λ·g1 + (1 − λ)·g2 + c(L − 1) − f], each point divided by its
+    largest term (the sign is what matters; the terms span hundreds of orders of magnitude)."""
     log_u = np.log1p(q * np.expm1(t))  # log(1 − q + qL)
     log_f, log_g1 = (1 - alpha) * log_u, alpha * log_u
     log_g2 = t + alpha * np.log1p(q * np.expm1(-t))
@@ -68,15 +66,15 @@ def _certificate_margin(q: float, alpha: int, lam: float) -> float:
 @functools.lru_cache(maxsize=4096)
 def add_certificate(q: float, alpha: int) -> float | None:
     """The λ of the add-direction certificate at Poisson rate ``q`` and integer order ``alpha``, or
-    None where none passes. The margin is concave in λ (a minimum of functions affine in λ), so a
-    bounded scalar search finds its maximum."""
-    best = optimize.minimize_scalar(
-        lambda lam: -_certificate_margin(q, alpha, lam),
-        bounds=(0.0, 1.0),
-        method="bounded",
-        options={"xatol": 1e-10},
-    )
-    return float(best.x) if -best.fun >= -_SLACK else None
+    None where it does not pass.
+
+    With h = λ·g1 + (1 − λ)·g2 + c(L − 1) − f, h(1) = h′(1) = 0 by the choice of c, and h″(1) = 0
+    for every λ (f, g1 and g2 all have second derivative α(α − 1)q² at L = 1), so h ≥ 0 near L = 1
+    needs h‴(1) = 0, which fixes λ = 3(1 − q)/(3 + 2q(α − 2)); then h⁗(1) = 4α(α − 1)(2α − 1)q³(1 − q)
+    > 0 and h > 0 near L = 1. Away from it (|log L| ≥ 0.05) the margin on the grid must be strictly
+    positive (no second point of contact that the grid could step over)."""
+    lam = 3 * (1 - q) / (3 + 2 * q * (alpha - 2))
+    return lam if _certificate_margin(q, alpha, lam) > 0 else None
 
 
 def subsampled_rdp(rdp: RdpFunction, sample_rate: float, order: int) -> float:

@@ -69,6 +69,29 @@ def test_the_certificate_holds_pointwise_at_random_points(q, alpha):
 RATES = (0.01, 0.05, 0.1, 0.3, 0.5, 0.9, 0.99)
 
 
+@pytest.mark.parametrize(("q", "alpha"), [(0.1, 3), (0.1, 40), (0.5, 8), (0.01, 256)])
+def test_the_certificate_touches_at_l_1_to_fourth_order(q, alpha):
+    """In 50-digit arithmetic (mpmath), h(1 + e) = h⁗(1)e⁴/24 to leading order, with the closed form
+    h⁗(1) = 4α(α − 1)(2α − 1)q³(1 − q) > 0, on both sides of L = 1: the Taylor argument that
+    add_certificate's λ rests on, checked independently of its float grid."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    lam = add_certificate(q, alpha)
+    assert lam == pytest.approx(3 * (1 - q) / (3 + 2 * q * (alpha - 2)))
+    qm, lm = mpmath.mpf(q), mpmath.mpf(lam)
+    c = (1 - alpha) * qm - (lm * alpha * qm + (1 - lm) * (1 - alpha * qm))
+
+    def h(big_l):
+        u = 1 - qm + qm * big_l
+        g2 = big_l * (1 - qm + qm / big_l) ** alpha
+        return lm * u**alpha + (1 - lm) * g2 + c * (big_l - 1) - u ** (1 - alpha)
+
+    fourth = 4 * alpha * (alpha - 1) * (2 * alpha - 1) * qm**3 * (1 - qm)
+    for e in (mpmath.mpf("1e-4"), mpmath.mpf("-1e-4")):
+        assert float(h(1 + e) / (fourth * e**4 / 24)) == pytest.approx(1.0, rel=0.05)
+
+
 def test_amplification_bounds_both_directions_for_any_pair():
     """For random pmfs P, Q with ε(ℓ) = max(D_ℓ(P‖Q), D_ℓ(Q‖P)), both D_α(R‖Q) and D_α(Q‖R) of the
     mixture R = (1 − q)Q + qP stay under the bound, some pair comes within 1 % of it, and the add
