@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 
 import numpy as np
@@ -20,7 +18,7 @@ from client.local_update import local_update
 from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard
-from client.node.state import encoder_cache_dir, node_state_dir, sample_ledger
+from client.node.state import LEDGER_FILE, encoder_cache_dir, held_ledger
 from client.releases import client_release, round_clip
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
@@ -67,10 +65,10 @@ def gradstats(msg: Message, context: Context) -> Message:
     noise_std = cfg.stats_noise_std
     if noise_std > 0:  # a client-level release (local noise, p = 1): recorded once, like a round
         event = Event(cfg.stats_noise_multiplier, 1.0)
-        with _releases(context, cfg, pid, parts) as releases:
-            releases.check(STATS_ROUND, event, 0)
-            stats = privatise(stats, cfg.stats_clip, noise_std)
-            releases.charge(STATS_ROUND, event, cfg.stats_clip, "local")
+        releases = _releases(context, cfg, pid, parts)
+        releases.check(STATS_ROUND, event, 0)
+        stats = privatise(stats, cfg.stats_clip, noise_std)
+        releases.charge(STATS_ROUND, event, cfg.stats_clip, "local")
     reply = stats_reply(stats, {"granularity": cfg.stats_granularity, "noise-std": noise_std})
     return Message(reply, reply_to=msg)
 
@@ -93,21 +91,21 @@ def train(msg: Message, context: Context) -> Message:
     cap = noise.secure.participations if secure else 0
     contributes = client_secure.takes_part(noise)  # hidden participation: this node's own coin
     trains = contributes or cfg.secagg_train_always  # ... which timing must not show
-    with _releases(context, cfg, pid, parts) if released else nullcontext() as releases:
-        if releases is not None:
-            releases.check(ins.round, released[0], releases.future(ins.round, cap))
-        metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan) if trains else {}
-        if cfg.private:
-            metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
-        increment = (
-            local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
-            if contributes
-            else {k: torch.zeros_like(v) for k, v in ins.global_state.items()}
-        )
-        if releases is not None:  # committed before the release leaves
-            releases.check(ins.round, released[0], releases.future(ins.round, cap))
-            releases.charge(ins.round, *released, noise.threat_model)
-        reply = release_reply(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
+    releases = _releases(context, cfg, pid, parts) if released else None
+    if releases is not None:
+        releases.check(ins.round, released[0], releases.future(ins.round, cap))
+    metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan) if trains else {}
+    if cfg.private:
+        metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
+    increment = (
+        local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
+        if contributes
+        else {k: torch.zeros_like(v) for k, v in ins.global_state.items()}
+    )
+    if releases is not None:  # committed before the release leaves
+        releases.check(ins.round, released[0], releases.future(ins.round, cap))
+        releases.charge(ins.round, *released, noise.threat_model)
+    reply = release_reply(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
     return Message(reply, reply_to=msg)
 
 
@@ -143,47 +141,31 @@ def _train_steps(
     node = dict(context.node_config)
     ledger = None
     if plan is not None:  # sample-level DP: the node's own ledger, checked and charged before the steps
-        ledger = sample_ledger(node_state_dir(node), _owner(cfg, pid, parts), cfg.delta)
-    try:
-        if ledger is not None:
-            future = (cfg.rounds - ins.round) * cfg.local_steps  # as if sampled every later round
-            NodePolicy.from_node_config(node).check_sample_budget(
-                ledger, plan.sigma, plan.sample_rate, cfg.local_steps + future
-            )
-            run_key = _charge(
-                ledger, plan, str(context.run_id), ins.round, cfg.local_steps, cfg.optimizer_kind
-            )
-        with phase("local-training"):
-            metrics = local_update(
-                shard.trainee,
-                cfg,
-                plan,
-                seed=int(np.random.SeedSequence([cfg.seed, ins.round, pid]).generate_state(1)[0]),
-                desc=f"client {pid} round {ins.round}",
-            )
-        if ledger is not None:
-            ledger.settle(run_key, ins.round, "applied")
-    finally:
-        if ledger is not None:
-            ledger.close()
+        ledger = held_ledger(node, LEDGER_FILE, "sample-level", _owner(cfg, pid, parts), cfg.delta)
+        future = (cfg.rounds - ins.round) * cfg.local_steps  # as if sampled every later round
+        NodePolicy.from_node_config(node).check_sample_budget(
+            ledger, plan.sigma, plan.sample_rate, cfg.local_steps + future
+        )
+        run_key = _charge(ledger, plan, str(context.run_id), ins.round, cfg.local_steps, cfg.optimizer_kind)
+    with phase("local-training"):
+        metrics = local_update(
+            shard.trainee,
+            cfg,
+            plan,
+            seed=int(np.random.SeedSequence([cfg.seed, ins.round, pid]).generate_state(1)[0]),
+            desc=f"client {pid} round {ins.round}",
+        )
+    if ledger is not None:
+        ledger.settle(run_key, ins.round, "applied")
     return metrics
 
 
-@contextmanager
-def _releases(context: Context, cfg: RunConfig, pid: int, parts: int) -> Iterator[ReleaseLedger]:
+def _releases(context: Context, cfg: RunConfig, pid: int, parts: int) -> ReleaseLedger:
     """The node's client-level release ledger for this run (client/node/release_ledger.py)."""
     node = dict(context.node_config)
-    releases = ReleaseLedger.open(
-        node_state_dir(node),
-        _owner(cfg, pid, parts),
-        NodePolicy.from_node_config(node),
-        cfg,
-        str(context.run_id),
+    return ReleaseLedger.open(
+        node, _owner(cfg, pid, parts), NodePolicy.from_node_config(node), cfg, str(context.run_id)
     )
-    try:
-        yield releases
-    finally:
-        releases.close()
 
 
 def _owner(cfg: RunConfig, pid: int, parts: int) -> str:

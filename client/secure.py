@@ -20,7 +20,7 @@ from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.plan import NoisePlan
 from common.privacy.secure_release import SecureRelease
-from common.secagg import keys, protocol
+from common.secagg import keys, prf, protocol
 from common.secagg import wire as sw
 from common.secagg.protocol import Client, Held, PublicKeys
 
@@ -28,8 +28,8 @@ STATE = "secagg-state"  # context.state record of the round in progress
 
 
 def _words(bits: int) -> np.dtype:
-    """The dtype a node keeps its input's words in: 4 bytes each when b ≤ 32, else 8."""
-    return np.dtype("<u4" if bits <= 32 else "<u8")
+    """The dtype a node keeps its input's words in (little-endian :func:`prf.word_dtype`)."""
+    return prf.word_dtype(bits).newbyteorder("<")
 
 
 def _save(context: Context, client: Client, x: bytes) -> None:
@@ -139,7 +139,7 @@ def _share(client: Client, x: bytes, values: dict, context: Context) -> dict[str
 
 
 def _mask(client: Client, x: bytes, values: dict, context: Context) -> dict[str, object]:
-    words = np.frombuffer(x, dtype=_words(client.params.bits)).astype(np.int64)
+    words = np.frombuffer(x, dtype=_words(client.params.bits))
     client, y = protocol.masked_input(client, sw.tokens_from(values), words)
     _save(context, client, x)
     return sw.vector_values(y, client.params.bits)

@@ -19,6 +19,8 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from client.node.state import LEDGER_SYNC
+
 log = logging.getLogger("fedlora.inprocess")
 
 SERVER_NODE_ID = 0
@@ -44,7 +46,9 @@ class InProcessGrid(Grid):
         state_root: Path | None = None,
     ) -> None:
         """``state_root``: node k keeps its state (sample-level ledger) in ``state_root/node-k``; the
-        encoders the nodes receive are cached once, in ``state_root/shared``."""
+        encoders the nodes receive are cached once, in ``state_root/shared``. The nodes' ledgers
+        commit at ``ledger-sync = normal`` (client/node/state.py): they survive a crash of this
+        process but not of the machine (the server's own ledger commits at ``full``)."""
         self.client_app = client_app
         self.raise_errors = raise_errors
         self._run = Run.create_empty(run_id)
@@ -55,6 +59,7 @@ class InProcessGrid(Grid):
                 node_config={
                     "partition-id": k,
                     "num-partitions": num_nodes,
+                    LEDGER_SYNC: "normal",  # one disk for every node: their syncs would queue
                     **(
                         {
                             "state-dir": str(state_root / f"node-{k}"),

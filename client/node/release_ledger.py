@@ -22,10 +22,9 @@ run's plan, which holds against everyone but the server.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 from client.node.policy import NodePolicy
-from client.node.state import client_ledger
+from client.node.state import CLIENT_LEDGER_FILE, held_ledger
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy.accountants import Event
@@ -47,11 +46,14 @@ class ReleaseLedger:
         self.ledger, self.policy, self.cfg, self.run = ledger, policy, cfg, run
 
     @classmethod
-    def open(cls, state_dir: Path, owner: str, policy: NodePolicy, cfg: RunConfig, run: str) -> ReleaseLedger:
-        return cls(client_ledger(state_dir, owner, cfg.delta), policy, cfg, run)
-
-    def close(self) -> None:
-        self.ledger.close()
+    def open(
+        cls, node_config: dict, owner: str, policy: NodePolicy, cfg: RunConfig, run: str
+    ) -> ReleaseLedger:
+        """The node's client-level ledger, held open by this process (client/node/state.py
+        :func:`held_ledger`: nobody closes it)."""
+        return cls(
+            held_ledger(node_config, CLIENT_LEDGER_FILE, "client-level", owner, cfg.delta), policy, cfg, run
+        )
 
     def check(self, rnd: int, event: Event, planned: int) -> None:
         """Refuse round ``rnd`` outside the plan, answered before, or over the budget with

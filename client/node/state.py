@@ -9,13 +9,24 @@ federation over the same data, adds to the history instead of starting from zero
 from __future__ import annotations
 
 import os
+import resource
+from collections import OrderedDict
+from functools import cache
 from pathlib import Path
 
 from common.errors import FedloraError
-from common.privacy.ledger import Ledger
+from common.privacy.ledger import SYNC_LEVELS, Ledger
 
 LEDGER_FILE = "sample-ledger.sqlite"
 CLIENT_LEDGER_FILE = "client-ledger.sqlite"
+#: node-config key: how the node's ledgers commit, ``full`` (the default: every charge synced to
+#: disk) or ``normal`` (survives a crash of the process, not of the machine; common/privacy/ledger.py
+#: SYNC_LEVELS). The in-process simulation sets ``normal`` for its nodes: there one disk stands in for
+#: every node's own, and N nodes' syncs would queue one after another on it
+LEDGER_SYNC = "ledger-sync"
+
+#: the ledgers this process's nodes keep open between messages: path -> (pid, file id, ledger)
+_HELD: OrderedDict[Path, tuple[int, tuple[int, int], Ledger]] = OrderedDict()
 
 
 def node_state_dir(node_config: dict) -> Path:
@@ -50,14 +61,68 @@ def client_ledger(state_dir: Path, owner: str, delta: float) -> Ledger:
     return _node_ledger(state_dir / CLIENT_LEDGER_FILE, "client-level", owner, delta)
 
 
+def held_ledger(node_config: dict, file: str, unit: str, owner: str, delta: float) -> Ledger:
+    """The node's ledger ``file`` (:data:`LEDGER_FILE` or :data:`CLIENT_LEDGER_FILE`) in its state
+    directory, checked like :func:`sample_ledger`, opened once per process and kept open between
+    the node's messages (reopening costs a WAL checkpoint and a sync on every close; callers never
+    close it). Committed at the node config's :data:`LEDGER_SYNC`. A file replaced or removed behind
+    the process's back is opened again, never written through a stale handle."""
+    path = node_state_dir(node_config) / file
+    sync = str(node_config.get(LEDGER_SYNC) or "full")
+    if sync not in SYNC_LEVELS:
+        raise FedloraError(f"node config {LEDGER_SYNC} must be one of {', '.join(SYNC_LEVELS)}, got {sync!r}")
+    kept = _HELD.pop(path, None)
+    if kept is not None:
+        pid, ident, ledger = kept
+        if pid == os.getpid() and ident == _file_id(path) and (ledger.unit, ledger.owner) == (unit, owner):
+            _HELD[path] = kept  # the most recently used last
+            return _check_delta(ledger, delta, keep=True)
+        if pid == os.getpid():
+            ledger.close()
+    ledger = _node_ledger(path, unit, owner, delta)
+    ledger.set_sync(sync)
+    _HELD[path] = (os.getpid(), _file_id(path), ledger)
+    while len(_HELD) > _held_max():
+        _HELD.popitem(last=False)[1][2].close()
+    return ledger
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (st.st_dev, st.st_ino)
+
+
+@cache
+def _held_max() -> int:
+    """How many ledgers a process keeps open: an open WAL ledger holds three file descriptors, so an
+    eighth of the soft limit, raised to the hard limit first (a 1,000-node simulation keeps 1,000)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return max(16, min(soft, 1 << 20) // 8)
+
+
+def _check_delta(ledger: Ledger, delta: float, keep: bool = False) -> Ledger:
+    if ledger.delta != delta:
+        if not keep:
+            ledger.close()
+        raise FedloraError(
+            f"node policy: this node's {ledger.unit} ledger {ledger.path} accounts at delta "
+            f"{ledger.delta:g}; the run asks delta {delta:g} (use that delta, or another state "
+            "directory for this data)"
+        )
+    return ledger
+
+
 def _node_ledger(path: Path, unit: str, owner: str, delta: float) -> Ledger:
     if not path.exists():
         return Ledger.create(path, unit, owner, delta)
-    ledger = Ledger.open(path, unit, owner)
-    if ledger.delta != delta:
-        ledger.close()
-        raise FedloraError(
-            f"node policy: this node's {unit} ledger {path} accounts at delta {ledger.delta:g}; "
-            f"the run asks delta {delta:g} (use that delta, or another state directory for this data)"
-        )
-    return ledger
+    return _check_delta(Ledger.open(path, unit, owner), delta)

@@ -229,6 +229,12 @@ class Ledger:
     def close(self) -> None:
         self._conn.close()
 
+    def set_sync(self, level: str) -> None:
+        """Commit at ``level`` from now on (:data:`SYNC_LEVELS`); a ledger opens at ``full``."""
+        if level not in SYNC_LEVELS:
+            raise FedloraError(f"ledger sync must be one of {', '.join(SYNC_LEVELS)}, got {level!r}")
+        self._conn.execute(f"PRAGMA synchronous={level.upper()}")
+
     # --- reading -----------------------------------------------------------------------------
     def rows(self) -> list[dict]:
         return self._select("")
@@ -468,6 +474,12 @@ def _totals_of(history: tuple[tuple[Event, int], ...], delta: float) -> tuple:
     return (("mu", gdp_acc.mu), ("eps_gdp", gdp_acc.epsilon(delta)), ("eps_tight", tight.epsilon(delta)))
 
 
+#: how a ledger commits (SQLite's ``synchronous`` in WAL mode, https://sqlite.org/pragma.html#pragma_synchronous):
+#: ``full`` (the default) syncs every commit to disk, so a committed charge survives power loss;
+#: ``normal`` survives a crash of the process but not of the machine (no sync per commit)
+SYNC_LEVELS = ("full", "normal")
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=30.0)  # `with conn:` = one transaction
     conn.execute("PRAGMA journal_mode=WAL")
@@ -475,4 +487,4 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-__all__ = ["SCHEMA", "STATUSES", "THREAT_MODELS", "UNITS", "Charge", "Ledger"]
+__all__ = ["SCHEMA", "STATUSES", "SYNC_LEVELS", "THREAT_MODELS", "UNITS", "Charge", "Ledger"]

@@ -6,10 +6,13 @@ Flower folds the 32-byte seed into 32 bits by XOR and expands it with numpy's Me
 a mask is: key = HKDF-SHA256 (RFC 5869) of the FULL 32-byte seed with the mask's context (round,
 pair or self, node ids) as ``info``; keystream = ChaCha20 (RFC 8439) under that key, zero nonce and
 counter 0 (each key is used for one context only); coordinate i = the low ``bits`` bits of the
-i-th little-endian 64-bit keystream word. A keystream word is uniform on [0, 2^64) and 2^bits
-divides 2^64, so each coordinate is exactly uniform on [0, 2^bits).
+i-th little-endian keystream word of :func:`word_dtype` (32 bits when ``bits`` ≤ 32, else 64). A
+keystream word is uniform on [0, 2^w) and 2^bits divides 2^w, so each coordinate is exactly uniform
+on [0, 2^bits), and sums of masks can be taken in w-bit words, whose wrap-around is a multiple of
+2^bits.
 
-Cost: one HKDF and 8·d keystream bytes per mask of d coordinates (about 1 GB/s in OpenSSL).
+Cost: one HKDF and 4·d (8·d above 32 bits) keystream bytes per mask of d coordinates (a few GB/s
+in OpenSSL).
 """
 
 from __future__ import annotations
@@ -49,19 +52,28 @@ def derive_key(seed: bytes, info: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=DOMAIN + info).derive(seed)
 
 
-def keystream_words(key: bytes, count: int, nonce: bytes = ZERO_NONCE) -> np.ndarray:
-    """The first ``count`` 64-bit little-endian words of the ChaCha20 keystream: shape (count,), uint64.
+def word_dtype(bits: int) -> np.dtype:
+    """The words masks of ``bits`` bits per coordinate are drawn and summed in: uint32 when
+    ``bits`` ≤ 32, else uint64."""
+    return np.dtype(np.uint32 if bits <= 32 else np.uint64)
+
+
+def keystream_words(key: bytes, count: int, nonce: bytes = ZERO_NONCE, dtype=np.uint64) -> np.ndarray:
+    """The first ``count`` little-endian words (``dtype``: uint64 or uint32) of the ChaCha20
+    keystream: shape (count,).
 
     ``nonce`` as ``cryptography`` takes it: 4-byte little-endian initial block counter, then the
     12-byte nonce of RFC 8439 §2.3.
     """
+    dtype = np.dtype(dtype)
     encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-    stream = encryptor.update(bytes(8 * count)) + encryptor.finalize()
-    return np.frombuffer(stream, dtype="<u8").astype(np.uint64)
+    stream = encryptor.update(bytes(dtype.itemsize * count)) + encryptor.finalize()
+    return np.frombuffer(stream, dtype=dtype.newbyteorder("<")).astype(dtype)
 
 
 def mask(seed: bytes, count: int, bits: int, info: bytes) -> np.ndarray:
-    """A mask of ``count`` coordinates, each uniform on [0, 2^bits): shape (count,), uint64.
+    """A mask of ``count`` coordinates, each uniform on [0, 2^bits): shape (count,), of
+    :func:`word_dtype` (``bits``).
 
     ``seed``: 32 secret bytes (a self-mask seed b_u or a pairwise seed s_uv, Bonawitz et al. 2017
     §4); ``info``: the mask's :func:`context`, so one seed gives unrelated masks per round and use.
@@ -70,4 +82,7 @@ def mask(seed: bytes, count: int, bits: int, info: bytes) -> np.ndarray:
         raise SecAggError(f"bits per coordinate must be in [1, {MAX_BITS}], got {bits}")
     if count < 0:
         raise SecAggError(f"a mask has a non-negative number of coordinates, got {count}")
-    return keystream_words(derive_key(seed, info), count) & np.uint64((1 << bits) - 1)
+    dtype = word_dtype(bits)
+    words = keystream_words(derive_key(seed, info), count, dtype=dtype)
+    words &= dtype.type((1 << bits) - 1)  # a copy already: frombuffer's view is read-only
+    return words

@@ -79,7 +79,7 @@ class Params:
             raise SecAggError(f"bits per coordinate must be in [1, {prf.MAX_BITS}], got {self.bits}")
         if self.length < 1:
             raise SecAggError(f"inputs need at least one coordinate, got length {self.length}")
-        if len(set(self.node_ids)) != n or any(not 0 <= node < 2**64 for node in self.node_ids):
+        if len(set(self.node_ids)) != n or (n and not 0 <= min(self.node_ids) <= max(self.node_ids) < 2**64):
             raise SecAggError("node ids must be distinct integers in [0, 2^64)")
         if len(self.public_seed) < 16:
             raise SecAggError(f"the public graph seed needs at least 16 bytes, got {len(self.public_seed)}")
@@ -228,7 +228,8 @@ def _pair_mask(client: Client, peer: int) -> np.ndarray:
 
 
 def check_input(params: Params, x: np.ndarray) -> np.ndarray:
-    """``x`` as uint64 of shape (d,), or a one-line error: no coordinate outside [0, 2^b) is clipped."""
+    """``x`` as words of :func:`prf.word_dtype` (uint32 when b ≤ 32, else uint64), shape (d,), or a
+    one-line error: no coordinate outside [0, 2^b) is clipped."""
     x = np.asarray(x)
     if x.shape != (params.length,) or not np.issubdtype(x.dtype, np.integer):
         raise SecAggError(
@@ -238,14 +239,15 @@ def check_input(params: Params, x: np.ndarray) -> np.ndarray:
         raise SecAggError(
             f"input coordinates must lie in [0, 2^{params.bits}), got [{int(x.min())}, {int(x.max())}]"
         )
-    return x.astype(np.uint64)
+    return x.astype(prf.word_dtype(params.bits))
 
 
 def masked_input(client: Client, inbox: Mapping[int, bytes], x: np.ndarray) -> tuple[Client, np.ndarray]:
     """Stage 2 (client): open the neighbours' shares, keep them, and mask ``x`` (Bonawitz eq. 2).
 
     ``inbox``: sender -> token from :func:`route_shares`; ``x``: integers in [0, 2^b), shape (d,).
-    Returns the new state and y_u, shape (d,), uint64 in [0, 2^b). The pairwise masks cover the
+    Returns the new state and y_u, shape (d,), in [0, 2^b) (words of :func:`prf.word_dtype`, whose
+    wrap-around is a multiple of 2^b). The pairwise masks cover the
     neighbours whose shares arrived (N(u) ∩ U_2): those are the ones that masked with u.
     """
     params, me = client.params, client.node_id
@@ -269,7 +271,8 @@ def masked_input(client: Client, inbox: Mapping[int, bytes], x: np.ndarray) -> t
     for v in sorted(held):
         y += _pair_mask(client, v)
     client = replace(client, held=held)
-    return client, y & np.uint64((1 << params.bits) - 1)
+    y &= y.dtype.type((1 << params.bits) - 1)
+    return client, y
 
 
 def unmask_request(shared: Collection[int], survivors: Collection[int]) -> UnmaskRequest:
@@ -336,8 +339,8 @@ def unmask_sum(
     strangers = {r.node_id for r in replies} - survivors
     if strangers:
         raise SecAggError(f"unmask replies from nodes that sent no masked input: {sorted(strangers)}")
-    modulus_mask = np.uint64((1 << params.bits) - 1)
-    total = np.zeros(params.length, dtype=np.uint64)
+    dtype = prf.word_dtype(params.bits)  # sums wrap at 2^32 or 2^64, multiples of 2^b
+    total = np.zeros(params.length, dtype=dtype)
     for u in sorted(survivors):
         total += check_input(params, masked[u])
     for u in sorted(survivors):
@@ -369,4 +372,5 @@ def unmask_sum(
                 prf.context(params.round_number, "pair", min(u, v), max(u, v)),
             )
             total -= pad if v < u else -pad  # y_v carried +PRF(s_uv) when v < u
-    return total & modulus_mask
+    total &= dtype.type((1 << params.bits) - 1)
+    return total.astype(np.uint64)

@@ -13,6 +13,10 @@ Messages (server -> client, then the reply), each a ``RecordDict`` with one ``Co
 ``train.secagg_unmask``                ``survivors``, ``dropped``
     reply                              ``self-nodes``, ``self-shares``, ``key-nodes``, ``key-shares``
 
+Lists of node ids (``p-nodes``, ``nodes``, ``survivors``, ``dropped``, ``self-nodes``, ``key-nodes``)
+travel as 8-byte little-endian words packed end to end: the round's node list goes to every node
+in every stage, and read as Python lists it cost each node O(N) interpreted steps per message.
+
 A parse error is an :class:`common.wire.InvalidReply` (one line); the protocol's own checks
 (common/secagg/protocol.py) run after it.
 """
@@ -27,15 +31,15 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from common.secagg.protocol import Params, PublicKeys, UnmaskReply, UnmaskRequest
 from common.wire import InvalidReply, check_not_error
 
-SCHEMA = "fedlora-secagg/1"
+SCHEMA = "fedlora-secagg/2"
 RECORD = "secagg"
 STAGES = ("train.secagg_share", "train.secagg_mask", "train.secagg_unmask")
 
 
 def config_record(values: Mapping[str, object]) -> ConfigRecord:
-    """``values`` as a ConfigRecord, empty lists left out (Flower's ConfigRecord cannot size one);
-    a reader takes a missing list as empty."""
-    return ConfigRecord({k: v for k, v in values.items() if not (isinstance(v, list) and not v)})
+    """``values`` as a ConfigRecord, empty lists and byte strings left out (Flower's ConfigRecord
+    cannot size them); a reader takes a missing list or id list as empty."""
+    return ConfigRecord({k: v for k, v in values.items() if not (isinstance(v, list | bytes) and not v)})
 
 
 def record(round_number: int, **values: object) -> RecordDict:
@@ -60,11 +64,17 @@ def fields(msg: Message | RecordDict, round_number: int | None = None) -> dict:
     return values
 
 
-def _ints(values: Mapping, key: str) -> list[int]:
-    got = values.get(key, [])
-    if not isinstance(got, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in got):
-        raise InvalidReply(f"{key}: not a list of integers")
-    return got
+def pack_ids(ids) -> bytes:
+    """Node ids (non-negative, below 2^64) as 8-byte little-endian words end to end."""
+    return np.asarray(list(ids), dtype="<u8").tobytes()
+
+
+def _ids(values: Mapping, key: str) -> list[int]:
+    """The node ids :func:`pack_ids` packed under ``key`` (missing: none)."""
+    got = values.get(key, b"")
+    if not isinstance(got, bytes) or len(got) % 8:
+        raise InvalidReply(f"{key}: not node ids packed in 8-byte words")
+    return np.frombuffer(got, dtype="<u8").tolist()
 
 
 def _blobs(values: Mapping, key: str, count: int) -> list[bytes]:
@@ -84,7 +94,7 @@ def _blob(values: Mapping, key: str) -> bytes:
 def params_record(params: Params) -> dict[str, object]:
     """``params``'s values for a ``secagg`` record (prefixed ``p-``)."""
     return {
-        "p-nodes": list(params.node_ids),
+        "p-nodes": pack_ids(params.node_ids),
         "p-k": params.k,
         "p-threshold": params.threshold,
         "p-bits": params.bits,
@@ -103,7 +113,7 @@ def params_from(values: Mapping, round_number: int) -> Params:
         scalars[key] = value
     return Params(
         round_number,
-        tuple(_ints(values, "p-nodes")),
+        tuple(_ids(values, "p-nodes")),
         scalars["p-k"],
         scalars["p-threshold"],
         scalars["p-bits"],
@@ -126,25 +136,25 @@ def keys_from(values: Mapping, node: int) -> PublicKeys:
 def peers_values(peers: Mapping[int, PublicKeys]) -> dict[str, object]:
     nodes = sorted(peers)
     return {
-        "nodes": nodes,
+        "nodes": pack_ids(nodes),
         "cipher": [peers[v].cipher for v in nodes],
         "mask": [peers[v].mask for v in nodes],
     }
 
 
 def peers_from(values: Mapping) -> dict[int, PublicKeys]:
-    nodes = _ints(values, "nodes")
+    nodes = _ids(values, "nodes")
     cipher, mask = _blobs(values, "cipher", len(nodes)), _blobs(values, "mask", len(nodes))
     return {v: PublicKeys(v, c, m) for v, c, m in zip(nodes, cipher, mask, strict=True)}
 
 
 def tokens_values(tokens: Mapping[int, bytes]) -> dict[str, object]:
     nodes = sorted(tokens)
-    return {"nodes": nodes, "tokens": [tokens[v] for v in nodes]}
+    return {"nodes": pack_ids(nodes), "tokens": [tokens[v] for v in nodes]}
 
 
 def tokens_from(values: Mapping) -> dict[int, bytes]:
-    nodes = _ints(values, "nodes")
+    nodes = _ids(values, "nodes")
     if len(set(nodes)) != len(nodes):
         raise InvalidReply("nodes: repeated ids")
     return dict(zip(nodes, _blobs(values, "tokens", len(nodes)), strict=True))
@@ -183,20 +193,20 @@ def vector_from(values: Mapping, params: Params) -> np.ndarray:
 
 
 def request_values(request: UnmaskRequest) -> dict[str, object]:
-    return {"survivors": sorted(request.survivors), "dropped": sorted(request.dropped)}
+    return {"survivors": pack_ids(sorted(request.survivors)), "dropped": pack_ids(sorted(request.dropped))}
 
 
 def request_from(values: Mapping) -> UnmaskRequest:
-    return UnmaskRequest(frozenset(_ints(values, "survivors")), frozenset(_ints(values, "dropped")))
+    return UnmaskRequest(frozenset(_ids(values, "survivors")), frozenset(_ids(values, "dropped")))
 
 
 def unmask_values(reply: UnmaskReply) -> dict[str, object]:
     own, keys = sorted(reply.self_seed_shares), sorted(reply.mask_key_shares)
     return {
         "node": reply.node_id,
-        "self-nodes": own,
+        "self-nodes": pack_ids(own),
         "self-shares": [reply.self_seed_shares[v] for v in own],
-        "key-nodes": keys,
+        "key-nodes": pack_ids(keys),
         "key-shares": [reply.mask_key_shares[v] for v in keys],
     }
 
@@ -204,7 +214,7 @@ def unmask_values(reply: UnmaskReply) -> dict[str, object]:
 def unmask_from(values: Mapping, node: int) -> UnmaskReply:
     if values.get("node") != node:
         raise InvalidReply(f"unmask reply for node {values.get('node')!r} from node {node}")
-    own, keys = _ints(values, "self-nodes"), _ints(values, "key-nodes")
+    own, keys = _ids(values, "self-nodes"), _ids(values, "key-nodes")
     return UnmaskReply(
         node,
         dict(zip(own, _blobs(values, "self-shares", len(own)), strict=True)),
@@ -229,6 +239,7 @@ __all__ = [
     "fields",
     "keys_from",
     "keys_values",
+    "pack_ids",
     "packed_size",
     "params_from",
     "params_record",

@@ -77,16 +77,21 @@ def test_keystream_words_are_the_rfc_8439_keystream():
     assert words.astype("<u8").tobytes() == RFC8439_A1_BLOCK0 + RFC8439_A1_BLOCK1
     nonce = (1).to_bytes(4, "little") + RFC8439_232_NONCE
     assert prf.keystream_words(RFC8439_232_KEY, 8, nonce).astype("<u8").tobytes() == RFC8439_232_BLOCK
+    narrow = prf.keystream_words(bytes(32), 32, dtype=np.uint32)
+    assert (
+        narrow.dtype == np.uint32 and narrow.astype("<u4").tobytes() == RFC8439_A1_BLOCK0 + RFC8439_A1_BLOCK1
+    )
 
 
 def test_mask_is_the_low_bits_of_the_chacha20_keystream_under_the_hkdf_key():
     seed, info = os.urandom(32), prf.context(7, "pair", 3, 11)
     key = _reference_hkdf(seed, prf.DOMAIN + info)
     stream = b"".join(_reference_block(key, block, bytes(12)) for block in range(3))
-    words = np.frombuffer(stream, dtype="<u8")[:20]
-    for bits in (1, 13, 32, 62):
-        expected = words & np.uint64((1 << bits) - 1)
-        assert np.array_equal(prf.mask(seed, 20, bits, info), expected)
+    for bits, word in ((1, "<u4"), (13, "<u4"), (32, "<u4"), (33, "<u8"), (62, "<u8")):
+        words = np.frombuffer(stream, dtype=word)[:20].astype(np.uint64)
+        got = prf.mask(seed, 20, bits, info)
+        assert got.dtype == prf.word_dtype(bits) and got.dtype.itemsize == int(word[-1])
+        assert np.array_equal(got, words & np.uint64((1 << bits) - 1))
 
 
 def test_every_value_up_to_the_top_one_occurs_and_nothing_above():
