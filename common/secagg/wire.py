@@ -165,16 +165,33 @@ def packed_size(length: int, bits: int) -> int:
     return (length * bits + 7) // 8
 
 
+def _lanes(bits: int) -> int:
+    """64-bit lanes that hold 8 words of ``bits`` bits end to end (8·bits bits = ``bits`` bytes)."""
+    return -(-bits // 8)
+
+
 def vector_values(vector: np.ndarray, bits: int) -> dict[str, object]:
     """``vector`` (d,) of integers in [0, 2^bits) packed to ``bits`` bits each, least significant
-    bit first (:func:`packed_size` bytes: 20 bits per coordinate send 2.5 bytes, not 4)."""
-    words = np.ascontiguousarray(vector).astype("<u8")
+    bit first (:func:`packed_size` bytes: 20 bits per coordinate send 2.5 bytes, not 4).
+
+    Word i occupies bits i·b to i·b + b − 1 of the stream, byte j holding bits 8j to 8j + 7. Eight
+    words make exactly b bytes, so the words are packed eight at a time into 64-bit lanes with
+    shifts (a few array operations, not one per bit)."""
+    words = np.ascontiguousarray(vector).astype(np.uint64)
     if words.size and int(words.max()) >> bits:
         raise ValueError(f"a word of the vector is not below 2^{bits}")
-    # the bits of each word's low ⌈bits/8⌉ bytes, least significant first; its low ``bits``, end to end
-    low = words.view(np.uint8).reshape(-1, 8)[:, : (bits + 7) // 8]
-    planes = np.unpackbits(low, axis=1, bitorder="little")[:, :bits]
-    return {"masked": np.packbits(planes.reshape(-1), bitorder="little").tobytes()}
+    groups = -(-words.size // 8)
+    padded = np.zeros(groups * 8, dtype=np.uint64)
+    padded[: words.size] = words
+    padded = padded.reshape(groups, 8)
+    lanes = np.zeros((groups, _lanes(bits)), dtype="<u8")
+    for i in range(8):
+        lane, shift = divmod(i * bits, 64)
+        lanes[:, lane] |= padded[:, i] << np.uint64(shift)
+        if shift + bits > 64:
+            lanes[:, lane + 1] |= padded[:, i] >> np.uint64(64 - shift)
+    stream = lanes.view(np.uint8).reshape(groups, -1)[:, :bits].reshape(-1)
+    return {"masked": stream[: packed_size(words.size, bits)].tobytes()}
 
 
 def vector_from(values: Mapping, params: Params) -> np.ndarray:
@@ -182,14 +199,25 @@ def vector_from(values: Mapping, params: Params) -> np.ndarray:
     data, size = _blob(values, "masked"), packed_size(params.length, params.bits)
     if len(data) != size:
         raise InvalidReply(f"masked: {len(data)} bytes, expected {size}")
-    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
-    if bits[params.length * params.bits :].any():
+    bits, count = params.bits, params.length
+    tail = count * bits % 8
+    if tail and data[-1] >> tail:
         raise InvalidReply("masked: bits set past the last word")
-    width = 4 if params.bits <= 32 else 8  # bytes of the word each b bits are widened to
-    planes = np.zeros((params.length, 8 * width), dtype=np.uint8)
-    planes[:, : params.bits] = bits[: params.length * params.bits].reshape(params.length, params.bits)
-    words = np.packbits(planes, axis=1, bitorder="little").view(f"<u{width}")
-    return words.reshape(-1).astype(np.int64)
+    groups = -(-count // 8)
+    stream = np.zeros(groups * bits, dtype=np.uint8)
+    stream[:size] = np.frombuffer(data, dtype=np.uint8)
+    raw = np.zeros((groups, 8 * _lanes(bits)), dtype=np.uint8)
+    raw[:, :bits] = stream.reshape(groups, bits)
+    lanes = raw.view("<u8").astype(np.uint64)
+    low = np.uint64((1 << bits) - 1)
+    words = np.empty((groups, 8), dtype=np.uint64)
+    for i in range(8):
+        lane, shift = divmod(i * bits, 64)
+        word = lanes[:, lane] >> np.uint64(shift)
+        if shift + bits > 64:
+            word |= lanes[:, lane + 1] << np.uint64(64 - shift)
+        words[:, i] = word & low
+    return words.reshape(-1)[:count].astype(np.int64)
 
 
 def request_values(request: UnmaskRequest) -> dict[str, object]:
