@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.node.state import LEDGER_SYNC
+from common.privacy.ledger import LEDGER_SYNC
 
 log = logging.getLogger("fedlora.inprocess")
 

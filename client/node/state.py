@@ -15,15 +15,14 @@ from functools import cache
 from pathlib import Path
 
 from common.errors import FedloraError
-from common.privacy.ledger import SYNC_LEVELS, Ledger
+from common.privacy.ledger import LEDGER_SYNC, SYNC_LEVELS, Ledger
 
 LEDGER_FILE = "sample-ledger.sqlite"
 CLIENT_LEDGER_FILE = "client-ledger.sqlite"
-#: node-config key: how the node's ledgers commit, ``full`` (the default: every charge synced to
-#: disk) or ``normal`` (survives a crash of the process, not of the machine; common/privacy/ledger.py
-#: SYNC_LEVELS). The in-process simulation sets ``normal`` for its nodes: there one disk stands in for
-#: every node's own, and N nodes' syncs would queue one after another on it
-LEDGER_SYNC = "ledger-sync"
+# LEDGER_SYNC, the node-config key: how the node's ledgers commit, ``full`` (the default: every
+# charge synced to disk) or ``normal`` (survives a crash of the process, not of the machine;
+# common/privacy/ledger.py SYNC_LEVELS). The in-process simulation sets ``normal`` for its nodes:
+# there one disk stands in for every node's own, and N nodes' syncs would queue one after another
 
 #: the ledgers this process's nodes keep open between messages: path -> (pid, file id, ledger)
 _HELD: OrderedDict[Path, tuple[int, tuple[int, int], Ledger]] = OrderedDict()

@@ -478,6 +478,8 @@ def _totals_of(history: tuple[tuple[Event, int], ...], delta: float) -> tuple:
 #: ``full`` (the default) syncs every commit to disk, so a committed charge survives power loss;
 #: ``normal`` survives a crash of the process but not of the machine (no sync per commit)
 SYNC_LEVELS = ("full", "normal")
+#: the node-config key a node reads its ledgers' level from (client/node/state.py)
+LEDGER_SYNC = "ledger-sync"
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -487,4 +489,4 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-__all__ = ["SCHEMA", "STATUSES", "SYNC_LEVELS", "THREAT_MODELS", "UNITS", "Charge", "Ledger"]
+__all__ = ["LEDGER_SYNC", "SCHEMA", "STATUSES", "SYNC_LEVELS", "THREAT_MODELS", "UNITS", "Charge", "Ledger"]
