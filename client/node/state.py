@@ -15,14 +15,10 @@ from functools import cache
 from pathlib import Path
 
 from common.errors import FedloraError
-from common.privacy.ledger import LEDGER_SYNC, SYNC_LEVELS, Ledger
+from common.privacy.ledger import LEDGER_SYNC, Ledger, check_sync
 
 LEDGER_FILE = "sample-ledger.sqlite"
 CLIENT_LEDGER_FILE = "client-ledger.sqlite"
-# LEDGER_SYNC, the node-config key: how the node's ledgers commit, ``full`` (the default: every
-# charge synced to disk) or ``normal`` (survives a crash of the process, not of the machine;
-# common/privacy/ledger.py SYNC_LEVELS). The in-process simulation sets ``normal`` for its nodes:
-# there one disk stands in for every node's own, and N nodes' syncs would queue one after another
 
 #: the ledgers this process's nodes keep open between messages: path -> (pid, file id, ledger)
 _HELD: OrderedDict[Path, tuple[int, tuple[int, int], Ledger]] = OrderedDict()
@@ -67,15 +63,13 @@ def held_ledger(node_config: dict, file: str, unit: str, owner: str, delta: floa
     close it). Committed at the node config's :data:`LEDGER_SYNC`. A file replaced or removed behind
     the process's back is opened again, never written through a stale handle."""
     path = node_state_dir(node_config) / file
-    sync = str(node_config.get(LEDGER_SYNC) or "full")
-    if sync not in SYNC_LEVELS:
-        raise FedloraError(f"node config {LEDGER_SYNC} must be one of {', '.join(SYNC_LEVELS)}, got {sync!r}")
+    sync = check_sync(str(node_config.get(LEDGER_SYNC) or "full"))  # before any file is touched
     kept = _HELD.pop(path, None)
     if kept is not None:
         pid, ident, ledger = kept
         if pid == os.getpid() and ident == _file_id(path) and (ledger.unit, ledger.owner) == (unit, owner):
             _HELD[path] = kept  # the most recently used last
-            return _check_delta(ledger, delta, keep=True)
+            return _check_delta(ledger, delta)
         if pid == os.getpid():
             ledger.close()
     ledger = _node_ledger(path, unit, owner, delta)
@@ -109,10 +103,8 @@ def _held_max() -> int:
     return max(16, min(soft, 1 << 20) // 8)
 
 
-def _check_delta(ledger: Ledger, delta: float, keep: bool = False) -> Ledger:
+def _check_delta(ledger: Ledger, delta: float) -> Ledger:
     if ledger.delta != delta:
-        if not keep:
-            ledger.close()
         raise FedloraError(
             f"node policy: this node's {ledger.unit} ledger {ledger.path} accounts at delta "
             f"{ledger.delta:g}; the run asks delta {delta:g} (use that delta, or another state "
@@ -124,4 +116,9 @@ def _check_delta(ledger: Ledger, delta: float, keep: bool = False) -> Ledger:
 def _node_ledger(path: Path, unit: str, owner: str, delta: float) -> Ledger:
     if not path.exists():
         return Ledger.create(path, unit, owner, delta)
-    return _check_delta(Ledger.open(path, unit, owner), delta)
+    ledger = Ledger.open(path, unit, owner)
+    try:
+        return _check_delta(ledger, delta)
+    except FedloraError:
+        ledger.close()
+        raise

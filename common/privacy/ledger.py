@@ -231,9 +231,7 @@ class Ledger:
 
     def set_sync(self, level: str) -> None:
         """Commit at ``level`` from now on (:data:`SYNC_LEVELS`); a ledger opens at ``full``."""
-        if level not in SYNC_LEVELS:
-            raise FedloraError(f"ledger sync must be one of {', '.join(SYNC_LEVELS)}, got {level!r}")
-        self._conn.execute(f"PRAGMA synchronous={level.upper()}")
+        self._conn.execute(f"PRAGMA synchronous={check_sync(level).upper()}")
 
     # --- reading -----------------------------------------------------------------------------
     def rows(self) -> list[dict]:
@@ -478,8 +476,17 @@ def _totals_of(history: tuple[tuple[Event, int], ...], delta: float) -> tuple:
 #: ``full`` (the default) syncs every commit to disk, so a committed charge survives power loss;
 #: ``normal`` survives a crash of the process but not of the machine (no sync per commit)
 SYNC_LEVELS = ("full", "normal")
-#: the node-config key a node reads its ledgers' level from (client/node/state.py)
+#: the node-config key a node reads its ledgers' level from (client/node/state.py). The in-process
+#: simulation sets ``normal`` for its nodes: one disk stands in for every node's own, and N nodes'
+#: syncs would queue one after another on it
 LEDGER_SYNC = "ledger-sync"
+
+
+def check_sync(level: str) -> str:
+    """``level`` if it is one of :data:`SYNC_LEVELS`, else a one-line error naming :data:`LEDGER_SYNC`."""
+    if level not in SYNC_LEVELS:
+        raise FedloraError(f"{LEDGER_SYNC} must be one of {', '.join(SYNC_LEVELS)}, got {level!r}")
+    return level
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -489,4 +496,14 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-__all__ = ["LEDGER_SYNC", "SCHEMA", "STATUSES", "SYNC_LEVELS", "THREAT_MODELS", "UNITS", "Charge", "Ledger"]
+__all__ = [
+    "LEDGER_SYNC",
+    "SCHEMA",
+    "STATUSES",
+    "SYNC_LEVELS",
+    "THREAT_MODELS",
+    "UNITS",
+    "Charge",
+    "Ledger",
+    "check_sync",
+]

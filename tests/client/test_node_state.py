@@ -2,7 +2,7 @@
 
 import pytest
 
-from client.node.state import node_state_dir, sample_ledger
+from client.node.state import LEDGER_FILE, held_ledger, node_state_dir, sample_ledger
 from common.errors import FedloraError
 from common.privacy.ledger import Charge
 
@@ -43,3 +43,27 @@ def test_default_state_dir_is_per_partition(tmp_path, monkeypatch):
     assert node_state_dir({"partition-id": 2}) == tmp_path / "sim" / "node-2"
     monkeypatch.setenv("FEDLORA_NODE_STATE", str(tmp_path / "env"))  # this node's own directory
     assert node_state_dir({}) == tmp_path / "env"
+
+
+def test_a_held_ledger_stays_open_between_messages_and_follows_its_file(tmp_path):
+    node = {"state-dir": str(tmp_path / "node"), "ledger-sync": "normal"}
+    first = held_ledger(node, LEDGER_FILE, "sample-level", "rotten-tomatoes/0-of-1", 1e-5)
+    first.charge(_steps("run-a", 1))
+    assert held_ledger(node, LEDGER_FILE, "sample-level", "rotten-tomatoes/0-of-1", 1e-5) is first
+    assert first._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    with pytest.raises(FedloraError, match="accounts at delta 1e-05; the run asks delta 1e-06"):
+        held_ledger(node, LEDGER_FILE, "sample-level", "rotten-tomatoes/0-of-1", 1e-6)
+    assert len(first.rows()) == 1  # still open and usable after the refusal
+    for name in ("sample-ledger.sqlite", "sample-ledger.sqlite-wal", "sample-ledger.sqlite-shm"):
+        (tmp_path / "node" / name).unlink(missing_ok=True)  # the file goes away behind the process
+    fresh = held_ledger(node, LEDGER_FILE, "sample-level", "rotten-tomatoes/0-of-1", 1e-5)
+    assert fresh is not first and fresh.rows() == []
+
+
+def test_a_bad_ledger_sync_is_refused_before_any_file_is_made(tmp_path):
+    node = {"state-dir": str(tmp_path / "node"), "ledger-sync": "off"}
+    with pytest.raises(FedloraError, match="ledger-sync must be one of full, normal, got 'off'"):
+        held_ledger(node, LEDGER_FILE, "sample-level", "rotten-tomatoes/0-of-1", 1e-5)
+    assert not (tmp_path / "node" / LEDGER_FILE).exists()
+    full = held_ledger({"state-dir": str(tmp_path / "node")}, LEDGER_FILE, "sample-level", "x/0-of-1", 1e-5)
+    assert full._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL, the default
