@@ -5,7 +5,7 @@ advertised keys (the malicious-server variant of Bonawitz §6 is not implemented
 
 Stages, for the round's nodes U and each node u with neighbours N(u) (|N(u)| = k):
 
-0. :func:`setup` (client): two fresh P-384 key pairs, (c_u, c_u^PK) to encrypt shares and
+0. :func:`setup` (client): two fresh X25519 key pairs, (c_u, c_u^PK) to encrypt shares and
    (s_u, s_u^PK) to agree pairwise mask seeds, and a self-mask seed b_u of 32 bytes from
    ``os.urandom``. :func:`route_keys` (server) hands each node its neighbours' public keys.
 1. :func:`share_keys` (client): t-of-|N(u)| Shamir shares of b_u and of the scalar s_u, the pair
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from common.secagg import graph, keys, prf, shamir
 from common.secagg.errors import SecAggError
@@ -105,7 +105,7 @@ class Params:
 
 @dataclass(frozen=True)
 class PublicKeys:
-    """What node ``node_id`` advertises in stage 0: two PEM P-384 public keys (c_u^PK, s_u^PK)."""
+    """What node ``node_id`` advertises in stage 0: two 32-byte X25519 public keys (c_u^PK, s_u^PK)."""
 
     node_id: int
     cipher: bytes
@@ -126,8 +126,8 @@ class Client:
 
     params: Params
     node_id: int
-    cipher_key: ec.EllipticCurvePrivateKey = field(repr=False)
-    mask_key: ec.EllipticCurvePrivateKey = field(repr=False)
+    cipher_key: X25519PrivateKey = field(repr=False)
+    mask_key: X25519PrivateKey = field(repr=False)
     self_seed: bytes = field(repr=False)
     peers: Mapping[int, PublicKeys] = field(default_factory=dict)
     share_keys: Mapping[int, bytes] = field(default_factory=dict, repr=False)

@@ -2,8 +2,9 @@
 for its own (round, sender, receiver) and key, and a tampered token fails authentication."""
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from common.secagg import keys
 from common.secagg.errors import SecAggError, ShareAuthError
@@ -48,10 +49,24 @@ def test_a_tampered_token_fails_authentication():
         keys.open_share(key, (1, 2, 3), bytes(token))
 
 
-def test_only_p384_public_keys_are_accepted():
-    other = ec.generate_private_key(ec.SECP256R1()).public_key()
-    pem = other.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    with pytest.raises(SecAggError, match="public keys must be on secp384r1"):
-        keys.load_public(pem)
-    with pytest.raises(SecAggError, match="not a PEM public key"):
-        keys.load_public(b"garbage")
+def test_agreement_matches_rfc7748_vectors_then_hkdf():
+    """RFC 7748 §6.1's Alice and Bob: the X25519 shared secret, then HKDF-SHA256 to 32 bytes."""
+    alice = bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
+    bob_public = bytes.fromhex("de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f")
+    shared = bytes.fromhex("4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742")
+    private = keys.scalar_to_private(alice)
+    assert (
+        keys.public_bytes(private).hex() == "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a"
+    )
+    expected = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=None).derive(shared)
+    assert keys.agree(private, bob_public) == expected
+
+
+def test_bad_public_keys_and_scalars_are_refused_in_one_line():
+    private = X25519PrivateKey.generate()
+    with pytest.raises(SecAggError, match="an X25519 public key has 32 bytes, got 31"):
+        keys.agree(private, bytes(31))
+    with pytest.raises(SecAggError, match="small-order point"):
+        keys.agree(private, bytes(32))  # the identity: every shared secret would be zero
+    with pytest.raises(SecAggError, match="an X25519 private scalar has 32 bytes, got 48"):
+        keys.scalar_to_private(bytes(48))
