@@ -18,9 +18,11 @@ Agarwal, Kairouz & Liu, NeurIPS 2021, arXiv 2110.04995, Algorithm 1):
 5. reduce mod 2^b (:func:`wrap`); the server sums mod 2^b (:func:`modular_sum`), lifts to the
    centred range (:func:`unwrap`), checks for wrap-around, unrotates and unscales (:func:`decode`).
 
-Randomness: rounding and noise draw from a numpy generator seeded with ``secrets.randbits(128)``
-on every call (as common/privacy/release.py does for the Gaussian): never the run's seed. numpy's
-Poisson sampler is floating-point based and its PCG64 stream is not a CSPRNG; only the seed is.
+Randomness: rounding draws from a numpy generator seeded with ``secrets.randbits(128)`` on every
+call (as common/privacy/release.py does for the Gaussian): never the run's seed; its PCG64 stream
+is not a CSPRNG, only the seed is. The noise share comes from common/privacy/skellam_sampler.py:
+inversion of a 128-bit table of the Skellam CDF with uniforms from a ChaCha20 keystream under a key
+from ``os.urandom``, exact to 2^-117 in total variation per coordinate.
 The rotation signs are public randomness, the same on every client and the server: SHAKE-256 of a
 shared seed.
 
@@ -45,6 +47,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+from common.privacy import skellam_sampler
 
 #: largest modulus exponent: sums of two residues < 2^62 fit in uint64, lifts fit in int64
 MAX_BITS = 62
@@ -154,16 +158,11 @@ def _squared_norm(z: np.ndarray) -> float:
 
 
 def skellam_noise(shape: int | tuple[int, ...], variance: float) -> np.ndarray:
-    """One client's share of Skellam noise: Pois(variance/2) − Pois(variance/2) per coordinate
-    (int64, mean 0, variance ``variance`` in integer units²). Shares add: n shares of variance
-    μ/n sum to exactly Sk(μ) (Agarwal et al. 2021, §3)."""
-    if not (variance >= 0 and math.isfinite(variance)):
-        raise ValueError(f"noise variance must be finite and >= 0, got {variance}")
-    if variance == 0:
-        return np.zeros(shape, dtype=np.int64)
-    gen = _generator()
-    up, down = gen.poisson(variance / 2, shape), gen.poisson(variance / 2, shape)
-    return up.astype(np.int64) - down.astype(np.int64)
+    """One client's share of Skellam noise: Sk(variance/2, variance/2) per coordinate (int64, mean 0,
+    variance ``variance`` in integer units²; common/privacy/skellam_sampler.py). Shares add: n
+    shares of variance μ/n sum to exactly Sk(μ) (Agarwal et al. 2021, §3)."""
+    size = math.prod((shape,) if isinstance(shape, int) else shape)
+    return skellam_sampler.skellam(size, variance).reshape(shape)
 
 
 def _check_bits(bits: int) -> None:
@@ -172,9 +171,10 @@ def _check_bits(bits: int) -> None:
 
 
 def wrap(z: np.ndarray, bits: int) -> np.ndarray:
-    """``z`` (integers) mod 2^``bits``, as uint64 in [0, 2^bits)."""
+    """``z`` (integers) mod 2^``bits``, as uint64 in [0, 2^bits): the low bits of its two's
+    complement."""
     _check_bits(bits)
-    return np.mod(np.asarray(z, dtype=np.int64), np.int64(1) << bits).astype(np.uint64)
+    return np.asarray(z, dtype=np.int64).view(np.uint64) & np.uint64((1 << bits) - 1)
 
 
 def modular_sum(vectors: Sequence[np.ndarray], bits: int) -> np.ndarray:

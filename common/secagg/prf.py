@@ -34,6 +34,7 @@ MAX_BITS = 62
 DOMAIN = b"fedlora-dp/secagg/mask/v1"
 #: cryptography's ChaCha20 nonce: 4-byte little-endian block counter, then the 12-byte RFC 8439 nonce
 ZERO_NONCE = bytes(16)
+_ZEROS = b""
 
 
 def context(round_number: int, purpose: str, *node_ids: int) -> bytes:
@@ -58,6 +59,15 @@ def word_dtype(bits: int) -> np.dtype:
     return np.dtype(np.uint32 if bits <= 32 else np.uint64)
 
 
+def _zeros(size: int) -> memoryview:
+    """``size`` zero bytes, a view of one buffer kept and grown (a fresh ``bytes(size)`` of a
+    131,072-word mask costs more than its keystream)."""
+    global _ZEROS
+    if len(_ZEROS) < size:
+        _ZEROS = bytes(size)
+    return memoryview(_ZEROS)[:size]
+
+
 def keystream_words(key: bytes, count: int, nonce: bytes = ZERO_NONCE, dtype=np.uint64) -> np.ndarray:
     """The first ``count`` little-endian words (``dtype``: uint64 or uint32) of the ChaCha20
     keystream: shape (count,).
@@ -66,9 +76,13 @@ def keystream_words(key: bytes, count: int, nonce: bytes = ZERO_NONCE, dtype=np.
     12-byte nonce of RFC 8439 §2.3.
     """
     dtype = np.dtype(dtype)
+    size = dtype.itemsize * count
+    out = np.empty(size + 16, dtype=np.uint8)  # update_into wants a block's slack
     encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-    stream = encryptor.update(bytes(dtype.itemsize * count)) + encryptor.finalize()
-    return np.frombuffer(stream, dtype=dtype.newbyteorder("<")).astype(dtype)
+    written = encryptor.update_into(_zeros(size), out)
+    encryptor.finalize()  # a stream cipher: nothing left to write
+    assert written == size
+    return out[:size].view(dtype.newbyteorder("<")).astype(dtype, copy=False)
 
 
 def mask(seed: bytes, count: int, bits: int, info: bytes) -> np.ndarray:

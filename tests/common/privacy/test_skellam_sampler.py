@@ -1,0 +1,121 @@
+"""The Skellam share sampler (common/privacy/skellam_sampler.py): its pmf against mpmath's Bessel
+function and scipy's Skellam, its table's tail bound and thresholds, its 128-bit comparison against
+a brute-force count, and its draws by a chi-square."""
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from scipy import stats
+
+from common.privacy import skellam_sampler as ss
+
+
+@pytest.mark.parametrize("variance", [0.3, 5.0, 2644.0])
+def test_pmf_is_bessel_i_times_exp_minus_x(variance):
+    """Independent reference: mpmath.besseli (its own series / asymptotic code), p(k) = e^-x I_k(x)."""
+    p = ss.pmf(variance, 40)
+    with mpmath.workprec(ss.PRECISION):
+        for k in (0, 1, 7, 40):
+            exact = mpmath.exp(-variance) * mpmath.besseli(k, variance)
+            assert abs(p[k] - exact) <= exact * mpmath.mpf(2) ** -200
+
+
+@pytest.mark.parametrize("variance", [0.3, 5.0, 2644.0])
+def test_pmf_matches_scipys_skellam(variance):
+    k = ss.half_width(variance)
+    p = np.array([float(v) for v in ss.pmf(variance, k)])
+    ref = stats.skellam.pmf(np.arange(k + 1), variance / 2, variance / 2)
+    big = ref > 1e-250
+    np.testing.assert_allclose(p[big], ref[big], rtol=1e-8)
+
+
+@pytest.mark.parametrize("variance", [0.3, 5.0, 2644.0])
+def test_the_table_leaves_out_less_than_its_tail_bound(variance):
+    k = ss.half_width(variance)
+    p = ss.pmf(variance, 3 * k + 50)  # the tail beyond K, summed far out
+    with mpmath.workprec(ss.PRECISION):
+        tail = 2 * mpmath.fsum(p[k + 1 :])
+    assert tail <= mpmath.mpf(2) ** -ss.TAIL_BITS
+    assert ss.half_width(variance) >= 1
+
+
+def test_thresholds_are_the_cdf_times_2_to_128():
+    variance = 5.0
+    t = ss.table(variance)
+    k = t.half_width
+    thresholds = [(int(h) << 64) | int(lo) for h, lo in zip(t.high, t.low, strict=True)]
+    assert thresholds == sorted(thresholds) and thresholds[-1] == 2**128 - 1  # the sentinel
+    cdf = stats.skellam.cdf(np.arange(-k, k), variance / 2, variance / 2)
+    np.testing.assert_allclose(np.array(thresholds[:-1], dtype=float) / 2.0**128, cdf, rtol=1e-8, atol=2.0**-127)
+
+
+def _brute_count(t: ss.Table, u: int) -> int:
+    return sum(
+        ((int(h) << 64) | int(lo)) <= u for h, lo in zip(t.high[: t.size], t.low[: t.size], strict=True)
+    )
+
+
+def test_the_count_is_exact_at_128_bits_ties_included(monkeypatch):
+    """High words equal to thresholds' (ties, probability ~2^-64 in use) are forced; the low words
+    the sampler draws are recorded; the count must equal the brute-force one over whole 128-bit U."""
+    t = ss.table(5.0)
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, t.size, 40)
+    high = np.concatenate([t.high[picks], rng.integers(0, 2**64, 200, dtype=np.uint64), t.high[:3]])
+    drawn = iter(rng.integers(0, 2**64, 10_000, dtype=np.uint64).tolist())
+    used = []
+
+    def fake_urandom(n):
+        value = next(drawn)
+        used.append(value)
+        return int(value).to_bytes(n, "little")
+
+    monkeypatch.setattr(ss.os, "urandom", fake_urandom)
+    counts = ss._count_at_most(t, high.copy())
+    lows = iter(used)
+    for h, c in zip(high.tolist(), counts.tolist(), strict=True):
+        tied = any(int(x) == h for x in t.high[: t.size])
+        u = (h << 64) | (next(lows) if tied else 0)
+        if tied:
+            assert c == _brute_count(t, u)
+        else:  # U's low word cannot matter: no threshold shares its high word
+            assert c == _brute_count(t, u) == _brute_count(t, u | (2**64 - 1))
+    assert len(used) >= 43  # every forced tie drew a low word
+
+
+@pytest.mark.parametrize("variance", [0.3, 5.0, 2644.0])
+def test_draws_fit_the_skellam_distribution(variance):
+    n = 400_000
+    x = ss.skellam(n, variance)
+    assert x.dtype == np.int64 and x.shape == (n,)
+    sd = math.sqrt(variance)
+    edges = np.unique(np.round(np.linspace(-3 * sd - 1, 3 * sd + 1, 16)).astype(int))
+    cdf = stats.skellam.cdf(edges, variance / 2, variance / 2)
+    expected = n * np.diff(np.concatenate([[0.0], cdf, [1.0]]))
+    observed = np.bincount(np.searchsorted(edges, x, side="left"), minlength=len(edges) + 1)
+    keep = expected > 20
+    chi2 = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+    assert chi2 < stats.chi2.ppf(0.9995, keep.sum() - 1), (chi2, keep.sum())
+    assert abs(x.mean()) < 5 * sd / math.sqrt(n)
+
+
+def test_large_variances_are_sums_of_tabulated_shares(monkeypatch):
+    monkeypatch.setattr(ss, "MAX_TABLE_VARIANCE", 10.0)
+    asked = []
+    real = ss.table
+    monkeypatch.setattr(ss, "table", lambda v: asked.append(v) or real(v))
+    x = ss.skellam(200_000, 35.0)  # 4 shares of variance 8.75
+    assert asked == [8.75]
+    assert abs(x.var() / 35.0 - 1) < 0.02
+
+
+def test_fresh_keys_zero_variance_and_bad_input():
+    assert not np.array_equal(ss.skellam(100, 5.0), ss.skellam(100, 5.0))
+    assert not ss.skellam(10, 0.0).any() and ss.skellam(0, 5.0).shape == (0,)
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="noise variance must be finite and >= 0"):
+            ss.skellam(10, bad)
+    with pytest.raises(ValueError, match="tabulated variances"):
+        ss.table(0.0)
