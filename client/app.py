@@ -17,7 +17,7 @@ from client.increment import increment as local_increment
 from client.local_update import local_update
 from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
-from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard
+from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard, partition_of
 from client.node.state import LEDGER_FILE, encoder_cache_dir, held_ledger
 from client.releases import client_release, round_clip
 from common.config import RunConfig, from_flat
@@ -35,17 +35,22 @@ from common.wire import DATA_SOURCE, StatsQuery, TrainInstruction, stats_reply, 
 app = ClientApp()
 
 
-def _start(context: Context, global_state: AdapterState) -> tuple[RunConfig, int, int, Shard]:
-    """``(cfg, partition id, partitions, shard)`` with ``global_state`` loaded into the shard's model.
-
-    The node config says where the data and model come from (client/node/shard.py) and what the node
-    accepts (client/node/policy.py): a run its policy refuses raises before any training."""
+def _run(context: Context, global_state: AdapterState) -> tuple[RunConfig, int, int]:
+    """``(cfg, partition id, partitions)``: the run config, checked against what the node accepts
+    (client/node/policy.py) before anything else: a run its policy refuses raises before any training."""
     node = dict(context.node_config)
     cfg = from_flat(dict(context.run_config)).check_federated()
     NodePolicy.from_node_config(node).check_run(cfg, adapter_size(global_state))
-    pid, parts, shard = node_shard(node, cfg)
+    return cfg, *partition_of(node, cfg)
+
+
+def _shard(context: Context, cfg: RunConfig, global_state: AdapterState) -> Shard:
+    """The node's shard (the node config says where its data and model come from,
+    client/node/shard.py) with ``global_state`` loaded into its model."""
+    node = dict(context.node_config)
+    _, _, shard = node_shard(node, cfg)
     load_global(shard, global_state, cfg, str(node.get(MODEL_PATH) or ""))
-    return cfg, pid, parts, shard
+    return shard
 
 
 @app.query("gradstats")
@@ -53,7 +58,8 @@ def gradstats(msg: Message, context: Context) -> Message:
     """DR-Encoder Algorithm 1 statistics of one round's local steps (client/drencoder/gradstats.py), with the
     run config's settings (noised when ``stats-noise-multiplier`` > 0)."""
     query = StatsQuery.from_record(msg.content)
-    cfg, pid, parts, shard = _start(context, query.global_state)
+    cfg, pid, parts = _run(context, query.global_state)
+    shard = _shard(context, cfg, query.global_state)
     stats = local_stats(
         shard.trainee,
         StepSchedule.of(cfg, int(np.random.SeedSequence([cfg.seed, 0, pid]).generate_state(1)[0])),
@@ -76,8 +82,8 @@ def gradstats(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     ins = TrainInstruction.from_record(msg.content)
-    cfg, pid, parts, shard = _start(context, ins.global_state)
-    model, kind, release = shard.bundle.model, cfg.optimizer_kind, cfg.release_kind
+    cfg, pid, parts = _run(context, ins.global_state)
+    kind, release = cfg.optimizer_kind, cfg.release_kind
     noise = plan_noise(cfg, adapter_size(ins.global_state))
     secure = secure_round(ins, cfg, context.node_id)  # checked before any training
     released = None  # a noised client-level release: (event, clip), checked before any training
@@ -87,25 +93,30 @@ def train(msg: Message, context: Context) -> Message:
             _check_noise(cfg, ins.noise_std, clip)
         if noise is not None and noise.private:
             released = release_event(noise, ins.noise_std, clip), clip
-    plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     cap = noise.secure.participations if secure else 0
     contributes = client_secure.takes_part(noise)  # hidden participation: this node's own coin
     trains = contributes or cfg.secagg_train_always  # ... which timing must not show
+    # a node whose coin did not come up (and need not hide it) neither loads its data nor trains
+    shard = _shard(context, cfg, ins.global_state) if trains else None
+    plan = _sample_plan(cfg, len(shard.examples)) if shard is not None and kind != "none" else None
     releases = _releases(context, cfg, pid, parts) if released else None
     if releases is not None:
         releases.check(ins.round, released[0], releases.future(ins.round, cap))
-    metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan) if trains else {}
+    metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan) if shard is not None else {}
     if cfg.private:
         metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
     increment = (
-        local_increment(adapter_state(model), ins.global_state, cfg.increment_form)
-        if contributes
+        local_increment(adapter_state(shard.bundle.model), ins.global_state, cfg.increment_form)
+        if contributes and shard is not None
         else {k: torch.zeros_like(v) for k, v in ins.global_state.items()}
     )
     if releases is not None:  # committed before the release leaves
         releases.check(ins.round, released[0], releases.future(ins.round, cap))
         releases.charge(ins.round, *released, noise.threat_model)
-    reply = release_reply(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
+    device, examples = (
+        (shard.bundle.device, len(shard.examples)) if shard is not None else (torch.device("cpu"), 0)
+    )
+    reply = release_reply(increment, ins, cfg, device, context, examples, metrics)
     return Message(reply, reply_to=msg)
 
 

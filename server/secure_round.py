@@ -174,9 +174,11 @@ def run_secure_round(
     seed = os.urandom(32)
     params = release.params(rnd, tuple(sampled), seed)
     setup = dict(sw.record(rnd, **sw.params_record(params)))
+    # one instruction for every node (the grid copies or serializes each message's content)
+    content = TrainInstruction(rnd, state, release.noise_std, {}, setup).to_record()
     messages = [
         Message(
-            TrainInstruction(rnd, state, release.noise_std, {}, setup).to_record(),
+            content,
             dst_node_id=node,
             message_type="train",
             group_id=str(rnd),

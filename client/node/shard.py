@@ -133,4 +133,13 @@ def load_global(shard: Shard, state: AdapterState, cfg: RunConfig, model_path: s
         ) from None
 
 
-__all__ = ["DATA_PATH", "MODEL_PATH", "Shard", "load_global", "load_own_shard", "load_shard", "node_shard"]
+__all__ = [
+    "DATA_PATH",
+    "MODEL_PATH",
+    "Shard",
+    "load_global",
+    "load_own_shard",
+    "load_shard",
+    "node_shard",
+    "partition_of",
+]
