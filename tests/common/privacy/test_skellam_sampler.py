@@ -48,7 +48,9 @@ def test_thresholds_are_the_cdf_times_2_to_128():
     thresholds = [(int(h) << 64) | int(lo) for h, lo in zip(t.high, t.low, strict=True)]
     assert thresholds == sorted(thresholds) and thresholds[-1] == 2**128 - 1  # the sentinel
     cdf = stats.skellam.cdf(np.arange(-k, k), variance / 2, variance / 2)
-    np.testing.assert_allclose(np.array(thresholds[:-1], dtype=float) / 2.0**128, cdf, rtol=1e-8, atol=2.0**-127)
+    np.testing.assert_allclose(
+        np.array(thresholds[:-1], dtype=float) / 2.0**128, cdf, rtol=1e-8, atol=2.0**-127
+    )
 
 
 def _brute_count(t: ss.Table, u: int) -> int:
