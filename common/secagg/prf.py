@@ -85,9 +85,10 @@ def keystream_words(key: bytes, count: int, nonce: bytes = ZERO_NONCE, dtype=np.
     return out[:size].view(dtype.newbyteorder("<")).astype(dtype, copy=False)
 
 
-def mask(seed: bytes, count: int, bits: int, info: bytes) -> np.ndarray:
-    """A mask of ``count`` coordinates, each uniform on [0, 2^bits): shape (count,), of
-    :func:`word_dtype` (``bits``).
+def pad(seed: bytes, count: int, bits: int, info: bytes) -> np.ndarray:
+    """The words a mask of ``bits`` bits is the low bits of: shape (count,), of :func:`word_dtype`
+    (``bits``), each uniform on [0, 2^w). Sums of pads taken in w-bit words and reduced mod 2^bits at
+    the end equal sums of masks mod 2^bits (2^bits divides 2^w), one reduction instead of one a mask.
 
     ``seed``: 32 secret bytes (a self-mask seed b_u or a pairwise seed s_uv, Bonawitz et al. 2017
     §4); ``info``: the mask's :func:`context`, so one seed gives unrelated masks per round and use.
@@ -96,7 +97,12 @@ def mask(seed: bytes, count: int, bits: int, info: bytes) -> np.ndarray:
         raise SecAggError(f"bits per coordinate must be in [1, {MAX_BITS}], got {bits}")
     if count < 0:
         raise SecAggError(f"a mask has a non-negative number of coordinates, got {count}")
-    dtype = word_dtype(bits)
-    words = keystream_words(derive_key(seed, info), count, dtype=dtype)
-    words &= dtype.type((1 << bits) - 1)  # a copy already: frombuffer's view is read-only
+    return keystream_words(derive_key(seed, info), count, dtype=word_dtype(bits))
+
+
+def mask(seed: bytes, count: int, bits: int, info: bytes) -> np.ndarray:
+    """A mask of ``count`` coordinates, each uniform on [0, 2^bits): shape (count,), of
+    :func:`word_dtype` (``bits``): the low ``bits`` bits of :func:`pad`."""
+    words = pad(seed, count, bits, info)
+    words &= words.dtype.type((1 << bits) - 1)
     return words

@@ -218,13 +218,17 @@ def route_shares(params: Params, outboxes: Mapping[int, Mapping[int, bytes]]) ->
     return inboxes
 
 
-def _pair_mask(client: Client, peer: int) -> np.ndarray:
-    """± PRF(s_uv) for u = client, v = ``peer``: + when u < v, − otherwise (so the pair cancels)."""
+def _add_pair_pad(y: np.ndarray, client: Client, peer: int) -> None:
+    """y ± PRF(s_uv) in place, for u = client, v = ``peer``: + when u < v, − otherwise (so the pair
+    cancels); pads, reduced mod 2^b by the caller (:func:`prf.pad`)."""
     params, me = client.params, client.node_id
     seed = keys.agree(client.mask_key, client.peers[peer].mask)
     info = prf.context(params.round_number, "pair", min(me, peer), max(me, peer))
-    pad = prf.mask(seed, params.length, params.bits, info)
-    return pad if me < peer else -pad
+    words = prf.pad(seed, params.length, params.bits, info)
+    if me < peer:
+        y += words
+    else:
+        y -= words
 
 
 def check_input(params: Params, x: np.ndarray) -> np.ndarray:
@@ -265,11 +269,11 @@ def masked_input(client: Client, inbox: Mapping[int, bytes], x: np.ndarray) -> t
         payload = keys.open_share(client.share_keys[v], _pair_where(client, v, me), token)
         size = int.from_bytes(payload[:2], "little")
         held[v] = Held(payload[2 : 2 + size], payload[2 + size :])
-    y = x + prf.mask(
+    y = x + prf.pad(
         client.self_seed, params.length, params.bits, prf.context(params.round_number, "self", me)
     )
     for v in sorted(held):
-        y += _pair_mask(client, v)
+        _add_pair_pad(y, client, v)
     client = replace(client, held=held)
     y &= y.dtype.type((1 << params.bits) - 1)
     return client, y
@@ -351,7 +355,7 @@ def unmask_sum(
             params,
             _SEED,
         )
-        total -= prf.mask(seed, params.length, params.bits, prf.context(params.round_number, "self", u))
+        total -= prf.pad(seed, params.length, params.bits, prf.context(params.round_number, "self", u))
     for u in sorted(set(shared) - survivors):
         scalar = _recover(
             u,
@@ -365,12 +369,15 @@ def unmask_sum(
             raise SecAggError(f"node {u}'s reconstructed mask key does not match the key it advertised")
         for v in sorted(survivors & set(shared[u])):
             seed = keys.agree(mask_key, advertised[v].mask)
-            pad = prf.mask(
+            pad = prf.pad(
                 seed,
                 params.length,
                 params.bits,
                 prf.context(params.round_number, "pair", min(u, v), max(u, v)),
             )
-            total -= pad if v < u else -pad  # y_v carried +PRF(s_uv) when v < u
+            if v < u:  # y_v carried +PRF(s_uv)
+                total -= pad
+            else:
+                total += pad
     total &= dtype.type((1 << params.bits) - 1)
     return total.astype(np.uint64)
