@@ -72,8 +72,7 @@ def held_ledger(node_config: dict, file: str, unit: str, owner: str, delta: floa
             return _check_delta(ledger, delta)
         if pid == os.getpid():
             ledger.close()
-    ledger = _node_ledger(path, unit, owner, delta)
-    ledger.set_sync(sync)
+    ledger = _node_ledger(path, unit, owner, delta, sync)
     _HELD[path] = (os.getpid(), _file_id(path), ledger)
     while len(_HELD) > _held_max():
         _HELD.popitem(last=False)[1][2].close()
@@ -113,10 +112,10 @@ def _check_delta(ledger: Ledger, delta: float) -> Ledger:
     return ledger
 
 
-def _node_ledger(path: Path, unit: str, owner: str, delta: float) -> Ledger:
+def _node_ledger(path: Path, unit: str, owner: str, delta: float, sync: str = "full") -> Ledger:
     if not path.exists():
-        return Ledger.create(path, unit, owner, delta)
-    ledger = Ledger.open(path, unit, owner)
+        return Ledger.create(path, unit, owner, delta, sync=sync)
+    ledger = Ledger.open(path, unit, owner, sync=sync)
     try:
         return _check_delta(ledger, delta)
     except FedloraError:

@@ -1,15 +1,15 @@
 """Integer encoding of a client update for secure aggregation with distributed Skellam noise.
 
 A library only (no protocol, no messaging). A client turns its flat float update x (``dim``
-coordinates) into a vector of D = 2^⌈log2 dim⌉ integers mod 2^b; the server adds the vectors of
+coordinates) into a vector of D ≥ dim integers mod 2^b (:func:`padded_dim`); the server adds the vectors of
 the clients that replied mod 2^b and decodes the sum. Steps (Kairouz, Liu & Steinke, ICML 2021,
 arXiv 2102.06387, Algorithm 1 of the distributed discrete Gaussian, with Skellam noise as in
 Agarwal, Kairouz & Liu, NeurIPS 2021, arXiv 2110.04995, Algorithm 1):
 
 1. clip ‖x‖_2 ≤ C, scale by s (integer units: s per unit of the update);
-2. rotate: y = H·(ξ ⊙ pad(x))/√D with H the Walsh–Hadamard matrix and ξ public random signs
-   (:func:`rotation_signs`): orthogonal, so ‖y‖_2 = ‖x‖_2, and the L2 mass spreads evenly
-   (:func:`rotated_linf_bound`);
+2. rotate: y = diag(H, …, H)·(ξ ⊙ pad(x))/√B with H the Walsh–Hadamard matrix of a block of B
+   coordinates and ξ public random signs (:func:`rotation_signs`): orthogonal, so ‖y‖_2 = ‖x‖_2,
+   and the L2 mass spreads evenly over each block (:func:`rotated_linf_bound`);
 3. conditional randomized rounding (:func:`conditional_round`): round each coordinate up with
    probability its fractional part, re-draw until ‖z‖_2 ≤ the bound Δ2 (which is then the L2
    sensitivity the accountant charges, common/privacy/skellam.py);
@@ -27,15 +27,20 @@ The rotation signs are public randomness, the same on every client and the serve
 shared seed.
 
 Communication, from :func:`choose_bits` (test_discrete.py recomputes these figures): MiniLM's LoRA
-adapter, dim = 74,000 (D = 131,072 after padding), n = 100 clients, C = 0.5, s = 5√D/C
-(so sC = 5√D and rounding inflates Δ2 by 0.6 %), β = 1e-3 for the rounding bound (Δ2 = 1,821.3),
-ε = 8 noise from :func:`common.privacy.skellam.skellam_mu` (Poisson rate 0.1, 30 rounds, δ = 1e-6:
-summed variance μ = 2.38e6, σ ≈ 0.85 in units of Δ2), 6 standard deviations of headroom:
+adapter, dim = 74,000 (D = 77,824 after padding to 19 rotation blocks of 4,096), n = 100 clients,
+C = 0.5, s = 5√D/C (so sC = 5√D and rounding inflates Δ2 by 0.6 %), β = 1e-3 for the rounding
+bound (Δ2 = 1,403.8), ε = 8 noise from :func:`common.privacy.skellam.skellam_mu` (Poisson rate
+0.1, 30 rounds, δ = 1e-6: summed variance μ = 1.41e6, σ ≈ 0.85 in units of Δ2), 6 standard
+deviations of headroom:
 
-* worst-case signal n·Δ2 per coordinate: b = 19 bits per coordinate, 311,296 bytes per client;
-* the rotated L∞ bound at β = 1e-9 plus 1 for rounding (n·41.7): b = 16 bits, 262,144 bytes per client;
+* worst-case signal n·Δ2 per coordinate: b = 19 bits per coordinate, 184,832 bytes per client;
+* the rotated L∞ bound at β = 1e-9 plus 1 for rounding (n·177.2): b = 16 bits, 155,648 bytes per client;
 
-against 296,000 bytes for the float32 update: the padding to a power of two costs 77 % here.
+against 296,000 bytes for the float32 update. The rotation is block-wise (:data:`ROTATION_BLOCK`):
+one Walsh–Hadamard transform over the whole vector would pad it to 2^17 (77 % more words, so
+more mask, noise and message per client) for an L∞ bound only √(D/B) tighter, which the plan
+(worst-case signal) does not use; σ in units of Δ2, and so the noise in units of the update, is
+the same (0.847).
 """
 
 from __future__ import annotations
@@ -54,15 +59,27 @@ from common.privacy import skellam_sampler
 MAX_BITS = 62
 #: largest |coordinate| before rounding: squares stay exact in float64 for the norm check
 _MAX_COORD = 2.0**26
+#: the rotation's largest Walsh–Hadamard block: a longer vector is padded to a multiple of it and
+#: rotated block by block (MiniLM's 74,000 coordinates: D = 77,824, not 2^17 = 131,072)
+ROTATION_BLOCK = 4096
 #: domain separation for the public rotation signs
 _SIGNS_DOMAIN = b"fedlora-dp/discrete/rotation-signs/v1\x00"
 
 
 def padded_dim(dim: int) -> int:
-    """D = the smallest power of two ≥ ``dim`` (the Walsh–Hadamard transform's length)."""
+    """D, the rotation's length: the smallest power of two ≥ ``dim`` up to :data:`ROTATION_BLOCK`,
+    beyond it the smallest multiple of :data:`ROTATION_BLOCK` ≥ ``dim`` (blocks rotated apart)."""
     if dim < 1:
         raise ValueError(f"dim must be >= 1, got {dim}")
-    return 1 << (dim - 1).bit_length()
+    if dim <= ROTATION_BLOCK:
+        return 1 << (dim - 1).bit_length()
+    return -(-dim // ROTATION_BLOCK) * ROTATION_BLOCK
+
+
+def block_size(size: int) -> int:
+    """B, the Walsh–Hadamard block of a rotation of length D = ``size``: D up to
+    :data:`ROTATION_BLOCK`, else :data:`ROTATION_BLOCK`."""
+    return min(size, ROTATION_BLOCK)
 
 
 def _generator() -> np.random.Generator:
@@ -79,48 +96,58 @@ def rotation_signs(seed: bytes, dim: int) -> torch.Tensor:
 
 
 def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
-    """H·x for the (Sylvester-ordered, unnormalised) Walsh–Hadamard matrix H of size D = len(x), a
-    power of two; O(D log D) butterflies. H is symmetric with H·H = D·I."""
+    """H·x along the last axis for the (Sylvester-ordered, unnormalised) Walsh–Hadamard matrix H of
+    size B = x.shape[-1], a power of two; O(B log B) butterflies a row. H is symmetric, H·H = B·I."""
     size = x.shape[-1]
     if size & (size - 1):
         raise ValueError(f"the Walsh–Hadamard transform needs a power-of-two length, got {size}")
-    y = x.reshape(size)
-    half = 1
+    y = x.reshape(-1, size)
+    rows, half = y.shape[0], 1
     while half < size:
-        pairs = y.reshape(-1, 2, half)
-        y = torch.stack((pairs[:, 0] + pairs[:, 1], pairs[:, 0] - pairs[:, 1]), dim=1).reshape(size)
+        pairs = y.reshape(rows, -1, 2, half)
+        y = torch.stack((pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]), dim=2)
+        y = y.reshape(rows, size)
         half *= 2
-    return y
+    return y.reshape(x.shape)
+
+
+def _blockwise(x: torch.Tensor) -> torch.Tensor:
+    """H_B applied to each block of B = :func:`block_size` (len(x)) coordinates of ``x`` (D,), /√B:
+    the orthogonal map diag(H_B, …, H_B)/√B."""
+    size = x.shape[0]
+    block = block_size(size)
+    return (hadamard_transform(x.reshape(size // block, block)) / math.sqrt(block)).reshape(size)
 
 
 def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """y = H·(ξ ⊙ pad(x))/√D: ``x`` flat (dim ≤ D), ``signs`` ξ of length D; float64 (D,).
-    Orthogonal: ‖y‖_2 = ‖x‖_2."""
+    """y = diag(H_B, …, H_B)·(ξ ⊙ pad(x))/√B: ``x`` flat (dim ≤ D), ``signs`` ξ of length D
+    (B = :func:`block_size` (D)); float64 (D,). Orthogonal: ‖y‖_2 = ‖x‖_2."""
     size = signs.shape[0]
     flat = x.reshape(-1).to(torch.float64)
     if flat.shape[0] > size:
         raise ValueError(f"{flat.shape[0]} coordinates do not fit {size} rotation signs")
     padded = torch.nn.functional.pad(flat, (0, size - flat.shape[0]))
-    return hadamard_transform(padded * signs) / math.sqrt(size)
+    return _blockwise(padded * signs)
 
 
 def unrotate(y: torch.Tensor, signs: torch.Tensor, dim: int) -> torch.Tensor:
-    """The inverse of :func:`rotate`: the first ``dim`` coordinates of ξ ⊙ (H·y)/√D; float64 (dim,)."""
+    """The inverse of :func:`rotate`: the first ``dim`` coordinates of ξ ⊙ diag(H_B, …)·y/√B;
+    float64 (dim,)."""
     size = signs.shape[0]
     if y.shape[-1] != size or dim > size:
         raise ValueError(f"a rotated vector of length {size} is needed for dim {dim}, got {y.shape[-1]}")
-    return (signs * hadamard_transform(y.to(torch.float64)) / math.sqrt(size))[:dim]
+    return (signs * _blockwise(y.to(torch.float64)))[:dim]
 
 
 def rotated_linf_bound(norm: float, dim: int, beta: float) -> float:
     """Bound on max_i |y_i| for y = :func:`rotate` (x) with ‖x‖_2 ≤ ``norm``, holding with
     probability ≥ 1 − ``beta`` over the random signs (x fixed before the signs are drawn):
-    y_i = Σ_j ±x_j/√D is a Rademacher sum with variance proxy norm²/D, so Hoeffding and a union
-    bound over the D coordinates give norm·sqrt(2 log(2D/β)/D)."""
+    y_i = Σ_j ±x_j/√B over its block is a Rademacher sum with variance proxy ≤ norm²/B, so
+    Hoeffding and a union bound over the D coordinates give norm·sqrt(2 log(2D/β)/B)."""
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
     size = padded_dim(dim)
-    return norm * math.sqrt(2 * math.log(2 * size / beta) / size)
+    return norm * math.sqrt(2 * math.log(2 * size / beta) / block_size(size))
 
 
 def conditional_round(x: torch.Tensor | np.ndarray, bound: float, max_tries: int = 1000) -> np.ndarray:

@@ -176,10 +176,13 @@ class Ledger:
         target_epsilon: float = 0.0,
         validity: str = "",
         population: str = "",
+        *,
+        sync: str = "full",
     ) -> Ledger:
         """A new ledger at ``path``; refuses a path that exists (nothing is ever overwritten).
         ``validity``: where the charges hold when not for the run itself (a what-if noise cohort);
-        ``population``: that population in a few words, for one-line outputs."""
+        ``population``: that population in a few words, for one-line outputs; ``sync``: the level
+        its commits are made at (:data:`SYNC_LEVELS`), its creation included."""
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}")
         if not 0 < delta < 1:
@@ -189,7 +192,7 @@ class Ledger:
             open(path, "xb").close()  # exclusive create: fails if anything is there
         except FileExistsError:
             raise FedloraError(f"ledger {path} already exists; it is never overwritten") from None
-        conn = _connect(path)
+        conn = _connect(path, sync)
         meta = {
             "schema": SCHEMA,
             "unit": unit,
@@ -205,8 +208,11 @@ class Ledger:
         return cls(path, conn, meta)
 
     @classmethod
-    def open(cls, path: Path, unit: str | None = None, owner: str | None = None) -> Ledger:
-        """An existing ledger (of ``unit`` and ``owner``, when given); a clear error otherwise."""
+    def open(
+        cls, path: Path, unit: str | None = None, owner: str | None = None, *, sync: str = "full"
+    ) -> Ledger:
+        """An existing ledger (of ``unit`` and ``owner``, when given), committing at ``sync``
+        (:data:`SYNC_LEVELS`); a clear error otherwise."""
         if not path.is_file():
             raise FedloraError(f"no ledger at {path}")
         try:  # validate read-only first: a foreign database must not even get a WAL switch
@@ -224,14 +230,10 @@ class Ledger:
             raise FedloraError(f"{path} is a {meta.get('unit')} ledger, expected {unit}")
         if owner is not None and meta.get("owner") != owner:
             raise FedloraError(f"{path} belongs to {meta.get('owner')!r}, not to {owner!r}")
-        return cls(path, _connect(path), meta)
+        return cls(path, _connect(path, sync), meta)
 
     def close(self) -> None:
         self._conn.close()
-
-    def set_sync(self, level: str) -> None:
-        """Commit at ``level`` from now on (:data:`SYNC_LEVELS`); a ledger opens at ``full``."""
-        self._conn.execute(f"PRAGMA synchronous={check_sync(level).upper()}")
 
     # --- reading -----------------------------------------------------------------------------
     def rows(self) -> list[dict]:
@@ -489,10 +491,13 @@ def check_sync(level: str) -> str:
     return level
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: Path, sync: str = "full") -> sqlite3.Connection:
+    """A WAL connection committing at ``sync``: ``full`` (the default) makes a committed charge
+    survive power loss, not only a crash of the process."""
+    level = check_sync(sync).upper()
     conn = sqlite3.connect(path, timeout=30.0)  # `with conn:` = one transaction
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")  # a committed charge survives power loss, not only a crash
+    conn.execute(f"PRAGMA synchronous={level}")
     return conn
 
 

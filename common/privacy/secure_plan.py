@@ -59,7 +59,7 @@ class SecureTarget:
 class SecurePlan:
     """One run's secure-aggregation release. Integer units: s per unit of the update.
 
-    dim / padded: the update's coordinates d and the rotation's length D = 2^⌈log2 d⌉;
+    dim / padded: the update's coordinates d and the rotation's length D (:func:`discrete.padded_dim`);
     scale: s; l2 / l1: the sensitivities Δ2 (the rounding bound) and Δ1 = min(Δ2², √D·Δ2);
     mu: the Skellam variance the charge assumes (m shares); share_variance: μ/m, each client's;
     sigma: the Gaussian equivalent √μ/Δ2; epsilon: what ``participations`` rounds at ``sample_rate``

@@ -9,6 +9,7 @@ import scipy.linalg
 import torch
 from scipy import stats
 
+from common.privacy import discrete
 from common.privacy.discrete import (
     choose_bits,
     clip_l2,
@@ -53,6 +54,26 @@ def test_rotation_preserves_the_norm_and_inverts():
     assert y.shape == (1024,)
     assert float(y.norm()) == pytest.approx(float(x.norm()), rel=1e-12)
     assert torch.allclose(unrotate(y, signs, 1000), x, atol=1e-12)
+
+
+def test_long_vectors_rotate_block_by_block():
+    """Past ROTATION_BLOCK coordinates, D is the next multiple of the block, the rotation is
+    orthogonal and inverts, and a spike spreads over its own block only."""
+    dim = 3 * discrete.ROTATION_BLOCK + 5
+    assert padded_dim(dim) == 4 * discrete.ROTATION_BLOCK and padded_dim(74_000) == 77_824
+    x = torch.randn(dim, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    signs = rotation_signs(b"blocks", dim)
+    y = rotate(x, signs)
+    assert y.shape == (4 * discrete.ROTATION_BLOCK,)
+    assert float(y.norm()) == pytest.approx(float(x.norm()), rel=1e-12)
+    assert torch.allclose(unrotate(y, signs, dim), x, atol=1e-12)
+    spike = torch.zeros(dim, dtype=torch.float64)
+    spike[discrete.ROTATION_BLOCK + 9] = 2.0
+    spread = rotate(spike, signs).reshape(4, -1).abs()
+    block = discrete.ROTATION_BLOCK
+    assert torch.allclose(spread[1], torch.full((block,), 2.0 / math.sqrt(block), dtype=torch.float64))
+    assert not spread[[0, 2, 3]].any()
+    assert float(y.abs().max()) <= rotated_linf_bound(float(x.norm()), dim, 1e-6)
 
 
 def test_rotation_spreads_a_spike():
@@ -210,10 +231,12 @@ def test_the_module_docstring_figures():
     scale = 5 * math.sqrt(size) / clip
     bound = rounding_norm_bound(scale * clip, size, 1e-3)
     mu = skellam_mu(8.0, *integer_sensitivities(bound, size), 0.1, 30, 1e-6)
-    assert size == 131_072 and bound == pytest.approx(1821.25, abs=0.01)
-    assert mu == pytest.approx(2.38e6, rel=0.005)
+    assert size == 77_824 and bound == pytest.approx(1403.84, abs=0.01)
+    assert mu == pytest.approx(1.414e6, rel=0.005) and math.sqrt(mu) / bound == pytest.approx(
+        0.847, abs=0.001
+    )
     bits = choose_bits(clients, bound, mu, 6.0)
     linf = rotated_linf_bound(scale * clip, dim, 1e-9) + 1
     tight = choose_bits(clients, bound, mu, 6.0, linf=linf)
-    assert (bits, size * bits // 8) == (19, 311_296)
-    assert linf == pytest.approx(41.7, abs=0.05) and (tight, size * tight // 8) == (16, 262_144)
+    assert (bits, size * bits // 8) == (19, 184_832)
+    assert linf == pytest.approx(177.2, abs=0.05) and (tight, size * tight // 8) == (16, 155_648)
