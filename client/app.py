@@ -39,9 +39,16 @@ def _run(context: Context, global_state: AdapterState) -> tuple[RunConfig, int, 
     """``(cfg, partition id, partitions)``: the run config, checked against what the node accepts
     (client/node/policy.py) before anything else: a run its policy refuses raises before any training."""
     node = dict(context.node_config)
-    cfg = from_flat(dict(context.run_config)).check_federated()
+    cfg = _run_config(tuple(sorted(context.run_config.items())))
     NodePolicy.from_node_config(node).check_run(cfg, adapter_size(global_state))
     return cfg, *partition_of(node, cfg)
+
+
+@lru_cache(maxsize=8)
+def _run_config(items: tuple[tuple[str, object], ...]) -> RunConfig:
+    """The run config of Flower's flat ``run_config`` items, checked for a federation: parsed once per
+    run, not once per message (~0.4 ms, four messages a node-round under secure aggregation)."""
+    return from_flat(dict(items)).check_federated()
 
 
 def _shard(context: Context, cfg: RunConfig, global_state: AdapterState) -> Shard:
