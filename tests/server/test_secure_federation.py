@@ -194,12 +194,15 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     which amplifies against the server too, so ε is below the same noise at p = 1."""
     coins = iter([True, False, False, True, False, False] * 2)
     monkeypatch.setattr(secure, "contributes", lambda rate: rate == 0.5 and next(coins))
-    trained = []
-    real_steps = app_module._train_steps
+    trained, loaded = [], []
+    real_steps, real_shard = app_module._train_steps, app_module._shard
     monkeypatch.setattr(
         app_module,
         "_train_steps",
         lambda context, *a: trained.append(context.node_id) or real_steps(context, *a),
+    )
+    monkeypatch.setattr(
+        app_module, "_shard", lambda context, *a: loaded.append(context.node_id) or real_shard(context, *a)
     )
     cfg = _cfg(
         tmp_path / "run", threat_model="secure-aggregation-hidden", sample_rate=0.5, max_participations=0
@@ -207,7 +210,8 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     _federate(cfg)
     recs = records(tmp_path / "run")[1:]
     assert [(r["sampled"], r["replied"], r["applied"]) for r in recs] == [(NODES, NODES, True)] * 2
-    assert len(trained) == 4  # two coins of six came up in each round: only those nodes trained
+    assert len(trained) == 4  # two coins of six came up in each round: only those nodes trained...
+    assert loaded == trained  # ...and only those loaded their data and the global adapter
     ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
     assert ledger.participations() == {n: 2 for n in range(1001, 1001 + NODES)}
     events = ledger.events()
