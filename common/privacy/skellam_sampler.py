@@ -19,8 +19,9 @@ total variation distance to Sk(λ, λ) is below 2^−117 per coordinate (tests c
 ``mpmath.besseli`` and scipy, and the draws by a chi-square).
 
 Speed: a guide table on the top 14 bits of U gives the index of ~99 % of draws; the rest are
-searched (``np.searchsorted``); ~2 ms for 131,072 coordinates against ~7 ms for numpy's Poisson. Variances above :data:`MAX_TABLE_VARIANCE` are
-drawn as the sum of r shares of variance x/r (Skellam shares add exactly), keeping tables small.
+searched (``np.searchsorted``): ~2 ms for 131,072 coordinates against ~7 ms for numpy's Poisson.
+Variances above :data:`MAX_TABLE_VARIANCE` are drawn as the sum of r shares of variance x/r
+(Skellam shares add exactly), keeping tables small.
 """
 
 from __future__ import annotations
