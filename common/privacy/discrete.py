@@ -22,7 +22,7 @@ Randomness: rounding draws from a numpy generator seeded with ``secrets.randbits
 call (as common/privacy/release.py does for the Gaussian): never the run's seed; its PCG64 stream
 is not a CSPRNG, only the seed is. The noise share comes from common/privacy/skellam_sampler.py:
 inversion of a 128-bit table of the Skellam CDF with uniforms from a ChaCha20 keystream under a key
-from ``os.urandom``, exact to 2^-117 in total variation per coordinate.
+from ``os.urandom``, within (2K + 1)·2^-128 of it in total variation per coordinate (K ≈ 14.6·σ).
 The rotation signs are public randomness, the same on every client and the server: SHAKE-256 of a
 shared seed.
 
