@@ -343,7 +343,7 @@ def _open_ledger(out: RunDir, cfg: RunConfig, plan: NoisePlan | None) -> Ledger 
         return Ledger.open(out.ledger_path, "client-level", owner)
     validity, whom = what_if(plan), population(plan) if plan.noise_cohort else ""
     return Ledger.create(
-        out.ledger_path, "client-level", owner, cfg.delta, plan.target_epsilon, validity, whom
+        out.ledger_path, "client-level", owner, cfg.delta, plan.target_epsilon, (validity, whom)
     )
 
 

@@ -174,19 +174,19 @@ class Ledger:
         owner: str,
         delta: float,
         target_epsilon: float = 0.0,
-        validity: str = "",
-        population: str = "",
+        what_if: tuple[str, str] = ("", ""),
         *,
         sync: str = "full",
     ) -> Ledger:
         """A new ledger at ``path``; refuses a path that exists (nothing is ever overwritten).
-        ``validity``: where the charges hold when not for the run itself (a what-if noise cohort);
-        ``population``: that population in a few words, for one-line outputs; ``sync``: the level
-        its commits are made at (:data:`SYNC_LEVELS`), its creation included."""
+        ``what_if``: (validity, population) of a what-if noise cohort, where the charges hold when
+        not for the run itself and that population in a few words, for one-line outputs; ``sync``:
+        the level its commits are made at (:data:`SYNC_LEVELS`), its creation included."""
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}")
         if not 0 < delta < 1:
             raise FedloraError(f"delta must be in (0, 1), got {delta}")
+        validity, population = what_if
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             open(path, "xb").close()  # exclusive create: fails if anything is there
