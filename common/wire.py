@@ -62,6 +62,7 @@ CLIP_BIT = "clip-bit"  # adaptive clipping's tensor in a train reply
 DATA_SOURCE = "data-source"  # train reply meta: where the node's examples came from (optional)
 DATA_SOURCES = ("partition", "own")  # its values: the run's partition, a data owner's own file
 _NPY_HEADERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
+_MAX_NPY_HEADER = 10_000  # bytes: numpy.lib.format's default max_header_size
 
 
 class InvalidReply(ValueError):
@@ -319,7 +320,10 @@ def _header_bytes(data: bytes) -> bytes:
     if data[:6] != npy.MAGIC_PREFIX or version not in _NPY_HEADERS:
         raise ValueError("not a .npy version 1.0 or 2.0 payload")
     width = 2 if version == (1, 0) else 4
-    return data[: 8 + width + int.from_bytes(data[8 : 8 + width], "little")]
+    length = int.from_bytes(data[8 : 8 + width], "little")
+    if length > _MAX_NPY_HEADER:  # numpy's own reader refuses these too, after hashing them
+        raise ValueError(f"header of {length} bytes (at most {_MAX_NPY_HEADER})")
+    return data[: 8 + width + length]
 
 
 @lru_cache(maxsize=256)

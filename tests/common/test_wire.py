@@ -107,3 +107,12 @@ def test_missing_record_is_rejected():
     del content["metrics"]
     with pytest.raises(InvalidReply, match="missing"):
         parse_train_reply(_reply(content), 3, SHAPES, META)
+
+
+def test_header_length_over_numpys_limit_is_refused_before_it_is_read():
+    rec = ArrayRecord.from_torch_state_dict({"l.A": torch.zeros(4, 2), "l.B": torch.zeros(3, 2)})
+    real = rec["l.A"]
+    claim = b"\x93NUMPY\x02\x00" + (2**32 - 1).to_bytes(4, "little") + b"{" * 64  # a 4 GiB header
+    rec["l.A"] = Array(dtype=real.dtype, shape=real.shape, stype=real.stype, data=claim)
+    with pytest.raises(InvalidReply, match=r"l\.A: undecodable array \(header of 4294967295 bytes"):
+        parse_train_reply(_reply(_valid(increment=rec)), 3, SHAPES, META)
