@@ -218,13 +218,18 @@ def route_shares(params: Params, outboxes: Mapping[int, Mapping[int, bytes]]) ->
     return inboxes
 
 
+def _pair_pad(params: Params, seed: bytes, u: int, v: int) -> np.ndarray:
+    """PRF(s_uv), shape (d,): the pad nodes u and v share this round (:func:`prf.pad`; the same
+    for (u, v) and (v, u))."""
+    info = prf.context(params.round_number, "pair", min(u, v), max(u, v))
+    return prf.pad(seed, params.length, params.bits, info)
+
+
 def _add_pair_pad(y: np.ndarray, client: Client, peer: int) -> None:
     """y ± PRF(s_uv) in place, for u = client, v = ``peer``: + when u < v, − otherwise (so the pair
     cancels); pads, reduced mod 2^b by the caller (:func:`prf.pad`)."""
-    params, me = client.params, client.node_id
-    seed = keys.agree(client.mask_key, client.peers[peer].mask)
-    info = prf.context(params.round_number, "pair", min(me, peer), max(me, peer))
-    words = prf.pad(seed, params.length, params.bits, info)
+    me = client.node_id
+    words = _pair_pad(client.params, keys.agree(client.mask_key, client.peers[peer].mask), me, peer)
     if me < peer:
         y += words
     else:
@@ -368,13 +373,7 @@ def unmask_sum(
         if keys.public_bytes(mask_key) != advertised[u].mask:
             raise SecAggError(f"node {u}'s reconstructed mask key does not match the key it advertised")
         for v in sorted(survivors & set(shared[u])):
-            seed = keys.agree(mask_key, advertised[v].mask)
-            pad = prf.pad(
-                seed,
-                params.length,
-                params.bits,
-                prf.context(params.round_number, "pair", min(u, v), max(u, v)),
-            )
+            pad = _pair_pad(params, keys.agree(mask_key, advertised[v].mask), u, v)
             if v < u:  # y_v carried +PRF(s_uv)
                 total -= pad
             else:
