@@ -13,7 +13,7 @@ from common.models.precision import resolve_precision
 from server.bench.suite.adopt import adopt, differences, plan_config
 from server.bench.suite.cli import suite
 from server.bench.suite.plan import Arm, Run, profile, runs
-from server.bench.suite.sections import generative
+from server.bench.suite.sections import cross_silo, generative
 
 
 def _client_runs() -> list[Run]:
@@ -111,6 +111,54 @@ def test_generative_shares_pair_each_seed_with_its_own_non_private_run():
     assert rows["dp ε=8"]["share of the non-private drop (same seed)"] == "0.625 ± 0.177"
     assert rows["dp ε=8"]["log-perplexity drop (mean ± std)"] == "0.200 ± 0.141"
     assert rows["dp ε=8"]["ε (PLD)"] == "8.00" and rows["np"]["min / round"] == "2.0"
+
+
+def _silo(before: float, after: float, epsilons: list[float]) -> dict:
+    """A ``simulate`` summary of a cross-silo run: each node's sample-level ledger."""
+    nodes = [{"node": k, "eps_tight": e, "delta": 1e-05} for k, e in enumerate(epsilons)]
+    return {
+        "before": {"perplexity": before},
+        "after": {"perplexity": after},
+        "node_privacy": nodes,
+        "sample_privacy": "sample-level (prism) per node" if nodes else None,
+    }
+
+
+def _alone(before: float, after: float) -> dict:
+    """A ``train-local`` result of one play alone."""
+    return {"before": before, "perplexity": after, "privacy": {"epsilon": 2.999, "delta": 1e-05}}
+
+
+def test_cross_silo_counts_a_seed_only_when_the_federation_is_below_every_play_alone():
+    fed, plain = Arm("prism ε=3", ("--mechanism", "prism"), 3.0), Arm("fedavg", ("--mechanism", "fedavg"))
+    plays = [Arm(f"play {k} alone", ("--node", str(k)), 3.0) for k in range(2)]
+    cases = [
+        (fed, 0, _silo(80.0, 76.0, [2.9999, 3.0])),  # below 77 and 78
+        (fed, 1, _silo(90.0, 85.0, [3.0, 3.0])),  # not below play 1's 84
+        (fed, 2, _silo(90.0, 70.0, [3.0, 3.0])),  # seed 2 has one play alone: not counted
+        (plain, 0, _silo(80.0, 70.0, [])),
+        (plays[0], 0, _alone(80.0, 77.0)),
+        (plays[1], 0, _alone(80.0, 78.0)),
+        (plays[0], 1, _alone(90.0, 86.0)),
+        (plays[1], 1, _alone(90.0, 84.0)),
+        (plays[0], 2, _alone(90.0, 86.0)),
+    ]
+    done = [
+        {"run": Run("cross-silo", f"c-{i}", arm.argv, arm=arm, seed=seed), "output": out, "error": None}
+        for i, (arm, seed, out) in enumerate(cases)
+    ]
+    done[0]["wall_s"] = 600.0
+    rows = {r["arm"]: r for r in cross_silo(done)["rows"]}
+    assert rows["prism ε=3"]["seeds below every play alone"] == "1 / 2"
+    assert rows["prism ε=3"]["ε per node (PLD)"] == "3.00" and rows["prism ε=3"]["δ"] == 1e-05
+    assert rows["prism ε=3"]["min / run"] == "10.0"
+    drops = [math.log(80 / 76), math.log(90 / 85), math.log(90 / 70)]
+    mean, std = sum(drops) / 3, (sum((d - sum(drops) / 3) ** 2 for d in drops) / 2) ** 0.5
+    assert rows["prism ε=3"]["log-perplexity drop (mean ± std)"] == f"{mean:.3f} ± {std:.3f}"
+    assert rows["fedavg"]["ε per node (PLD)"] == "n/a" and rows["fedavg"]["δ"] == "n/a"
+    assert rows["fedavg"]["seeds below every play alone"] == "1 / 1"
+    assert rows["play 1 alone"]["seeds below every play alone"] == "n/a"
+    assert rows["play 1 alone"]["perplexity after (mean ± std)"] == "81.000 ± 4.243"
 
 
 def test_adopting_an_unfinished_directory_is_one_line(tmp_path, capsys):

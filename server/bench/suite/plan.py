@@ -8,8 +8,9 @@ is run, so any figure in the report can be reproduced by pasting its command.
   100 logical batches of 128 from the whole train split, each method at its own learning rate, the
   best of a validation grid: ``fedlora bench compare``, docs/prism.md), 3 seeds; ``fedlora audit``
   at its defaults; SmolLM2 on Shakespeare roles (``smollm2-shakespeare-xdev``, user-level ε 8 and
-  2). Hours on a 2-core CPU; a run directory that already holds a finished run with the same
-  command is reused, so an interrupted suite picks up where it stopped.
+  2; ``smollm2-shakespeare-silo``, sample-level ε 3 per play, and each play alone). Hours on a
+  2-core CPU; a run directory that already holds a finished run with the same command is reused,
+  so an interrupted suite picks up where it stopped.
 - ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
   local steps), 3 seeds, and ``audit ... --quick``: about 30 minutes on 2 cores. Its accuracies
   check the pipeline and the accounting; at that size nothing has time to learn, and the report
@@ -68,6 +69,10 @@ class Profile:
     audits: tuple[tuple[str, ...], ...] = ()  # ``fedlora audit ...`` commands (their own canaried runs)
     lm_base: tuple[str, ...] = ()  # generative federations (causal LM, natural users)
     lm_arms: tuple[Arm, ...] = ()
+    silo_base: tuple[str, ...] = ()  # cross-silo federations (sample-level DP per node)
+    silo_arms: tuple[Arm, ...] = ()
+    alone_base: tuple[str, ...] = ()  # ``train-local`` of one silo on its own (an arm adds ``--node K``)
+    alone_arms: tuple[Arm, ...] = ()
 
 
 def _args(line: str) -> tuple[str, ...]:
@@ -185,6 +190,25 @@ def _lm_arms(epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
     )
 
 
+def _silo_arms(epsilon: float) -> tuple[Arm, ...]:
+    """Non-private FedAvg of local AdamW, and each sample-level local optimizer at ``epsilon`` per node,
+    all at the preset's learning rate (one for every method, not tuned)."""
+    return (
+        Arm("fedavg (not private)", _args("--mechanism fedavg")),
+        *(
+            Arm(f"{m} ε={epsilon:g}", _args(f"--mechanism {m} --sample-epsilon {epsilon:g}"), epsilon)
+            for m in ("prism", "dp-adamw", "ffa")
+        ),
+    )
+
+
+#: one play of ``smollm2-shakespeare-silo`` trained alone: the preset's split, method, budget and steps
+#: (10 rounds x 2 local steps), evaluated on the same held-out roles
+_ALONE = (
+    "train-local --model smollm2-135m --dataset shakespeare --max-length 128 --lm-blocks 0 "
+    "--partition natural --partition-by play --num-clients 4 --mechanism prism --sample-epsilon 3 "
+    "--delta 1e-5 --local-steps 20 --batch-size 16 --lr 3e-3 --eval-examples 32"
+)
 _DP = "--mechanism dp-fedavg --clip 0.5"
 _SAMPLE = "train-local --model minilm-l6 --dataset rotten-tomatoes --pooling mean --head-init zero-shot --delta 1e-5"
 _QUICK_XDEV = "--preset minilm-rt-xdev --num-clients 100"
@@ -212,6 +236,10 @@ _PROFILES: dict[str, Profile] = {
         audits=(_args("audit client"), _args("audit mia")),
         lm_base=_args("simulate --preset smollm2-shakespeare-xdev"),
         lm_arms=_lm_arms(epsilons=(8.0, 2.0)),
+        silo_base=_args("simulate --preset smollm2-shakespeare-silo"),
+        silo_arms=_silo_arms(3.0),
+        alone_base=_args(_ALONE),
+        alone_arms=tuple(Arm(f"play {k} alone, prism ε=3", ("--node", str(k)), 3.0) for k in range(4)),
     ),
     "quick": Profile(
         "quick",
@@ -260,14 +288,16 @@ def profile(name: str) -> Profile:
 def runs(p: Profile) -> list[Run]:
     """Every command of profile ``p``, section by section (privacy reads the utility runs)."""
     out: list[Run] = []
-    for section, base, arms in (
-        ("client-level", p.client_base, p.client_arms),
-        ("sample-level", p.sample_base, p.sample_arms),
-        ("generative", p.lm_base, p.lm_arms),
+    for section, key, base, arms in (
+        ("client-level", "client-level", p.client_base, p.client_arms),
+        ("sample-level", "sample-level", p.sample_base, p.sample_arms),
+        ("generative", "generative", p.lm_base, p.lm_arms),
+        ("cross-silo", "cross-silo", p.silo_base, p.silo_arms),
+        ("cross-silo", "cross-silo-alone", p.alone_base, p.alone_arms),
     ):
         for i, arm in enumerate(arms):
             for seed in arm.seeds or p.seeds:
-                out.append(Run(section, f"{section}-{i}-s{seed}", (*base, *arm.argv), arm=arm, seed=seed))
+                out.append(Run(section, f"{key}-{i}-s{seed}", (*base, *arm.argv), arm=arm, seed=seed))
     for section, argv in (("communication", p.codec), ("speed", p.prism_step), ("scale", p.scale)):
         if argv:
             out.append(Run(section, section, argv, output="json"))

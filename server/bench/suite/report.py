@@ -16,7 +16,11 @@ ELSEWHERE = (
     ("privacy", "a client-level ledger of a real run, accountant timings"),
     ("deployment", "a 3-node `fedlora deploy up` run with client-level DP"),
     ("small-federations", "federations of 4 nodes or fewer (the `small` preset)"),
-    ("shakespeare", "SmolLM2 on Shakespeare roles run by run, the what-if row, the cross-silo preset's cost"),
+    (
+        "shakespeare",
+        "SmolLM2 on Shakespeare roles run by run, the what-if row, the public-subspace lever, plays as "
+        "silos against each play alone",
+    ),
 )
 
 

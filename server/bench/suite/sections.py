@@ -6,6 +6,7 @@ Every privacy figure says its unit, threat model, accountant and δ, as the runs
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -241,6 +242,88 @@ def generative(done: Sequence[dict]) -> dict:
     sec["notes"].append(
         "perplexity of held-out roles (users never seen in training), before: the untrained adapter; "
         "a share is the private run's log-perplexity drop over the non-private run's of the same seed"
+    )
+    return sec
+
+
+#: the cross-silo table's columns
+CROSS_SILO_COLUMNS = [
+    "arm",
+    "seeds",
+    "perplexity before",
+    "perplexity after (mean ± std)",
+    "log-perplexity drop (mean ± std)",
+    "seeds below every play alone",
+    "ε per node (PLD)",
+    "δ",
+    "min / run",
+]
+
+
+def _lm_record(output: dict) -> tuple[float, float, float | None, object]:
+    """(perplexity before, after, sample-level ε, δ) of a ``simulate`` summary (ε: the largest node's)
+    or a ``train-local`` result (``before`` / ``perplexity``, its ``privacy``); ε None: not private."""
+    if "node_privacy" in output:
+        nodes = output["node_privacy"] or []
+        eps = max((n["eps_tight"] for n in nodes), default=None)
+        return (
+            output["before"]["perplexity"],
+            output["after"]["perplexity"],
+            eps,
+            (nodes or [{}])[0].get("delta", "n/a"),
+        )
+    priv = output.get("privacy") or {}
+    return output["before"], output["perplexity"], priv.get("epsilon"), priv.get("delta", "n/a")
+
+
+def cross_silo(done: Sequence[dict]) -> dict:
+    """Cross-silo federations (one node per play, sample-level DP per node) beside each play trained
+    alone (``train-local --node K``, same split, method, budget and steps), on the same held-out roles:
+    a federated arm's seed counts when its perplexity is below every play's alone, same seed."""
+    runs = [d for d in done if d["run"].section == "cross-silo"]
+    sec = _base("cross-silo", "Cross-silo generative fine-tuning: plays as silos, sample-level DP", runs)
+    sec["columns"] = CROSS_SILO_COLUMNS
+    groups = _group(done, "cross-silo")
+    alone: dict[int, list[float]] = {}  # seed -> each play's perplexity alone
+    for arm, group in groups:
+        if arm.argv[:1] == ("--node",):
+            for d in group:
+                if d["output"]:
+                    alone.setdefault(d["run"].seed, []).append(_lm_record(d["output"])[1])
+    plays = sum(1 for arm, _ in groups if arm.argv[:1] == ("--node",))
+    complete = {s: min(v) for s, v in alone.items() if len(v) == plays}
+    for arm, group in groups:
+        finished = [d for d in group if d["output"]]
+        records = [_lm_record(d["output"]) for d in finished]
+        beats = [
+            after < complete[d["run"].seed]
+            for d, (_, after, *_) in zip(finished, records, strict=True)
+            if d["run"].seed in complete
+        ]
+        federated = arm.argv[:1] != ("--node",)
+        sec["commands"].append(_command(group))
+        sec["rows"].append(
+            {
+                "arm": arm.label,
+                "seeds": len(records),
+                "perplexity before": _mean([r[0] for r in records], ".2f"),
+                "perplexity after (mean ± std)": _mean_std([r[1] for r in records]),
+                "log-perplexity drop (mean ± std)": _mean_std([math.log(r[0] / r[1]) for r in records]),
+                "seeds below every play alone": f"{sum(beats)} / {len(beats)}"
+                if federated and plays
+                else "n/a",
+                "ε per node (PLD)": _mean([r[2] for r in records], ".2f"),
+                "δ": records[0][3] if records and records[0][2] is not None else "n/a",
+                "min / run": _mean([d["wall_s"] / 60 if d.get("wall_s") else None for d in finished], ".1f"),
+            }
+        )
+    outputs = [d["output"] for d in runs if d["output"]]
+    sec["notes"] += [
+        f"guarantee: {g}" for g in sorted({o["sample_privacy"] for o in outputs if o.get("sample_privacy")})
+    ]
+    sec["notes"].append(
+        "perplexity of held-out roles (users never seen in training) after the last round or step; "
+        "before: the untrained adapter; a play alone is one node's shard with the same local steps"
     )
     return sec
 
@@ -501,6 +584,7 @@ BUILDERS: dict[str, Callable[..., dict]] = {
     "client-level": client_level,
     "sample-level": sample_level,
     "generative": generative,
+    "cross-silo": cross_silo,
     "privacy": privacy,
     "communication": communication,
     "speed": speed,
