@@ -19,6 +19,7 @@ SECTIONS = (
     "client-level",
     "sample-level",
     "generative",
+    "cross-silo",
     "privacy",
     "communication",
     "speed",

@@ -116,12 +116,8 @@ def test_generative_shares_pair_each_seed_with_its_own_non_private_run():
 def _silo(before: float, after: float, epsilons: list[float]) -> dict:
     """A ``simulate`` summary of a cross-silo run: each node's sample-level ledger."""
     nodes = [{"node": k, "eps_tight": e, "delta": 1e-05} for k, e in enumerate(epsilons)]
-    return {
-        "before": {"perplexity": before},
-        "after": {"perplexity": after},
-        "node_privacy": nodes,
-        "sample_privacy": "sample-level (prism) per node" if nodes else None,
-    }
+    private = {"node_privacy": nodes, "sample_privacy": "sample-level (prism) per node"} if nodes else {}
+    return {"before": {"perplexity": before}, "after": {"perplexity": after}, **private}
 
 
 def _alone(before: float, after: float) -> dict:

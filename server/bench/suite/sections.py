@@ -263,8 +263,8 @@ CROSS_SILO_COLUMNS = [
 def _lm_record(output: dict) -> tuple[float, float, float | None, object]:
     """(perplexity before, after, sample-level ε, δ) of a ``simulate`` summary (ε: the largest node's)
     or a ``train-local`` result (``before`` / ``perplexity``, its ``privacy``); ε None: not private."""
-    if "node_privacy" in output:
-        nodes = output["node_privacy"] or []
+    if isinstance(output.get("after"), dict):  # simulate: a non-private run has no node ledgers
+        nodes = output.get("node_privacy") or []
         eps = max((n["eps_tight"] for n in nodes), default=None)
         return (
             output["before"]["perplexity"],
@@ -319,7 +319,7 @@ def cross_silo(done: Sequence[dict]) -> dict:
         )
     outputs = [d["output"] for d in runs if d["output"]]
     sec["notes"] += [
-        f"guarantee: {g}" for g in sorted({o["sample_privacy"] for o in outputs if o.get("sample_privacy")})
+        f"guarantee: {g}" for g in sorted({o["sample_privacy"] for o in outputs if o.get("node_privacy")})
     ]
     sec["notes"].append(
         "perplexity of held-out roles (users never seen in training) after the last round or step; "
