@@ -186,7 +186,8 @@ PRESETS: dict[str, dict[str, object]] = {
     # to compare; expected batch 16, Poisson) and the server averages the increments (FedAvg, post-
     # processing); each node's ε is sample-level (one block, add/remove) against everyone, the server
     # included. Sized for a 2-core CPU: 10 rounds, evaluated on 32 held-out roles (~400 blocks) at
-    # rounds 0 and 10; one learning rate for every method, not tuned (docs/shakespeare.md).
+    # rounds 0 and 10; one learning rate for every method, not tuned. Measured on 3 seeds: PRISM's
+    # log-perplexity drop 0.047 nats against 0.020-0.024 for each play alone (docs/shakespeare.md).
     "smollm2-shakespeare-silo": {
         "model": "smollm2-135m",
         "dataset": "shakespeare",
