@@ -23,6 +23,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from common.presets import PRESETS
+
 PROFILES = ("tiny", "quick", "full")
 
 
@@ -202,13 +204,27 @@ def _silo_arms(epsilon: float) -> tuple[Arm, ...]:
     )
 
 
-#: one play of ``smollm2-shakespeare-silo`` trained alone: the preset's split, method, budget and steps
-#: (10 rounds x 2 local steps), evaluated on the same held-out roles
-_ALONE = (
-    "train-local --model smollm2-135m --dataset shakespeare --max-length 128 --lm-blocks 0 "
-    "--partition natural --partition-by play --num-clients 4 --mechanism prism --sample-epsilon 3 "
-    "--delta 1e-5 --local-steps 20 --batch-size 16 --lr 3e-3 --eval-examples 32"
-)
+def _alone(preset: str) -> tuple[tuple[str, ...], tuple[Arm, ...]]:
+    """The ``train-local`` base and arms (``--node K``) of each node of the cross-silo ``preset``
+    trained alone: its split, method, budget, batch and learning rate, and as many local steps as a
+    node takes in the federation (rounds x local steps), evaluated on the same held-out roles."""
+    c = PRESETS[preset]
+    base = _args(
+        f"train-local --model {c['model']} --dataset {c['dataset']} --max-length {c['max_length']} "
+        f"--lm-blocks {c['lm_blocks']} --partition {c['partition']} --partition-by {c['partition_by']} "
+        f"--num-clients {c['num_clients']} --mechanism {c['mechanism']} --sample-epsilon {c['sample_epsilon']:g} "
+        f"--delta {c['delta']:g} --local-steps {c['rounds'] * c['local_steps']} --batch-size {c['batch_size']} "
+        f"--lr {c['lr']:g} --eval-examples {c['eval_examples']}"
+    )
+    label = f"{c['mechanism']} ε={c['sample_epsilon']:g}"
+    arms = tuple(
+        Arm(f"play {k} alone, {label}", ("--node", str(k)), c["sample_epsilon"])
+        for k in range(c["num_clients"])
+    )
+    return base, arms
+
+
+_ALONE_BASE, _ALONE_ARMS = _alone("smollm2-shakespeare-silo")
 _DP = "--mechanism dp-fedavg --clip 0.5"
 _SAMPLE = "train-local --model minilm-l6 --dataset rotten-tomatoes --pooling mean --head-init zero-shot --delta 1e-5"
 _QUICK_XDEV = "--preset minilm-rt-xdev --num-clients 100"
@@ -238,8 +254,8 @@ _PROFILES: dict[str, Profile] = {
         lm_arms=_lm_arms(epsilons=(8.0, 2.0)),
         silo_base=_args("simulate --preset smollm2-shakespeare-silo"),
         silo_arms=_silo_arms(3.0),
-        alone_base=_args(_ALONE),
-        alone_arms=tuple(Arm(f"play {k} alone, prism ε=3", ("--node", str(k)), 3.0) for k in range(4)),
+        alone_base=_ALONE_BASE,
+        alone_arms=_ALONE_ARMS,
     ),
     "quick": Profile(
         "quick",

@@ -283,24 +283,24 @@ def cross_silo(done: Sequence[dict]) -> dict:
     runs = [d for d in done if d["run"].section == "cross-silo"]
     sec = _base("cross-silo", "Cross-silo generative fine-tuning: plays as silos, sample-level DP", runs)
     sec["columns"] = CROSS_SILO_COLUMNS
-    groups = _group(done, "cross-silo")
-    alone: dict[int, list[float]] = {}  # seed -> each play's perplexity alone
-    for arm, group in groups:
-        if arm.argv[:1] == ("--node",):
-            for d in group:
-                if d["output"]:
-                    alone.setdefault(d["run"].seed, []).append(_lm_record(d["output"])[1])
-    plays = sum(1 for arm, _ in groups if arm.argv[:1] == ("--node",))
-    complete = {s: min(v) for s, v in alone.items() if len(v) == plays}
-    for arm, group in groups:
+    groups = []  # (arm, its runs, the finished ones, their records, whether the arm is a play alone)
+    for arm, group in _group(done, "cross-silo"):
         finished = [d for d in group if d["output"]]
         records = [_lm_record(d["output"]) for d in finished]
+        groups.append((arm, group, finished, records, arm.argv[:1] == ("--node",)))
+    alone: dict[int, list[float]] = {}  # seed -> each play's perplexity alone
+    for *_, finished, records, solo in groups:
+        for d, record in zip(finished, records, strict=True):
+            if solo:
+                alone.setdefault(d["run"].seed, []).append(record[1])
+    plays = sum(1 for *_, solo in groups if solo)
+    complete = {s: min(v) for s, v in alone.items() if len(v) == plays}
+    for arm, group, finished, records, solo in groups:
         beats = [
             after < complete[d["run"].seed]
             for d, (_, after, *_) in zip(finished, records, strict=True)
             if d["run"].seed in complete
         ]
-        federated = arm.argv[:1] != ("--node",)
         sec["commands"].append(_command(group))
         sec["rows"].append(
             {
@@ -310,7 +310,7 @@ def cross_silo(done: Sequence[dict]) -> dict:
                 "perplexity after (mean ± std)": _mean_std([r[1] for r in records]),
                 "log-perplexity drop (mean ± std)": _mean_std([math.log(r[0] / r[1]) for r in records]),
                 "seeds below every play alone": f"{sum(beats)} / {len(beats)}"
-                if federated and plays
+                if plays and not solo
                 else "n/a",
                 "ε per node (PLD)": _mean([r[2] for r in records], ".2f"),
                 "δ": records[0][3] if records and records[0][2] is not None else "n/a",
