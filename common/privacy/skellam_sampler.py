@@ -12,9 +12,11 @@ I_{k−1}(x) = I_{k+1}(x) + (2k/x)·I_k(x) (Abramowitz & Stegun 9.6.26), normali
 Σ_{k∈ℤ} p(k) = 1 (A&S 9.6.37: e^x = I_0(x) + 2·Σ_{k≥1} I_k(x)). The table covers [−K, K] with K
 from Bernstein's inequality for the sub-gamma variable Sk (variance factor x, scale 1/3):
 P(|Sk| > K) ≤ 2·exp(−K²/(2(x + K/3))) ≤ 2^−140; that tail mass is folded into the end atoms.
-Thresholds are T_i = ⌊CDF(−K + i)·2^128⌋ and a draw is −K + #{i : T_i ≤ U} for U uniform on
-[0, 2^128) (its low 64 bits are drawn only when its high word ties a threshold's, probability
-≤ 2^−64 · (distinct high words)). So each atom's probability is off by < 2^−128 + the fold, and the
+Thresholds are T_i = ⌊CDF(−K + i)·2^128⌋, clamped to [0, 2^128 − 1] (the folded tail is a
+difference at :data:`PRECISION` bits, clamped at 0 too: at variances below ~10 it could come out
+−2^−257 and T_0 = −1), and a draw is −K + #{i : T_i ≤ U} for U uniform on [0, 2^128) (its low
+64 bits are drawn only when its high word ties a threshold's, probability ≤ 2^−64 · (distinct high
+words)). So each atom's probability is off by < 2^−128 + the fold, and the
 total variation distance to Sk(λ, λ) is at most (2K + 1)·2^−128 + 2^−140 per coordinate: 2^−117 at
 variance 2,644 (K = 753), 2^−111 at :data:`MAX_TABLE_VARIANCE`. Over a whole run (MiniLM: 77,824
 coordinates × 1,000 nodes × 30 rounds < 2^32 draws) that is < 2^−79 added to δ: nothing next to δ =
@@ -98,12 +100,17 @@ def table(variance: float) -> Table:
     k = half_width(variance)
     p = pmf(variance, k)
     with mpmath.workprec(PRECISION):
-        lower_tail = (1 - p[0] - 2 * mpmath.fsum(p[1:])) / 2  # P(Sk < −K), folded into −K
+        # P(Sk < −K), folded into −K. Obtained by cancellation, so off by up to ~2^−PRECISION: where
+        # the true tail is below that (variances under ~10, K ≫ √x) it can come out negative
+        # (−4.3e-78 at x = 3), so it is clamped at 0; that moves an atom by ~2^−256
+        lower_tail = max(mpmath.mpf(0), (1 - p[0] - 2 * mpmath.fsum(p[1:])) / 2)
         cdf, thresholds = lower_tail, []
         for j in range(-k, k):  # CDF(j) for j = −K .. K−1; CDF(K) = 1
             cdf += p[abs(j)]
             thresholds.append(int(mpmath.floor(cdf * _ONE)))
-    thresholds = [min(t, _ONE - 1) for t in thresholds] + [_ONE - 1]  # the sentinel
+    # each threshold in [0, 2^128 − 1] (a rounding error of the CDF must not reach −1 or 2^128,
+    # which the uint64 words cannot hold), then the sentinel
+    thresholds = [min(max(t, 0), _ONE - 1) for t in thresholds] + [_ONE - 1]
     high = np.array([t >> 64 for t in thresholds], dtype=np.uint64)
     low = np.array([t & (2**64 - 1) for t in thresholds], dtype=np.uint64)
     starts = np.arange(1 << _GUIDE_BITS, dtype=np.uint64) << np.uint64(64 - _GUIDE_BITS)

@@ -1,6 +1,7 @@
 """The Skellam share sampler (common/privacy/skellam_sampler.py): its pmf against mpmath's Bessel
-function and scipy's Skellam, its table's tail bound and thresholds, its 128-bit comparison against
-a brute-force count, and its draws by a chi-square."""
+function and scipy's Skellam, its table's tail bound and thresholds (over every variance a table
+can be asked for), its 128-bit comparison against a brute-force count, and its draws by a
+chi-square."""
 
 import math
 
@@ -10,6 +11,7 @@ import pytest
 from scipy import stats
 
 from common.privacy import skellam_sampler as ss
+from common.privacy.secure_plan import SecureTarget, plan_secure
 
 
 @pytest.mark.parametrize("variance", [0.3, 5.0, 2644.0])
@@ -53,6 +55,70 @@ def test_thresholds_are_the_cdf_times_2_to_128():
     )
 
 
+#: table variances (integer units²) a run can ask for. A plan's share variance is μ/m (secure_plan.py):
+#: it shrinks as ε or the survivors m grow and has no floor (any ε > 0 is accepted; dim 1, ε 1000,
+#: m 1000 already gives 4.5e-5), and grows without bound as ε falls (dim 2^21, ε 0.1 over 1000
+#: participations, m 1: 1.5e14), but :func:`ss.skellam` tabulates v/⌈v/2^24⌉ ≤ 2^24. So the whole
+#: range (0, MAX_TABLE_VARIANCE]: the smallest doubles, a log grid 1e-12 .. 1e5 (3 a decade), 2^20
+#: and the top, and 200 seeded uniforms on [0.05, 10] (issue 49's audit: ~1 in 4 crashed there).
+TABLE_VARIANCES = sorted(
+    {
+        5e-324,
+        1e-300,
+        *np.geomspace(1e-12, 1e5, 52).tolist(),
+        2.0**20,
+        ss.MAX_TABLE_VARIANCE,
+        *np.random.default_rng(49).uniform(0.05, 10.0, 200).tolist(),
+    }
+)
+
+
+def _thresholds(t: ss.Table) -> list[int]:
+    """T_0 .. T_2K (the sentinel last) as 128-bit integers."""
+    return [(int(h) << 64) | int(lo) for h, lo in zip(t.high, t.low, strict=True)]
+
+
+def test_tables_hold_over_every_variance_a_plan_can_reach():
+    """Every table builds (no threshold below 0 or above 2^128 − 1: at variance 3 the folded tail
+    came out −4.3e-78 and T_0 = −1 overflowed uint64), its thresholds rise, and the atoms it draws,
+    (T_i − T_{i−1})/2^128, have mean 0 and variance x up to the table's rounding (< 2^−128 an atom)
+    and, from 1e-12 to 1e5, match scipy's Skellam pmf."""
+    for variance in TABLE_VARIANCES:
+        t = ss.table(variance)
+        k = t.half_width
+        assert k == ss.half_width(variance) >= 1 and t.size == 2 * k
+        assert t.high.dtype == t.low.dtype == np.uint64 and t.high.shape == t.low.shape == (2 * k + 1,)
+        thresholds = _thresholds(t)
+        assert thresholds[-1] == 2**128 - 1 and thresholds[0] >= 0
+        assert thresholds == sorted(thresholds), variance
+        assert t.guide.dtype == np.int64 and np.all(np.diff(t.guide) >= 0) and t.guide[-1] <= t.size
+        # the drawn atoms −K .. K, exactly (integers over 2^128)
+        atoms = np.diff([0, *thresholds[:-1], 2**128]).tolist()
+        support = range(-k, k + 1)
+        mean = sum(a * j for a, j in zip(atoms, support, strict=True))
+        second = sum(a * j * j for a, j in zip(atoms, support, strict=True))
+        rounding = 2 * k**3 * 2.0**-128  # Σ_j j²·2^-128 over the support, and more
+        assert abs(mean) / 2.0**128 <= rounding, variance
+        assert abs(second / 2.0**128 - variance) <= 1e-12 * variance + rounding, variance
+        if 1e-12 <= variance <= 1e5:  # scipy's pmf is nan at the smallest doubles
+            p = np.array([a / 2.0**128 for a in atoms])
+            ref = stats.skellam.pmf(np.arange(-k, k + 1), variance / 2, variance / 2)
+            np.testing.assert_allclose(p, ref, rtol=1e-7, atol=2.0**-120, err_msg=str(variance))
+
+
+def test_the_planners_extreme_shares_are_drawn_from_tables_in_range():
+    """The smallest share of the plans named at TABLE_VARIANCES (dim 1, ε 1000, m 1000) is drawn
+    from its own table; the largest (dim 2^21, ε 0.1, 1000 participations, m 1) as a sum of tables
+    inside the range."""
+    small = plan_secure(SecureTarget(1000.0, 1e-5, 1), 1, 1.0, (1000, 1000), (1, 1)).share_variance
+    large = plan_secure(SecureTarget(0.1, 1e-9, 1000), 2**21, 1.0, (1, 1), (1, 1)).share_variance
+    assert 1e-12 < small < 1e-4 and large > 1e14
+    x = ss.skellam(200_000, small)
+    assert set(np.unique(x).tolist()) <= {-2, -1, 0, 1, 2} and np.mean(x != 0) < 1e-3
+    parts = math.ceil(large / ss.MAX_TABLE_VARIANCE)
+    assert ss.MAX_TABLE_VARIANCE / 2 < large / parts <= ss.MAX_TABLE_VARIANCE
+
+
 def _brute_count(t: ss.Table, u: int) -> int:
     return sum(
         ((int(h) << 64) | int(lo)) <= u for h, lo in zip(t.high[: t.size], t.low[: t.size], strict=True)
@@ -87,7 +153,7 @@ def test_the_count_is_exact_at_128_bits_ties_included(monkeypatch):
     assert len(used) >= 43  # every forced tie drew a low word
 
 
-@pytest.mark.parametrize("variance", [0.3, 5.0, 2644.0])
+@pytest.mark.parametrize("variance", [0.05, 0.3, 3.0, 5.0, 2644.0])
 def test_draws_fit_the_skellam_distribution(variance):
     n = 400_000
     x = ss.skellam(n, variance)
@@ -101,6 +167,8 @@ def test_draws_fit_the_skellam_distribution(variance):
     chi2 = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
     assert chi2 < stats.chi2.ppf(0.9995, keep.sum() - 1), (chi2, keep.sum())
     assert abs(x.mean()) < 5 * sd / math.sqrt(n)
+    # the sample variance's sd is √((μ4 − x²)/n) = x·√((2 + 1/x)/n) (Skellam: μ4 = 3x² + x)
+    assert abs(x.var() / variance - 1) < 5 * math.sqrt((2 + 1 / variance) / n)
 
 
 def test_large_variances_are_sums_of_tabulated_shares(monkeypatch):
