@@ -93,6 +93,8 @@ def train(msg: Message, context: Context) -> Message:
     kind, release = cfg.optimizer_kind, cfg.release_kind
     noise = plan_noise(cfg, adapter_size(ins.global_state))
     secure = secure_round(ins, cfg, context.node_id)  # checked before any training
+    if secure:  # the node's identity and the federation's roster, before any training
+        client_secure.credentials(dict(context.node_config))
     released = None  # a noised client-level release: (event, clip), checked before any training
     if release != "none":
         clip = cfg.clip if secure else round_clip(ins, cfg)
@@ -101,29 +103,24 @@ def train(msg: Message, context: Context) -> Message:
         if noise is not None and noise.private:
             released = release_event(noise, ins.noise_std, clip), clip
     cap = noise.secure.participations if secure else 0
-    contributes = client_secure.takes_part(noise)  # hidden participation: this node's own coin
-    trains = contributes or cfg.secagg_train_always  # ... which timing must not show
-    # a node whose coin did not come up (and need not hide it) neither loads its data nor trains
-    shard = _shard(context, cfg, ins.global_state) if trains else None
-    plan = _sample_plan(cfg, len(shard.examples)) if shard is not None and kind != "none" else None
+    # hidden participation: this node's own coin, which neither the reply's timing nor its size may
+    # show: every node loads its data and trains whatever the coin says (constant work)
+    contributes = client_secure.takes_part(noise)
+    shard = _shard(context, cfg, ins.global_state)
+    plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     releases = _releases(context, cfg, pid, parts) if released else None
     if releases is not None:
         releases.check(ins.round, released[0], releases.future(ins.round, cap))
-    metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan) if shard is not None else {}
+    metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan)
     if cfg.private:
         metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
-    increment = (
-        local_increment(adapter_state(shard.bundle.model), ins.global_state, cfg.increment_form)
-        if contributes and shard is not None
-        else {k: torch.zeros_like(v) for k, v in ins.global_state.items()}
+    increment = client_secure.contribution(
+        local_increment(adapter_state(shard.bundle.model), ins.global_state, cfg.increment_form), contributes
     )
     if releases is not None:  # committed before the release leaves
         releases.check(ins.round, released[0], releases.future(ins.round, cap))
         releases.charge(ins.round, *released, noise.threat_model)
-    device, examples = (
-        (shard.bundle.device, len(shard.examples)) if shard is not None else (torch.device("cpu"), 0)
-    )
-    reply = release_reply(increment, ins, cfg, device, context, examples, metrics)
+    reply = release_reply(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
     return Message(reply, reply_to=msg)
 
 
@@ -139,7 +136,7 @@ def secure_round(ins: TrainInstruction, cfg: RunConfig, node: int) -> tuple[Secu
     if noise is None or noise.secure is None:
         return None
     shapes = {k: tuple(v.shape) for k, v in ins.global_state.items()}
-    release = SecureRelease(noise.secure, shapes, constant_work=cfg.secagg_train_always)
+    release = SecureRelease(noise.secure, shapes)
     values = sw.fields(RecordDict(dict(ins.records)), ins.round)
     release.check_params(sw.params_from(values, ins.round), node, ins.noise_std)
     return release, values

@@ -3,9 +3,13 @@
 The round's ``train`` message carries the protocol's parameters; the node trains, encodes its
 update to an integer vector x in [0, 2^b)^d and calls :func:`begin`, which keeps its secrets and x in
 ``context.state`` (the node's own memory: nothing of it leaves except as the protocol sends it) and
-answers with its public keys. The three ``train.secagg_*`` stages then read and update that state;
-the last one deletes it, so a node answers an unmask request at most once per round (the refusal to
-reveal both shares of one node holds per answer).
+answers with its public keys, signed by its identity key. The four ``train.secagg_*`` stages then
+read and update that state, each once and in order (a repeated request is refused); the last one
+deletes it, so a node answers an unmask request at most once per round.
+
+The node's identity key and the federation's roster (common/secagg/identity.py) come from its node
+config: ``identity-key`` (a private key file) and ``secagg-roster`` (one OpenSSH public key per
+line). A node without them refuses a secure round in one line before it trains.
 """
 
 from __future__ import annotations
@@ -20,11 +24,27 @@ from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.plan import NoisePlan
 from common.privacy.secure_release import SecureRelease
-from common.secagg import keys, prf, protocol
+from common.secagg import identity, keys, prf, protocol
 from common.secagg import wire as sw
+from common.secagg.identity import Identity
 from common.secagg.protocol import Client, Held, PublicKeys
 
 STATE = "secagg-state"  # context.state record of the round in progress
+
+
+def credentials(node_config: dict) -> tuple[Identity, frozenset[bytes]]:
+    """This node's identity and the federation's roster, from its node config; a one-line refusal
+    when either is missing or unreadable, or when the node's own key is not on the roster."""
+    key, roster = node_config.get(identity.IDENTITY_KEY), node_config.get(identity.ROSTER)
+    if not key or not roster:
+        raise FedloraError(
+            f"secure aggregation needs this node's identity key and the federation's roster (node config "
+            f"{identity.IDENTITY_KEY} and {identity.ROSTER}; fedlora node --identity-key / --roster); nothing sent"
+        )
+    me, members = identity.load_identity(str(key)), identity.load_roster(str(roster))
+    if me.public not in members:
+        raise FedloraError(f"this node's identity key ({key}) is not on the roster {roster}; nothing sent")
+    return me, members
 
 
 def _words(bits: int) -> np.dtype:
@@ -50,6 +70,9 @@ def _save(context: Context, client: Client, x: bytes) -> None:
         "held": held,
         "held-seed": [client.held[v].self_seed for v in held],
         "held-key": [client.held[v].mask_key for v in held],
+        "least": client.least,
+        "stage": client.stage,
+        "signed": sw.pack_ids(sorted(client.signed)),
         "x": x,
     }
     context.state[STATE] = sw.config_record(values)
@@ -72,17 +95,24 @@ def _load(context: Context, round_number: int) -> tuple[Client, bytes]:
         {u: PublicKeys(u, c, m) for u, c, m in zip(peers, peer_cipher, peer_mask, strict=True)},
         dict(zip(peers, pair_keys, strict=True)) if pair_keys else {},
         {u: Held(s, k) for u, s, k in zip(held, v.get("held-seed", []), v.get("held-key", []), strict=True)},
+        least=int(v["least"]),
+        stage=str(v["stage"]),
+        signed=frozenset(np.frombuffer(v.get("signed", b""), dtype="<u8").tolist()),
     )
     return client, v["x"]  # (unpacked by the one stage that needs it)
 
 
-def begin(context: Context, values: dict, round_number: int, node: int, x: np.ndarray) -> dict[str, object]:
+def begin(
+    context: Context, values: dict, round_number: int, node: int, x: np.ndarray, least: int = 0
+) -> dict[str, object]:
     """Stage 0: the round's parameters (a train message's ``secagg`` values), this node's id and its
-    encoded input ``x`` (d,) -> the public keys to advertise (the train reply's ``secagg`` values).
-    Checks the parameters (one-line error) and the input range before anything is kept."""
+    encoded input ``x`` (d,) -> the signed public keys to advertise (the train reply's ``secagg``
+    values). ``least``: the fewest survivors the node unmasks for (its plan's min-replies). Checks
+    the parameters (one-line error) and the input range before anything is kept."""
     params = sw.params_from(values, round_number)
     protocol.check_input(params, x)
-    client, public = protocol.setup(params, node)
+    me, _ = credentials(dict(context.node_config))
+    client, public = protocol.setup(params, node, me, least)
     _save(context, client, np.asarray(x).astype(_words(params.bits)).tobytes())
     return sw.keys_values(public)
 
@@ -100,7 +130,7 @@ def train_reply(
     ``values``) and kept by :func:`begin`; the reply carries the node's public keys and ``meta``,
     never the update."""
     x = release.encode(increment, sw.params_from(values, rnd).public_seed)
-    keys = begin(context, values, rnd, context.node_id, x)
+    keys = begin(context, values, rnd, context.node_id, x, release.plan.min_survivors)
     return RecordDict({**sw.record(rnd, **keys), "meta": ConfigRecord(meta)})
 
 
@@ -118,6 +148,13 @@ def takes_part(noise: NoisePlan | None) -> bool:
     return noise is None or noise.secure is None or contributes(noise.secure.sample_rate)
 
 
+def contribution(increment: AdapterState, coin: bool) -> AdapterState:
+    """``increment`` when this node's coin came up, else a zero update of the same shapes: every
+    coordinate times 1 or 0, the same work either way, so that its timing does not show the coin."""
+    weight = float(coin)
+    return {name: value * weight for name, value in increment.items()}
+
+
 def _stage(run: Callable[[Client, bytes, dict, Context], dict[str, object]]):
     """A ``train.secagg_*`` handler around ``run(client, x, values, context) -> reply values`` (``x``:
     the bytes of the node's input words, :func:`_words`)."""
@@ -133,7 +170,8 @@ def _stage(run: Callable[[Client, bytes, dict, Context], dict[str, object]]):
 
 
 def _share(client: Client, x: bytes, values: dict, context: Context) -> dict[str, object]:
-    client, outbox = protocol.share_keys(client, sw.peers_from(values))
+    _, roster = credentials(dict(context.node_config))
+    client, outbox = protocol.share_keys(client, sw.peers_from(values), roster)
     _save(context, client, x)
     return sw.tokens_values(outbox)
 
@@ -145,16 +183,34 @@ def _mask(client: Client, x: bytes, values: dict, context: Context) -> dict[str,
     return sw.vector_values(y, client.params.bits)
 
 
+def _check(client: Client, x: bytes, values: dict, context: Context) -> dict[str, object]:
+    me, _ = credentials(dict(context.node_config))
+    client, signature = protocol.check_survivors(client, sw.survivors_from(values), me)
+    _save(context, client, x)
+    return sw.signature_values(client.node_id, signature)
+
+
 def _unmask(client: Client, x: bytes, values: dict, context: Context) -> dict[str, object]:
     del context.state[STATE]  # answered at most once, whatever happens next
-    return sw.unmask_values(protocol.unmask(client, sw.request_from(values)))
+    _, roster = credentials(dict(context.node_config))
+    return sw.unmask_values(protocol.unmask(client, sw.request_from(values), roster))
 
 
 #: message type -> handler, for a ClientApp to register (``@app.train("secagg_share")`` ...)
 HANDLERS: dict[str, Callable[[Message, Context], Message]] = {
     "train.secagg_share": _stage(_share),
     "train.secagg_mask": _stage(_mask),
+    "train.secagg_check": _stage(_check),
     "train.secagg_unmask": _stage(_unmask),
 }
 
-__all__ = ["HANDLERS", "STATE", "begin", "contributes", "takes_part", "train_reply"]
+__all__ = [
+    "HANDLERS",
+    "STATE",
+    "begin",
+    "contributes",
+    "contribution",
+    "credentials",
+    "takes_part",
+    "train_reply",
+]

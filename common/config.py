@@ -365,12 +365,6 @@ class RunConfig:
         CLIENT_DP,
         rule=NON_NEGATIVE,
     )
-    secagg_train_always: bool = option(
-        False,
-        "hidden participation: every node trains every round and sends a zero update unless its coin "
-        "came up, so reply timing does not show whose coin came up (about 1/p times the client compute)",
-        CLIENT_DP,
-    )
     adaptive_clip: bool = option(
         False,
         "adaptive clipping (Andrew et al. 2021): C moves toward the target quantile of the update norms "
@@ -639,11 +633,6 @@ class RunConfig:
                 )
         if THREATS[self.threat_model].summed_securely:
             self._check_secure_aggregation()
-        if self.secagg_train_always and not THREATS[self.threat_model].hides_participation:
-            raise FedloraError(
-                "--secagg-train-always hides whose coin came up: it needs --threat-model "
-                "secure-aggregation-hidden"
-            )
         budget = self.noise_multiplier > 0 or self.target_epsilon > 0
         if self.clip_only and budget:
             raise FedloraError("--clip-only adds no noise: drop --noise-multiplier and --target-epsilon")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import tempfile
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,6 +21,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from common.privacy.ledger import LEDGER_SYNC
+from common.secagg import identity
 
 log = logging.getLogger("fedlora.inprocess")
 
@@ -45,13 +47,18 @@ class InProcessGrid(Grid):
         raise_errors: bool = True,
         state_root: Path | None = None,
     ) -> None:
-        """``state_root``: node k keeps its state (sample-level ledger) in ``state_root/node-k``; the
+        """``state_root``: node k keeps its state (sample-level ledger) and its identity key (secure
+        aggregation, common/secagg/identity.py) in ``state_root/node-k``, beside the roster of every
+        node's public key (``state_root/roster.pub``; a temporary folder without ``state_root``); the
         encoders the nodes receive are cached once, in ``state_root/shared``. The nodes' ledgers
         commit at ``ledger-sync = normal`` (client/node/state.py): they survive a crash of this
         process but not of the machine (the server's own ledger commits at ``full``)."""
         self.client_app = client_app
         self.raise_errors = raise_errors
         self._run = Run.create_empty(run_id)
+        # the operator's step: every node gets an identity key, and every node the roster of them all
+        keys = Path(state_root or tempfile.mkdtemp(prefix="fedlora-nodes-"))
+        identity.provision([keys / f"node-{k}" / "identity" for k in range(num_nodes)], keys / "roster.pub")
         self.contexts = {
             FIRST_NODE_ID + k: Context(
                 run_id=run_id,
@@ -60,6 +67,8 @@ class InProcessGrid(Grid):
                     "partition-id": k,
                     "num-partitions": num_nodes,
                     LEDGER_SYNC: "normal",  # one disk for every node: their syncs would queue
+                    identity.IDENTITY_KEY: str(keys / f"node-{k}" / "identity"),
+                    identity.ROSTER: str(keys / "roster.pub"),
                     **(
                         {
                             "state-dir": str(state_root / f"node-{k}"),

@@ -33,10 +33,11 @@ from server.round import RoundContext, RoundRecord
 log = logging.getLogger("fedlora.server")
 
 
-#: message type -> the name of the set of nodes that answered it (Bonawitz et al.'s U_2, U_3, U_5)
+#: message type -> the name of the set of nodes that answered it (Bonawitz et al.'s U_2, U_3, U_4, U_5)
 _STAGE_SET = {
     "train.secagg_share": "shared",
     "train.secagg_mask": "masked",
+    "train.secagg_check": "signed",
     "train.secagg_unmask": "unmasked",
 }
 
@@ -93,10 +94,12 @@ def secure_sum(
     timeout: float,
     gate: Callable[[list[int]], str] | None = None,
 ) -> SecureSum:
-    """Stages 1-3 of round ``params.round_number``, given the keys the train replies advertised
-    (node -> :class:`PublicKeys`, U_1). Returns the unmasked sum of the survivors' inputs.
+    """Stages 1-4 of round ``params.round_number``, given the signed keys the train replies
+    advertised (node -> :class:`PublicKeys`, U_1). Returns the unmasked sum of the survivors' inputs.
     ``gate(survivors)``, called once the masked inputs are in and before any unmask request goes
-    out, returns why the sum must not be unmasked (empty: go on), e.g. a charge over the budget."""
+    out, returns why the sum must not be unmasked (empty: go on), e.g. a charge over the budget.
+    The survivors then sign the survivor set (consistency check) and the unmask request carries
+    their signatures: a node unmasks only for a set that a majority of the round signed."""
     result = SecureSum(None, [], {"keys": sorted(advertised)})
     try:
         routed = protocol.route_keys(params, advertised)
@@ -111,7 +114,18 @@ def secure_sum(
         )
         if gate is not None and (why := gate(sorted(masked))):
             raise SecAggError(why)
-        request = sw.request_values(protocol.unmask_request(outboxes, masked))
+        survivors = frozenset(masked)
+        check = sw.survivors_values(survivors)
+        signed = _stage(
+            grid,
+            "train.secagg_check",
+            params,
+            {node: check for node in masked},
+            lambda n, v: (advertised[n].identity, sw.signature_from(v, n)),
+            result,
+            timeout,
+        )
+        request = sw.request_values(protocol.unmask_request(survivors, signed))
         replies = _stage(
             grid,
             "train.secagg_unmask",
@@ -157,6 +171,21 @@ def _advertised(
     return advertised
 
 
+def train_messages(
+    release: SecureRelease, rnd: int, sampled: Sequence[int], state: AdapterState, public_seed: bytes
+) -> list[Message]:
+    """Round ``rnd``'s train instruction to each ``sampled`` node: the global adapter ``state``, the
+    Skellam share's std and the protocol's parameters (``public_seed`` fixes the neighbour graph
+    and the rotation). One content for every node (the grid copies or serializes each message's)."""
+    params = release.params(rnd, tuple(sampled), public_seed)
+    setup = dict(sw.record(rnd, **sw.params_record(params)))
+    content = TrainInstruction(rnd, state, release.noise_std, {}, setup).to_record()
+    return [
+        Message(content, dst_node_id=node, message_type="train", group_id=str(rnd))
+        for node in params.node_ids
+    ]
+
+
 def run_secure_round(
     ctx: RoundContext, rnd: int, sampled: Sequence[int], state: AdapterState
 ) -> tuple[AdapterState, RoundRecord]:
@@ -172,19 +201,8 @@ def run_secure_round(
     plan = ctx.release.plan
     release = SecureRelease(plan.secure, ctx.shapes)
     seed = os.urandom(32)
+    messages = train_messages(release, rnd, sampled, state, seed)
     params = release.params(rnd, tuple(sampled), seed)
-    setup = dict(sw.record(rnd, **sw.params_record(params)))
-    # one instruction for every node (the grid copies or serializes each message's content)
-    content = TrainInstruction(rnd, state, release.noise_std, {}, setup).to_record()
-    messages = [
-        Message(
-            content,
-            dst_node_id=node,
-            message_type="train",
-            group_id=str(rnd),
-        )
-        for node in params.node_ids
-    ]
     record = RoundRecord(rnd, sampled=len(sampled))
     record.bytes_down = sum(message_bytes(m) for m in messages)
     expected = ctx.release.expected(len(sampled)) | {"noise-std": release.noise_std}
@@ -228,4 +246,4 @@ def run_secure_round(
     return state, record
 
 
-__all__ = ["SecureSum", "run_secure_round", "secure_sum"]
+__all__ = ["SecureSum", "run_secure_round", "secure_sum", "train_messages"]

@@ -30,6 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--auth-key", metavar="KEY", help="this node's private key (SuperNode authentication)"
     )
+    parser.add_argument(
+        "--identity-key",
+        metavar="KEY",
+        help="the private key this node signs its secure-aggregation keys with (default: --auth-key)",
+    )
+    parser.add_argument(
+        "--roster",
+        metavar="FILE",
+        help="the federation's node identity public keys, one OpenSSH line each, from its operator "
+        "(secure aggregation needs it)",
+    )
     parser.add_argument("--insecure", action="store_true", help="plain HTTP, no TLS (your own machine only)")
     parser.add_argument(
         "--port", type=int, help="local port for the node's ClientApp process (default: free)"
@@ -44,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(TRUST),
         default="none",
         help="whom this node trusts with less than its own noise: none (default: local noise only; your "
-        "epsilon holds against the server), aggregate (also --threat-model secure-aggregation: the server "
-        "sees only the sum; your epsilon holds against it too) or server (central / distributed noise, "
+        "epsilon holds against the server), aggregate (also --threat-model secure-aggregation[-hidden]: the "
+        "server sees only the sum; your epsilon holds against it too, even one that deviates from the "
+        "protocol, as long as no identity on --roster is the server's or colludes with it) or server (central / distributed noise, "
         "--encode-at server: your epsilon holds against everyone else)",
     )
     parser.add_argument(
@@ -63,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         "state_dir": args.state_dir,
         "root_certificates": args.root_certificates,
         "auth_key": args.auth_key,
+        "identity_key": args.identity_key,
+        "roster": args.roster,
         "insecure": args.insecure,
         "port": args.port,
         "clear_statistics": args.allow_clear_statistics,

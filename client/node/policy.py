@@ -39,8 +39,10 @@ TOLERANCE = 1e-6  # relative: a calibrated plan lands on its target up to round-
 TRUST = {
     "none": "only releases whose noise this node adds itself (local noise): its epsilon holds against "
     "everyone, the server included",
-    "aggregate": "also distributed noise summed by secure aggregation (--threat-model secure-aggregation: "
-    "the server sees only the sum of the survivors' noised updates)",
+    "aggregate": "also distributed noise summed by secure aggregation (--threat-model secure-aggregation "
+    "and secure-aggregation-hidden: the server sees only the sum of the survivors' noised updates, even "
+    "a server that deviates from the protocol, as long as no identity on the node's roster is the "
+    "server's or colludes with it)",
     "server": "also central noise, distributed noise without secure aggregation and --encode-at server: "
     "the server sees this node's clipped (or raw) update, and the epsilon holds only against "
     "everyone else",

@@ -46,6 +46,7 @@ from common.config import MECHANISMS
 from common.data.owner import LABEL, TEXT, OwnerData, check_labels, owner_data, read_jsonl, write_jsonl
 from common.errors import FedloraError
 from common.flower_processes import flower_env, flower_executable, free_port, toml_pairs
+from common.secagg import identity
 
 #: mechanisms whose guarantee is per example (sample-level) and per node (client-level)
 SAMPLE_LEVEL = tuple(m for m, (opt, _) in MECHANISMS.items() if opt != "none")
@@ -223,6 +224,8 @@ class NodeConfig:
     port: int | None = None
     clear_statistics: bool = False
     trust: str = "none"
+    identity_key: str | os.PathLike | None = None  # default: auth_key (the registered SuperNode key)
+    roster: str | os.PathLike | None = None
     text_column: str = TEXT  # the columns of a file ``dataset`` (own.csv); ``data`` is the node's JSONL
     label_column: str = LABEL
 
@@ -252,6 +255,8 @@ class NodeConfig:
             state_dir=Path(self.state_dir).expanduser().resolve(),
             root_certificates=_existing(self.root_certificates, "root certificates"),
             auth_key=_existing(self.auth_key, "authentication key"),
+            identity_key=_existing(self.identity_key or self.auth_key, "identity key"),
+            roster=_existing(self.roster, "roster"),
             model=_model_ref(self.model),
             port=self.port if self.port is not None else free_port(),
         )
@@ -274,6 +279,10 @@ class NodeConfig:
             values["model-path"] = self.model
         if self.clear_statistics:
             values["clear-statistics"] = True
+        if self.identity_key:
+            values[identity.IDENTITY_KEY] = str(self.identity_key)
+        if self.roster:
+            values[identity.ROSTER] = str(self.roster)
         return values
 
     def command(self) -> list[str]:
@@ -346,9 +355,14 @@ def join(
             clear, outside every guarantee (default False: your node refuses them).
         trust: whom your node trusts with less than its own noise (client/node/policy.py ``TRUST``):
             ``none`` (default: only local noise, your ε holds against the server too), ``aggregate``
-            (also distributed noise under secure aggregation; none exists yet, so the same as
-            ``none`` today) or ``server`` (also central noise, distributed noise and
+            (also distributed noise summed by secure aggregation: your ε holds against a server
+            that may deviate from the protocol, as long as no roster identity is the server's or
+            colludes with it) or ``server`` (also central noise, distributed noise and
             ``--encode-at server``: your ε then holds against everyone but the server).
+        identity_key: the private key your node signs its secure-aggregation keys with (default:
+            ``auth_key``; Ed25519 or Flower's P-384 SuperNode key).
+        roster: the federation's identity public keys, one OpenSSH line per node, from its operator
+            (out of band, as the registered SuperNode keys): secure aggregation needs it.
     """
     cfg = _configure(superlink, data, mechanism, epsilon, **options)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from common.errors import FedloraError
 from common.privacy import gdp
 from common.privacy.accountants import ACCOUNTANTS
 from common.privacy.calibration import calibrate_sigma, epsilon_for
+from common.privacy.threat import ACTIVE_SERVER
 from common.privacy.wishart import DEFAULT_FAIL_FRAC, wishart_epsilon
 
 GUARANTEES = {
@@ -241,7 +242,7 @@ def _secagg(args: argparse.Namespace) -> int:
             if args.hidden
             else "p = 1 per participation"
         ),
-        "guarantee": "client-level, zero-out adjacency; against the honest-but-curious server and every "
+        "guarantee": f"client-level, zero-out adjacency; against the server, {ACTIVE_SERVER}, and every "
         "other observer (secure aggregation); "
         + (
             "who contributed is hidden (each client's own coin)"

@@ -294,13 +294,6 @@ def encode(
     return wrap(z, bits)
 
 
-def encode_zero(length: int, noise_variance: float, bits: int) -> np.ndarray:
-    """:func:`encode` of a zero update without its work: a zero vector rotates and rounds to zero, so
-    the message is the Skellam share alone, mod 2^``bits`` (uint64, ``length`` = D). Faster, so
-    its timing shows a zero update: not for nodes that hide it (SecureRelease ``constant_work``)."""
-    return wrap(skellam_noise(length, noise_variance), bits)
-
-
 def decode(
     sum_mod: np.ndarray, bits: int, signs: torch.Tensor, dim: int, scale: float, limit: float
 ) -> torch.Tensor:

@@ -247,9 +247,17 @@ def contributor_bound(clients: int, rate: float) -> int:
 
 def run_graph(cfg: RunConfig) -> tuple[int, int]:
     """(k, t) of a run: ``--secagg-neighbours``, at most every other client of the largest cohort, and
-    its threshold (``--secagg-threshold`` or ⌊k/2⌋ + 1), checked (:func:`check_graph`)."""
-    k = min(cfg.secagg_neighbours, max(1, cohort_bound(cfg) - 1))
-    return k, check_graph(k, cfg.secagg_threshold, cfg.min_replies)
+    its threshold (``--secagg-threshold`` or ⌊k/2⌋ + 1), checked (:func:`check_graph`); one line
+    unless ``--min-replies`` is a majority of that cohort."""
+    cohort = cohort_bound(cfg)
+    k = min(cfg.secagg_neighbours, max(1, cohort - 1))
+    graph = k, check_graph(k, cfg.secagg_threshold, cfg.min_replies)
+    if 2 * cfg.min_replies <= cohort:
+        raise FedloraError(
+            f"--min-replies {cfg.min_replies} must exceed half of the {cohort} clients a round asks: a "
+            "survivor set is unmasked only with a majority's signatures (common/secagg/identity.py)"
+        )
+    return graph
 
 
 def round_graph(plan: SecurePlan, sampled: int) -> tuple[int, int]:

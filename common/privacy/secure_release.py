@@ -30,12 +30,12 @@ _SIGNS = b"fedlora-dp/secure-release/rotation/"
 @dataclass(frozen=True)
 class SecureRelease:
     """``plan``: the run's release numbers; ``shapes``: name -> shape of the adapter's tensors,
-    whose sizes add up to ``plan.dim``; ``constant_work``: encode a zero update with the same work as
-    any other (rotation and rounding), so that its timing does not show it (--secagg-train-always)."""
+    whose sizes add up to ``plan.dim``. Every update, a zero one included (a hidden coin that did
+    not come up), is encoded with the same work (clip, rotation, rounding, share), so that the time
+    it takes does not show which it was."""
 
     plan: SecurePlan
     shapes: Mapping[str, tuple[int, ...]]
-    constant_work: bool = False
 
     def __post_init__(self) -> None:
         size = sum(math.prod(s) for s in self.shapes.values())
@@ -65,6 +65,10 @@ class SecureRelease:
         checks = (
             (node in params.node_ids, f"this node ({node}) is not among the round's {n} nodes"),
             (n <= p.cohort, f"{n} nodes exceed the plan's cohort bound {p.cohort}"),
+            (
+                n >= p.min_survivors,
+                f"{n} nodes < min-replies {p.min_survivors}: no sum of theirs carries the planned noise",
+            ),
             (
                 n < 2 or (params.k, params.threshold) == graph,
                 f"k {params.k}, t {params.threshold}: the plan's are {graph}",
@@ -97,8 +101,6 @@ class SecureRelease:
             raise ValueError("the update's tensors are not the plan's adapter")
         flat = torch.cat([update[name].reshape(-1).to(torch.float64) for name in sorted(self.shapes)])
         p = self.plan
-        if not self.constant_work and not flat.any():  # hidden participation: a coin that did not come up
-            return discrete.encode_zero(p.padded, p.share_variance, p.bits).astype(np.int64)
         return discrete.encode(
             flat, p.clip, p.scale, self.signs(public_seed), p.l2, p.share_variance, p.bits
         ).astype(np.int64)

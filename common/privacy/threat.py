@@ -15,6 +15,13 @@ if TYPE_CHECKING:  # the accountants import numpy: common/config.py imports this
     from common.privacy.accountants import Event
 
 
+#: the server a secure-aggregation guarantee holds against, and what it assumes (common/secagg/identity.py)
+ACTIVE_SERVER = (
+    "even one that deviates from the protocol (keys signed by roster identities, a survivor set signed "
+    "by a majority: SecAgg+ against an active server), assuming no roster identity is the server's or "
+    "colludes with it"
+)
+
 #: what the server sees of every sampled client whatever the mechanism: not covered by any epsilon
 ALWAYS_VISIBLE = "who was sampled, who replied and when (node ids, counts, dropouts: server-side records)"
 
@@ -157,7 +164,7 @@ class SecureAggregation(DistributedNoise):
     name = "secure-aggregation"
     guarantee = Guarantee(
         "zero-out adjacency (one client's update replaced by zero; who participated is visible)",
-        "the honest-but-curious server and every other observer (secure aggregation: the server "
+        f"the server, {ACTIVE_SERVER}, and every other observer (secure aggregation: the server "
         "learns only the sum of the survivors' updates)",
         amplified=False,
         relation="zero-out",
@@ -189,16 +196,16 @@ class HiddenParticipation(SecureAggregation):
     guarantee = Guarantee(
         "zero-out adjacency (one client's update replaced by zero); each client contributes with "
         "probability p by its own coin, which the server does not see",
-        "the honest-but-curious server and every other observer (secure aggregation: every client "
-        "online takes part in every round's protocol and the server learns only the sum; reply timing "
-        "shows who trained unless --secagg-train-always, docs/secure-aggregation.md)",
+        f"the server, {ACTIVE_SERVER}, and every other observer (secure aggregation: every client "
+        "online takes part in every round's protocol, trains whatever its coin says, and the server "
+        "learns only the sum; neither reply timing nor size depends on the coin)",
         amplified=True,
         relation="zero-out",
     )
     hides_participation = True
     visible = (
         "who was contacted (every client online, every round), who replied and when (node ids, counts, "
-        "dropouts: server-side records); reply timing can show who trained (not with --secagg-train-always)"
+        "dropouts: server-side records); every node trains every round, so timing does not show the coin"
     )
     note = (
         "secure aggregation, hidden participation: every client online adds a Skellam share of 1/m of "
@@ -242,6 +249,7 @@ def what_if_label(validity: str) -> str:
 
 
 __all__ = [
+    "ACTIVE_SERVER",
     "ALWAYS_VISIBLE",
     "CLIENT_LEVEL",
     "SAMPLE_LEVEL",

@@ -1,22 +1,31 @@
 """The SecAgg+ protocol as pure stage functions: no messages, no network (Bonawitz et al. 2017, CCS,
 "Practical Secure Aggregation for Privacy-Preserving Machine Learning", §4, with Bell et al. 2020's
-sparse neighbour graph, common/secagg/graph.py). Honest-but-curious server; no signatures on the
-advertised keys (the malicious-server variant of Bonawitz §6 is not implemented).
+sparse neighbour graph, common/secagg/graph.py), in its active-server form (Bonawitz §6): round keys
+signed by long-term identities from the federation's roster, and a consistency check of the survivor
+set before any share is revealed (common/secagg/identity.py states what remains assumed).
 
 Stages, for the round's nodes U and each node u with neighbours N(u) (|N(u)| = k):
 
 0. :func:`setup` (client): two fresh X25519 key pairs, (c_u, c_u^PK) to encrypt shares and
    (s_u, s_u^PK) to agree pairwise mask seeds, and a self-mask seed b_u of 32 bytes from
-   ``os.urandom``. :func:`route_keys` (server) hands each node its neighbours' public keys.
-1. :func:`share_keys` (client): t-of-|N(u)| Shamir shares of b_u and of the scalar s_u, the pair
+   ``os.urandom``; both public keys signed with u's identity key, bound to u and the round's
+   parameters. :func:`route_keys` (server) hands each node its neighbours' public keys.
+1. :func:`share_keys` (client): every neighbour's signature checked against the roster (refused
+   otherwise), then t-of-|N(u)| Shamir shares of b_u and of the scalar s_u, the pair
    for neighbour v sealed under ECDH(c_u, c_v^PK) and bound to (round, u, v) (common/secagg/keys.py).
    :func:`route_shares` (server) forwards them; the senders are U_2.
 2. :func:`masked_input` (client): for x_u in [0, 2^b)^d,
    y_u = x_u + PRF(b_u) + Σ_{v ∈ N(u) ∩ U_2, v > u} PRF(s_uv) − Σ_{v ∈ N(u) ∩ U_2, v < u} PRF(s_uv)  mod 2^b,
    with s_uv = HKDF(ECDH(s_u, s_v^PK)) and PRF = HKDF + ChaCha20 (common/secagg/prf.py, Bonawitz eq. 1-2).
    The senders of a masked input are the survivors U_3.
-3. :func:`unmask` (client): shares of b_v for surviving neighbours and of s_v for dropped ones, never
-   both for one node. :func:`unmask_sum` (server): Σ_{u ∈ U_3} x_u mod 2^b, and nothing else.
+3. :func:`check_survivors` (client): the survivor set U_3 the server names, at least the node's
+   fewest (``least``) and a majority of the round, signed by the node (once per round).
+4. :func:`unmask` (client): only for the set it signed, carrying valid signatures of a majority of the
+   round's nodes: shares of b_v for surviving neighbours and of s_v for the others that shared with
+   it (dropped: derived by the node, never taken from the server), never both for one node.
+   :func:`unmask_sum` (server): Σ_{u ∈ U_3} x_u mod 2^b, and nothing else.
+
+Each stage runs once per round, in order: a second share, mask, check or unmask request is refused.
 
 Costs per client, with k neighbours and d coordinates: 2 key pairs; 2k key agreements (k per key
 pair: the share key ECDH(c_u, c_v^PK) seals and opens both directions, the mask seed s_uv); 2k
@@ -42,8 +51,9 @@ from functools import cached_property
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from common.secagg import graph, keys, prf, shamir
+from common.secagg import graph, identity, keys, prf, shamir
 from common.secagg.errors import SecAggError
+from common.secagg.identity import Identity
 
 _SEED = prf.SEED_BYTES
 
@@ -102,14 +112,23 @@ class Params:
         """The round's SecAgg+ graph (common/secagg/graph.py), from public data only."""
         return graph.neighbours(self.node_ids, self.k, self.public_seed)
 
+    @cached_property
+    def digest(self) -> bytes:
+        """SHA-256 of these parameters: what every signature of the round is bound to."""
+        numbers = (self.k, self.threshold, self.bits, self.length)
+        return identity.round_digest(self.round_number, self.node_ids, numbers, self.public_seed)
+
 
 @dataclass(frozen=True)
 class PublicKeys:
-    """What node ``node_id`` advertises in stage 0: two 32-byte X25519 public keys (c_u^PK, s_u^PK)."""
+    """What node ``node_id`` advertises in stage 0: two 32-byte X25519 public keys (c_u^PK, s_u^PK),
+    its identity's public key (OpenSSH line) and its signature of :func:`identity.keys_statement`."""
 
     node_id: int
     cipher: bytes
     mask: bytes
+    identity: bytes = b""
+    signature: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True)
@@ -120,9 +139,15 @@ class Held:
     mask_key: bytes = field(repr=False)
 
 
+#: a client's stages in order: the one it completed last (``Client.stage``)
+STAGES = ("keys", "shared", "masked", "checked")
+
+
 @dataclass(frozen=True)
 class Client:
-    """One client's state after a stage. The secrets never leave it except as Shamir shares."""
+    """One client's state after a stage. The secrets never leave it except as Shamir shares.
+    ``least``: the fewest survivors it unmasks for (its own plan's min-replies; at least t);
+    ``stage``: the last stage it completed (:data:`STAGES`); ``signed``: the survivor set it signed."""
 
     params: Params
     node_id: int
@@ -132,14 +157,26 @@ class Client:
     peers: Mapping[int, PublicKeys] = field(default_factory=dict)
     share_keys: Mapping[int, bytes] = field(default_factory=dict, repr=False)
     held: Mapping[int, Held] = field(default_factory=dict, repr=False)
+    least: int = 0
+    stage: str = "keys"
+    signed: frozenset[int] = frozenset()
+
+    def after(self, stage: str, request: str) -> None:
+        """Refuse ``request`` unless ``stage`` is the stage this client completed last."""
+        if self.stage != stage:
+            raise SecAggError(
+                f"node {self.node_id} refuses the {request} request: it is past the {stage} stage "
+                f"(at {self.stage}); each stage runs once per round"
+            )
 
 
 @dataclass(frozen=True)
 class UnmaskRequest:
-    """The server's stage-3 claim: who sent a masked input (``survivors``) and who shared but did not."""
+    """The server's stage-4 request: who sent a masked input (``survivors``, U_3) and the survivors'
+    signatures of that set, signer -> (its identity's public key, signature)."""
 
     survivors: frozenset[int]
-    dropped: frozenset[int]
+    signatures: Mapping[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -151,15 +188,19 @@ class UnmaskReply:
     mask_key_shares: Mapping[int, bytes] = field(repr=False)
 
 
-def setup(params: Params, node_id: int) -> tuple[Client, PublicKeys]:
-    """Stage 0 (client): fresh keys and self-mask seed; returns the state and the keys to advertise."""
+def setup(params: Params, node_id: int, me: Identity, least: int = 0) -> tuple[Client, PublicKeys]:
+    """Stage 0 (client): fresh keys and self-mask seed, the keys signed by identity ``me``; returns
+    the state and the keys to advertise. ``least``: the fewest survivors this client will unmask
+    for (its own plan's; t when smaller)."""
     params.validate()
     if node_id not in params.neighbours:
         raise SecAggError(f"node {node_id} is not in round {params.round_number}")
     cipher_key, cipher_public = keys.new_key_pair()
     mask_key, mask_public = keys.new_key_pair()
-    client = Client(params, node_id, cipher_key, mask_key, os.urandom(_SEED))
-    return client, PublicKeys(node_id, cipher_public, mask_public)
+    least = max(least, params.threshold)
+    client = Client(params, node_id, cipher_key, mask_key, os.urandom(_SEED), least=least)
+    signature = me.sign(identity.keys_statement(params.digest, node_id, cipher_public, mask_public))
+    return client, PublicKeys(node_id, cipher_public, mask_public, me.public, signature)
 
 
 def route_keys(params: Params, advertised: Mapping[int, PublicKeys]) -> dict[int, dict[int, PublicKeys]]:
@@ -179,15 +220,38 @@ def _pair_where(client: Client, sender: int, receiver: int) -> tuple[int, int, i
     return client.params.round_number, sender, receiver
 
 
-def share_keys(client: Client, peers: Mapping[int, PublicKeys]) -> tuple[Client, dict[int, bytes]]:
+def _check_signed(client: Client, peers: Mapping[int, PublicKeys], roster: frozenset[bytes]) -> None:
+    """Refuse unless every peer's keys carry a valid signature of a distinct roster identity, bound
+    to that peer and this round's parameters (a substituted key or an unknown node is refused)."""
+    me, digest = client.node_id, client.params.digest
+    for v, p in sorted(peers.items()):
+        if not identity.verify(
+            p.identity, p.signature, identity.keys_statement(digest, v, p.cipher, p.mask), roster
+        ):
+            raise SecAggError(
+                f"node {me} refuses to share: node {v}'s keys are not signed by a roster identity "
+                "for this round (substituted keys, or a node the federation does not know)"
+            )
+    owners = [p.identity for p in peers.values()]
+    if len(set(owners)) != len(owners):
+        raise SecAggError(f"node {me} refuses to share: two neighbours advertise the same identity")
+
+
+def share_keys(
+    client: Client, peers: Mapping[int, PublicKeys], roster: frozenset[bytes]
+) -> tuple[Client, dict[int, bytes]]:
     """Stage 1 (client): seal one share of b_u and one of s_u for each neighbour that advertised keys.
 
-    Refuses when fewer than t neighbours advertised (the secrets could not be recovered) or when a
-    peer is no neighbour or reuses a key. Returns the new state and receiver -> sealed token.
+    Refuses when a neighbour's keys are not signed by a distinct identity of ``roster`` (the
+    federation's public identity keys), when fewer than t neighbours advertised (the secrets could
+    not be recovered), when a peer is no neighbour or reuses a key, or when it already shared.
+    Returns the new state and receiver -> sealed token.
     """
     params, me = client.params, client.node_id
+    client.after("keys", "share")
     if not set(peers) <= params.neighbours[me] or any(p.node_id != v for v, p in peers.items()):
         raise SecAggError(f"node {me} was sent keys of nodes that are not its neighbours: {sorted(peers)}")
+    _check_signed(client, peers, roster)
     if len(peers) < params.threshold:
         raise SecAggError(
             f"node {me}: only {len(peers)} neighbours advertised keys, threshold is {params.threshold}"
@@ -203,7 +267,7 @@ def share_keys(client: Client, peers: Mapping[int, PublicKeys]) -> tuple[Client,
     for v, seed_share, key_share in zip(order, seed_shares, key_shares, strict=True):
         payload = len(seed_share).to_bytes(2, "little") + seed_share + key_share
         outbox[v] = keys.seal_share(pair_keys[v], _pair_where(client, me, v), payload)
-    return replace(client, peers=dict(peers), share_keys=pair_keys), outbox
+    return replace(client, peers=dict(peers), share_keys=pair_keys, stage="shared"), outbox
 
 
 def route_shares(params: Params, outboxes: Mapping[int, Mapping[int, bytes]]) -> dict[int, dict[int, bytes]]:
@@ -260,6 +324,7 @@ def masked_input(client: Client, inbox: Mapping[int, bytes], x: np.ndarray) -> t
     neighbours whose shares arrived (N(u) ∩ U_2): those are the ones that masked with u.
     """
     params, me = client.params, client.node_id
+    client.after("shared", "mask")
     x = check_input(params, x)
     if not set(inbox) <= set(client.peers):
         raise SecAggError(
@@ -279,31 +344,78 @@ def masked_input(client: Client, inbox: Mapping[int, bytes], x: np.ndarray) -> t
     )
     for v in sorted(held):
         _add_pair_pad(y, client, v)
-    client = replace(client, held=held)
+    client = replace(client, held=held, stage="masked")
     y &= y.dtype.type((1 << params.bits) - 1)
     return client, y
 
 
-def unmask_request(shared: Collection[int], survivors: Collection[int]) -> UnmaskRequest:
-    """Stage 3 (server): U_3 = the nodes whose masked input arrived, dropped = U_2 \\ U_3."""
-    return UnmaskRequest(frozenset(survivors), frozenset(shared) - frozenset(survivors))
+def check_survivors(client: Client, survivors: frozenset[int], me: Identity) -> tuple[Client, bytes]:
+    """Stage 3 (client), the consistency check: sign the survivor set U_3 the server names, once.
+
+    Refuses (one line) when this node is not in it, when it names nodes outside the round, or when it
+    is smaller than the node's ``least`` or than a majority of the round (no unmasking could follow).
+    Returns the new state (``signed``) and the signature of :func:`identity.survivors_statement`."""
+    params, node = client.params, client.node_id
+    client.after("masked", "consistency-check")
+    need = max(client.least, identity.majority(len(params.node_ids)))
+    if node not in survivors:
+        raise SecAggError(f"node {node} refuses to sign: it is not listed among the survivors")
+    if not survivors <= set(params.node_ids):
+        raise SecAggError(f"node {node} refuses to sign: the survivors name nodes outside the round")
+    if len(survivors) < need:
+        raise SecAggError(
+            f"node {node} refuses to sign: {len(survivors)} survivors < {need} (its min-replies "
+            f"{client.least}, a majority of the round's {len(params.node_ids)} nodes)"
+        )
+    statement = identity.survivors_statement(params.digest, node, identity.survivors_digest(survivors))
+    return replace(client, stage="checked", signed=survivors), me.sign(statement)
 
 
-def unmask(client: Client, request: UnmaskRequest) -> UnmaskReply:
-    """Stage 3 (client): shares of b_v for surviving neighbours v, of s_v for dropped ones.
+def unmask_request(
+    survivors: Collection[int], signatures: Mapping[int, tuple[bytes, bytes]] | None = None
+) -> UnmaskRequest:
+    """Stage 4 (server): U_3 = the nodes whose masked input arrived, with their signatures of it."""
+    return UnmaskRequest(frozenset(survivors), dict(signatures or {}))
 
-    Refuses (one line) when a node is claimed both survived and dropped, when this node is claimed
-    dropped, or when fewer than t of its neighbourhood (itself included) survived: the server
-    could otherwise learn a single input or strip a survivor's masks.
+
+def _signers(client: Client, request: UnmaskRequest, roster: frozenset[bytes], need: int) -> int:
+    """How many distinct roster identities among the survivors validly signed ``request.survivors``
+    (counted up to ``need``: the check stops once a majority is found)."""
+    digest, owners = client.params.digest, set()
+    survivors = identity.survivors_digest(request.survivors)
+    for v, (public, signature) in sorted(request.signatures.items()):
+        if len(owners) >= need:
+            break
+        statement = identity.survivors_statement(digest, v, survivors)
+        if (
+            v in request.survivors
+            and public not in owners
+            and identity.verify(public, signature, statement, roster)
+        ):
+            owners.add(public)
+    return len(owners)
+
+
+def unmask(client: Client, request: UnmaskRequest, roster: frozenset[bytes]) -> UnmaskReply:
+    """Stage 4 (client): shares of b_v for surviving neighbours v, of s_v for the neighbours that
+    shared with it and did not survive (derived here from the signed set, never the server's list).
+
+    Refuses (one line) unless it is the set this node signed in :func:`check_survivors`, carrying
+    valid signatures of a majority of the round's nodes (distinct ``roster`` identities); when fewer
+    than t of its neighbourhood (itself included) survived; and when asked a second time. The
+    server could otherwise learn a single input or strip a survivor's masks.
     """
     params, me = client.params, client.node_id
-    both = request.survivors & request.dropped
-    if both:
+    client.after("checked", "unmask")
+    if request.survivors != client.signed:
+        raise SecAggError(f"node {me} refuses to unmask: the survivor set is not the one it signed")
+    need = identity.majority(len(params.node_ids))
+    signers = _signers(client, request, roster, need)
+    if signers < need:
         raise SecAggError(
-            f"node {me} refuses to unmask: nodes {sorted(both)} are claimed both survived and dropped"
+            f"node {me} refuses to unmask: {signers} valid signatures of the survivor set, a majority "
+            f"of the round's {len(params.node_ids)} nodes is {need}"
         )
-    if me not in request.survivors:
-        raise SecAggError(f"node {me} refuses to unmask: it is not listed among the survivors")
     alive = len(request.survivors & (params.neighbours[me] | {me}))
     if alive < params.threshold:
         raise SecAggError(
@@ -312,7 +424,7 @@ def unmask(client: Client, request: UnmaskRequest) -> UnmaskReply:
     return UnmaskReply(
         me,
         {v: h.self_seed for v, h in client.held.items() if v in request.survivors},
-        {v: h.mask_key for v, h in client.held.items() if v in request.dropped},
+        {v: h.mask_key for v, h in client.held.items() if v not in request.survivors},
     )
 
 

@@ -5,15 +5,19 @@ Messages (server -> client, then the reply), each a ``RecordDict`` with one ``Co
 ``secagg`` (schema :data:`SCHEMA`, ``round``):
 
 ``train`` (the round's instruction)    + ``params`` (:func:`params_record`)
-    reply                              ``node``, ``cipher``, ``mask``: the node's public keys
-``train.secagg_share``                 ``nodes``, ``cipher``, ``mask``: its neighbours' keys
+    reply                              ``node``, ``cipher``, ``mask``, ``identity``, ``signature``:
+                                       the node's public keys, signed by its identity
+``train.secagg_share``                 ``nodes``, ``cipher``, ``mask``, ``identity``, ``signature``:
+                                       its neighbours' signed keys
     reply                              ``nodes``, ``tokens``: one sealed pair of shares per neighbour
 ``train.secagg_mask``                  ``nodes``, ``tokens``: the shares sealed for it
     reply                              ``masked``: y_u, d words of b bits packed end to end
-``train.secagg_unmask``                ``survivors``, ``dropped``
+``train.secagg_check``                 ``survivors``
+    reply                              ``node``, ``signature``: its signature of that set
+``train.secagg_unmask``                ``survivors``, ``signers``, ``identity``, ``signature``
     reply                              ``self-nodes``, ``self-shares``, ``key-nodes``, ``key-shares``
 
-Lists of node ids (``p-nodes``, ``nodes``, ``survivors``, ``dropped``, ``self-nodes``, ``key-nodes``)
+Lists of node ids (``p-nodes``, ``nodes``, ``survivors``, ``signers``, ``self-nodes``, ``key-nodes``)
 travel as 8-byte little-endian words packed end to end: the round's node list goes to every node
 in every stage, and read as Python lists it cost each node O(N) interpreted steps per message.
 
@@ -31,9 +35,9 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from common.secagg.protocol import Params, PublicKeys, UnmaskReply, UnmaskRequest
 from common.wire import InvalidReply, check_not_error
 
-SCHEMA = "fedlora-secagg/2"
+SCHEMA = "fedlora-secagg/3"
 RECORD = "secagg"
-STAGES = ("train.secagg_share", "train.secagg_mask", "train.secagg_unmask")
+STAGES = ("train.secagg_share", "train.secagg_mask", "train.secagg_check", "train.secagg_unmask")
 
 
 def config_record(values: Mapping[str, object]) -> ConfigRecord:
@@ -123,29 +127,38 @@ def params_from(values: Mapping, round_number: int) -> Params:
 
 
 def keys_values(keys: PublicKeys) -> dict[str, object]:
-    return {"node": keys.node_id, "cipher": keys.cipher, "mask": keys.mask}
+    return {
+        "node": keys.node_id,
+        "cipher": keys.cipher,
+        "mask": keys.mask,
+        "identity": keys.identity,
+        "signature": keys.signature,
+    }
 
 
 def keys_from(values: Mapping, node: int) -> PublicKeys:
-    """The public keys a node advertised; they must be its own (``node``)."""
+    """The signed public keys a node advertised; they must be its own (``node``)."""
     if values.get("node") != node:
         raise InvalidReply(f"keys advertised for node {values.get('node')!r} by node {node}")
-    return PublicKeys(node, _blob(values, "cipher"), _blob(values, "mask"))
+    fields = ("cipher", "mask", "identity", "signature")
+    return PublicKeys(node, *(_blob(values, key) for key in fields))
+
+
+_PEER_FIELDS = ("cipher", "mask", "identity", "signature")
 
 
 def peers_values(peers: Mapping[int, PublicKeys]) -> dict[str, object]:
     nodes = sorted(peers)
     return {
         "nodes": pack_ids(nodes),
-        "cipher": [peers[v].cipher for v in nodes],
-        "mask": [peers[v].mask for v in nodes],
+        **{key: [getattr(peers[v], key) for v in nodes] for key in _PEER_FIELDS},
     }
 
 
 def peers_from(values: Mapping) -> dict[int, PublicKeys]:
     nodes = _ids(values, "nodes")
-    cipher, mask = _blobs(values, "cipher", len(nodes)), _blobs(values, "mask", len(nodes))
-    return {v: PublicKeys(v, c, m) for v, c, m in zip(nodes, cipher, mask, strict=True)}
+    columns = [_blobs(values, key, len(nodes)) for key in _PEER_FIELDS]
+    return {v: PublicKeys(v, *row) for v, *row in zip(nodes, *columns, strict=True)}
 
 
 def tokens_values(tokens: Mapping[int, bytes]) -> dict[str, object]:
@@ -220,12 +233,43 @@ def vector_from(values: Mapping, params: Params) -> np.ndarray:
     return words.reshape(-1)[:count].astype(np.int64)
 
 
+def survivors_values(survivors: frozenset[int]) -> dict[str, object]:
+    """The consistency check's request: the survivor set U_3."""
+    return {"survivors": pack_ids(sorted(survivors))}
+
+
+def survivors_from(values: Mapping) -> frozenset[int]:
+    return frozenset(_ids(values, "survivors"))
+
+
+def signature_values(node: int, signature: bytes) -> dict[str, object]:
+    """A node's answer to the consistency check: its signature of the survivor set."""
+    return {"node": node, "signature": signature}
+
+
+def signature_from(values: Mapping, node: int) -> bytes:
+    if values.get("node") != node:
+        raise InvalidReply(f"a signature for node {values.get('node')!r} from node {node}")
+    return _blob(values, "signature")
+
+
 def request_values(request: UnmaskRequest) -> dict[str, object]:
-    return {"survivors": pack_ids(sorted(request.survivors)), "dropped": pack_ids(sorted(request.dropped))}
+    signers = sorted(request.signatures)
+    return {
+        "survivors": pack_ids(sorted(request.survivors)),
+        "signers": pack_ids(signers),
+        "identity": [request.signatures[v][0] for v in signers],
+        "signature": [request.signatures[v][1] for v in signers],
+    }
 
 
 def request_from(values: Mapping) -> UnmaskRequest:
-    return UnmaskRequest(frozenset(_ids(values, "survivors")), frozenset(_ids(values, "dropped")))
+    signers = _ids(values, "signers")
+    identities, signatures = (_blobs(values, key, len(signers)) for key in ("identity", "signature"))
+    return UnmaskRequest(
+        frozenset(_ids(values, "survivors")),
+        {v: (i, s) for v, i, s in zip(signers, identities, signatures, strict=True)},
+    )
 
 
 def unmask_values(reply: UnmaskReply) -> dict[str, object]:
@@ -276,7 +320,11 @@ __all__ = [
     "record",
     "request_from",
     "request_values",
+    "signature_from",
+    "signature_values",
     "stage_message",
+    "survivors_from",
+    "survivors_values",
     "tokens_from",
     "tokens_values",
     "unmask_from",

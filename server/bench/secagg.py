@@ -8,10 +8,16 @@
    client (each arm draws its own Poisson cohorts).
 2. **A client's protocol cost as a function of its neighbours k.** The SecAgg+ stages
    (common/secagg/protocol.py) for k + 1 nodes, each the others' neighbour, on vectors of the
-   preset's padded adapter size D at the plan's bits: a client's key pairs (stage 0), its 2k key
-   agreements and 2k Shamir shares sealed into k ciphertexts (stage 1), its k + 1 mask expansions of
-   D words (stage 2) and its unmask answer (stage 3), in seconds per client; and the server's
-   unmasking per client. Times are of this machine's CPU (one thread), never a GPU's.
+   preset's padded adapter size D at the plan's bits: a client's key pairs and their signature
+   (stage 0), its k signature checks, 2k key agreements and 2k Shamir shares sealed into k
+   ciphertexts (stage 1), its k + 1 mask expansions of D words (stage 2), its signature of the
+   survivor set (stage 3) and its unmask answer after checking a majority's signatures (stage 4),
+   in seconds per client; and the server's unmasking per client.
+3. **The active-server check as a function of the round's nodes n.** Each survivor checks the
+   signatures of a majority of n (Ed25519), whatever k is: its cost per client, without the
+   process-wide cache a simulation shares between its nodes.
+
+Times are of this machine's CPU (one thread), never a GPU's.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import numpy as np
 from common.errors import FedloraError
 from common.presets import preset
 from common.privacy.threat import THREATS
-from common.secagg import protocol
+from common.secagg import identity, protocol
 from common.secagg.protocol import Params
 
 #: the two arms of the round-time comparison: label -> run config overrides
@@ -51,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epsilon", type=float, default=8.0, help="client-level target epsilon of both arms")
     parser.add_argument("--neighbours", default="5,10,20", help="comma-separated k for the protocol's cost")
     parser.add_argument("--bits", type=int, default=20, help="bits per coordinate of the protocol timing")
+    parser.add_argument(
+        "--round-nodes", default="100,1000", help="comma-separated n for the active-server check's cost"
+    )
     parser.add_argument(
         "--workers", type=int, default=0, help="client worker processes of both arms (0: cores)"
     )
@@ -108,7 +117,10 @@ def protocol_cost(k: int, length: int, bits: int) -> dict[str, float]:
     params = Params(1, nodes, k, k // 2 + 1, bits, length, os.urandom(32)).validate()
     rng = np.random.default_rng(0)
     inputs = {u: rng.integers(0, 1 << bits, length, dtype=np.int64) for u in nodes}
-    clock = {"setup": 0.0, "share": 0.0, "mask": 0.0, "unmask": 0.0, "server": 0.0}
+    clock = {"setup": 0.0, "share": 0.0, "mask": 0.0, "check": 0.0, "unmask": 0.0, "server": 0.0}
+    ids = {u: identity.new_identity() for u in nodes}
+    roster = frozenset(i.public for i in ids.values())
+    identity.forget_checks()  # every client checks every signature itself, as on its own device
 
     def timed(stage: str, fn, *a):
         t0 = time.perf_counter()
@@ -118,24 +130,55 @@ def protocol_cost(k: int, length: int, bits: int) -> dict[str, float]:
 
     clients, advertised = {}, {}
     for u in nodes:
-        clients[u], advertised[u] = timed("setup", protocol.setup, params, u)
+        clients[u], advertised[u] = timed("setup", protocol.setup, params, u, ids[u])
     routed = timed("server", protocol.route_keys, params, advertised)
     outboxes = {}
     for u in nodes:
-        clients[u], outboxes[u] = timed("share", protocol.share_keys, clients[u], routed[u])
+        clients[u], outboxes[u] = timed("share", protocol.share_keys, clients[u], routed[u], roster)
+        identity.forget_checks()
     inboxes = timed("server", protocol.route_shares, params, outboxes)
     masked = {}
     for u in nodes:
         clients[u], masked[u] = timed(
             "mask", protocol.masked_input, clients[u], inboxes.get(u, {}), inputs[u]
         )
-    request = timed("server", protocol.unmask_request, outboxes, masked)
-    replies = [timed("unmask", protocol.unmask, clients[u], request) for u in nodes]
+    survivors, signatures = frozenset(masked), {}
+    for u in nodes:
+        clients[u], signed = timed("check", protocol.check_survivors, clients[u], survivors, ids[u])
+        signatures[u] = (ids[u].public, signed)
+    request = timed("server", protocol.unmask_request, survivors, signatures)
+    replies = []
+    for u in nodes:
+        replies.append(timed("unmask", protocol.unmask, clients[u], request, roster))
+        identity.forget_checks()
     shared = {u: set(out) for u, out in outboxes.items()}
     total = timed("server", protocol.unmask_sum, params, advertised, shared, masked, replies)
     if not np.array_equal(total.astype(np.int64), sum(inputs.values()) % (1 << bits)):
         raise RuntimeError("the protocol's sum is wrong")  # never expected: the benchmark checks itself
     return {stage: seconds / len(nodes) for stage, seconds in clock.items()}
+
+
+def consistency_cost(nodes: int, clients: int = 3) -> float:
+    """Seconds one client spends checking a majority of ``nodes`` survivors' Ed25519 signatures of
+    the survivor set (the active-server check, without the simulation's shared cache), the mean
+    over ``clients`` clients."""
+    digest, survivors = os.urandom(32), frozenset(range(nodes))
+    ids = [identity.new_identity() for _ in range(identity.majority(nodes))]
+    roster = frozenset(i.public for i in ids)
+    statement = identity.survivors_statement
+    signed = [
+        (i.public, i.sign(statement(digest, v, identity.survivors_digest(survivors))), v)
+        for v, i in enumerate(ids)
+    ]
+    t0 = time.perf_counter()
+    for _ in range(clients):
+        identity.forget_checks()
+        set_digest = identity.survivors_digest(survivors)
+        if not all(
+            identity.verify(pk, sig, statement(digest, v, set_digest), roster) for pk, sig, v in signed
+        ):
+            raise RuntimeError("a valid signature did not verify")  # the benchmark checks itself
+    return (time.perf_counter() - t0) / clients
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,6 +189,9 @@ def run(args: argparse.Namespace) -> int:
     ks = [int(k) for k in args.neighbours.split(",") if k.strip()]
     if not ks or min(ks) < 1:
         raise FedloraError(f"--neighbours must be positive integers, got {args.neighbours!r}")
+    ns = [int(n) for n in args.round_nodes.split(",") if n.strip()]
+    if not ns or min(ns) < 1:
+        raise FedloraError(f"--round-nodes must be positive integers, got {args.round_nodes!r}")
     cfg = preset(args.preset, mechanism="dp-fedavg", target_epsilon=args.epsilon).check()
     length = padded_dim(adapter_size(adapter_shapes(Evaluator(cfg).bundle.model)))
     with tempfile.TemporaryDirectory(prefix="fedlora-bench-secagg-") as tmp:
@@ -161,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
             "bits": args.bits,
             **{str(k): protocol_cost(k, length, args.bits) for k in ks},
         },
+        "consistency_check": {str(n): consistency_cost(n) for n in ns},
         "cpu": os.cpu_count(),
         "command": "fedlora bench secagg "
         + " ".join(
@@ -186,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
         c = {stage: 1e3 * v for stage, v in result["protocol"][str(k)].items()}
         print(
             f"  k = {k:>2}: setup {c['setup']:.1f}, share {c['share']:.1f}, mask {c['mask']:.1f}, "
-            f"unmask {c['unmask']:.1f}; server {c['server']:.1f}"
+            f"check {c['check']:.1f}, unmask {c['unmask']:.1f}; server {c['server']:.1f}"
         )
+    print("the active-server check, a majority of n signatures verified by one client (ms, one thread):")
+    for n in ns:
+        print(f"  n = {n}: {1e3 * result['consistency_check'][str(n)]:.1f}")
     return 0

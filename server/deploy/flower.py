@@ -9,6 +9,7 @@ from pathlib import Path
 
 from common.errors import FedloraError
 from common.flower_processes import flower_executable, free_port, toml_pairs
+from common.secagg import identity
 from server.deploy.control import CLI_TIMEOUT_S
 from server.deploy.deployment import Deployment
 from server.deploy.processes import Proc, spawn
@@ -71,6 +72,25 @@ def wait_listening(proc: Proc, address: str, deadline: float) -> None:
         time.sleep(0.3)
 
 
+def identity_key(dep: Deployment, partition_id: int) -> Path:
+    """The identity key node ``partition_id`` signs its secure-aggregation keys with: its SuperNode
+    authentication key under TLS (Flower's registered P-384 key), else an Ed25519 key of its own."""
+    if dep.tls is not None:
+        return dep.tls.node_key(partition_id + 1)
+    return dep.work_dir / "nodes" / f"node-{partition_id}" / "identity"
+
+
+def roster_path(dep: Deployment) -> Path:
+    """The deployment's roster: every node's identity public key (common/secagg/identity.py)."""
+    return dep.work_dir / "roster.pub"
+
+
+def provision_identities(dep: Deployment, nodes: int) -> None:
+    """The operator's step before the nodes start: an identity for each of ``nodes`` nodes (their
+    TLS keys when there are some) and the roster that lists them all."""
+    identity.provision([identity_key(dep, k) for k in range(nodes)], roster_path(dep))
+
+
 def start_supernode(
     dep: Deployment,
     partition_id: int,
@@ -87,7 +107,13 @@ def start_supernode(
     state_dir = dep.work_dir / "nodes" / name
     state_dir.mkdir(parents=True, exist_ok=True)
     node_config = toml_pairs(
-        {"partition-id": partition_id, "num-partitions": num_partitions, "state-dir": str(state_dir)}
+        {
+            "partition-id": partition_id,
+            "num-partitions": num_partitions,
+            "state-dir": str(state_dir),
+            identity.IDENTITY_KEY: str(key or identity_key(dep, partition_id)),
+            identity.ROSTER: str(roster_path(dep)),
+        }
     )
     port = free_port()
     argv = [flower_executable("flower-supernode"), "--superlink", dep.address]

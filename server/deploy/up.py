@@ -21,7 +21,7 @@ from server.deploy.deployment import (
     load_deployment,
     save_deployment,
 )
-from server.deploy.flower import start_superlink, start_supernode, wait_for_nodes
+from server.deploy.flower import provision_identities, start_superlink, start_supernode, wait_for_nodes
 from server.deploy.processes import Proc, leftovers, shutdown
 from server.deploy.run_config import check_run_config, resolve_run_config
 from server.deploy.supervise import supervisor
@@ -71,6 +71,7 @@ def bring_up(dep: Deployment) -> list[Proc]:
         dep.say(
             f"[deploy] registered {len(new)} node keys ({', '.join(new) or '-'}); {n - len(new)} were already"
         )
+    provision_identities(dep, n)
     nodes = [start_supernode(dep, k, n) for k in range(n)]  # not critical: supervise.py
     wait_for_nodes(dep, nodes, deadline)
     dep.say(f"[deploy] {n} SuperNodes connected")

@@ -239,7 +239,30 @@ def test_command_builds_the_supernode_argv(tmp_path, data_file):
         "trust": "none",
         "sample-epsilon": 8.0,
         "dataset": "rotten-tomatoes",
+        "identity-key": str(key),  # the SuperNode key signs its secure-aggregation keys too
     }
+
+
+def test_fedlora_node_takes_its_identity_and_the_roster_for_secure_aggregation(tmp_path, data_file, capsys):
+    """``fedlora node --identity-key K --roster R``: both land in the node config (what the ClientApp
+    checks signatures with); a missing roster is one line, nothing started."""
+    from flwr.common.config import parse_config_args
+
+    from common.secagg import identity
+
+    identity.provision([tmp_path / "me"], tmp_path / "roster.pub")
+    base = ["node", "--superlink", "h:8000", "--data", str(data_file), "--mechanism", "dp-fedavg"]
+    base += ["--epsilon", "8", "--insecure", "--trust", "aggregate", "--state-dir", str(tmp_path / "st")]
+    keys = ["--identity-key", str(tmp_path / "me"), "--roster", str(tmp_path / "roster.pub")]
+    assert run_cli([*base, *keys, "--print-command"]) == 0
+    config = parse_config_args([shlex.split(capsys.readouterr().out)[-1]])
+    assert config["identity-key"] == str(tmp_path / "me") and config["secagg-roster"] == str(
+        tmp_path / "roster.pub"
+    )
+    assert config["trust"] == "aggregate"
+    assert run_cli([*base, "--roster", str(tmp_path / "missing.pub"), "--print-command"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "roster" in err and "missing.pub" in err and "\n" not in err
 
 
 def test_command_insecure_client_level_and_in_memory_data(tmp_path):

@@ -13,12 +13,23 @@ from tests.conftest import run_cli
 def test_the_protocol_cost_times_every_stage_of_a_correct_sum():
     """protocol_cost raises if the unmasked sum is not the inputs' sum; each stage is timed."""
     cost = protocol_cost(4, 256, 16)
-    assert set(cost) == {"setup", "share", "mask", "unmask", "server"}
+    assert set(cost) == {"setup", "share", "mask", "check", "unmask", "server"}
     assert all(v > 0 for v in cost.values())
 
 
+def test_the_active_server_check_verifies_a_majority_and_grows_with_the_round():
+    """consistency_cost raises if a valid signature fails; a round of 200 checks ~2x the signatures of 50."""
+    small, large = secagg.consistency_cost(50), secagg.consistency_cost(200)
+    assert 0 < small < large
+
+
 @pytest.mark.parametrize(
-    ("argv", "message"), [(["--neighbours", "0"], "--neighbours"), (["--rounds", "1"], "--rounds")]
+    ("argv", "message"),
+    [
+        (["--neighbours", "0"], "--neighbours"),
+        (["--round-nodes", "0"], "--round-nodes"),
+        (["--rounds", "1"], "--rounds"),
+    ],
 )
 def test_bad_options_are_one_line(argv, message, capsys):
     assert run_cli(["bench", "secagg", *argv]) != 0

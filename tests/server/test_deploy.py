@@ -167,7 +167,7 @@ def test_secure_aggregation_over_tls_survives_a_supernode_killed_mid_protocol(tm
     run = (
         "preset='minilm-rt' rounds=1 local-steps=2 batch-size=8 max-train-examples=200 eval-examples=40 "
         f"seed=5 mechanism='dp-fedavg' threat-model='{threat}' target-epsilon=8.0 clip=0.5 "
-        f"min-replies=2 round-timeout=240 sample-rate={rate}",
+        f"min-replies=3 round-timeout=240 sample-rate={rate}",
     )
     result = _run_killing(_opts(tmp_path, nodes=4, run_config=run, tls=True), "secagg_unmask")[0]
     assert result.status == "finished:completed", result.status

@@ -7,6 +7,7 @@ carried; the statement names the RDP accountant and the server as an observer.""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def _cfg(out: Path, **change):
         target_epsilon=8.0,
         clip=0.5,
         sample_rate=1.0,
-        min_replies=3,
+        min_replies=4,  # a majority of the 6 (the survivor set's signatures)
         secagg_neighbours=5,  # every other node (k = n - 1), t = 3: two losses leave 3 shares
         max_participations=2,
         out_dir=str(out),
@@ -96,7 +97,7 @@ def test_dropouts_mid_protocol_complete_the_round_and_degrade_only_their_own_cha
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (
         "(rdp, the worst client's)" in summary["privacy"]
-        and "honest-but-curious server" in summary["privacy"]
+        and "deviates from the protocol" in summary["privacy"]
     )
     assert summary["client_privacy"]["relation"] == "zero-out"
     # each node charged its own release, as Skellam noise at p = 1, in its own ledger
@@ -109,14 +110,14 @@ def test_dropouts_mid_protocol_complete_the_round_and_degrade_only_their_own_cha
 
 
 def test_a_round_with_fewer_masked_inputs_than_min_replies_is_not_unmasked(tmp_path):
-    """Four of six nodes die before their masked upload: 2 < min-replies 3 masked inputs would carry
+    """Four of six nodes die before their masked upload: 2 < min-replies 4 masked inputs would carry
     less noise than planned, so the sum is never unmasked; the round is withheld, its charge stands."""
     cfg = _cfg(tmp_path / "run", rounds=1)
     _federate(cfg, {(1, "train.secagg_mask"): {1001, 1002, 1003, 1004}})
     rec = records(tmp_path / "run")[1]
     assert not rec["applied"] and rec["secure"]["masked"] == 2 and rec["replied"] == 2
     assert rec["dropouts"] == [1001, 1002, 1003, 1004]
-    assert "2 masked inputs < min-replies 3" in rec["secure"]["failure"]
+    assert "2 masked inputs < min-replies 4" in rec["secure"]["failure"]
     assert rec["secure"].get("unmasked", 0) == 0  # no unmask request ever went out
     rows = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level").rows()
     assert [(r["round"], r["status"]) for r in rows] == [(1, "withheld")]
@@ -187,15 +188,20 @@ def test_clients_at_the_participation_cap_are_not_sampled_and_the_run_stops_when
 def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sample_rate(
     tmp_path, monkeypatch
 ):
-    """``secure-aggregation-hidden``: every node takes part in every round's protocol and its own coin
-    decides whether it trains and contributes (else a zero update with its Skellam share). The
+    """``secure-aggregation-hidden``: every node takes part in every round's protocol, trains, and its
+    own coin decides whether it contributes (else a zero update with its Skellam share). The
     server's records are the same whatever the coins say: every node in every round, the same reply
     records; the ledgers (server and node) charge every client every round as Poisson-sampled at p,
-    which amplifies against the server too, so ε is below the same noise at p = 1."""
+    which amplifies against the server too, so ε is below the same noise at p = 1. Constant work: a
+    node whose coin did not come up encodes its zero update with the full clip, rotation, rounding
+    and share, like any other update."""
+    from common.privacy import discrete
+
     coins = iter([True, False, False, True, False, False] * 2)
     monkeypatch.setattr(secure, "contributes", lambda rate: rate == 0.5 and next(coins))
-    trained, loaded = [], []
-    real_steps, real_shard = app_module._train_steps, app_module._shard
+    trained, loaded, zeros = [], [], []
+    real_steps, real_shard, real_encode = app_module._train_steps, app_module._shard, discrete.encode
+    monkeypatch.setattr(discrete, "encode", lambda x, *a: zeros.append(not x.any()) or real_encode(x, *a))
     monkeypatch.setattr(
         app_module,
         "_train_steps",
@@ -210,8 +216,9 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     _federate(cfg)
     recs = records(tmp_path / "run")[1:]
     assert [(r["sampled"], r["replied"], r["applied"]) for r in recs] == [(NODES, NODES, True)] * 2
-    assert len(trained) == 4  # two coins of six came up in each round: only those nodes trained...
-    assert loaded == trained  # ...and only those loaded their data and the global adapter
+    assert len(trained) == 2 * NODES  # every node trains every round, whatever its coin...
+    assert loaded == trained  # ...and loads its data and the global adapter
+    assert sorted(zeros) == [False] * 4 + [True] * 8  # two contributors a round; the rest sent zero
     ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
     assert ledger.participations() == {n: 2 for n in range(1001, 1001 + NODES)}
     events = ledger.events()
@@ -220,7 +227,7 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     assert spent == pytest.approx(_rdp(*events)) and spent <= 8.0
     assert spent < _rdp(*(replace(e, p=1.0) for e in events))  # the hidden coin amplifies
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert "at p = 0.5" in summary["privacy"] and "honest-but-curious server" in summary["privacy"]
+    assert "at p = 0.5" in summary["privacy"] and "deviates from the protocol" in summary["privacy"]
     assert "who was contacted" in summary["not_covered"][-1]  # not "who was sampled": the coins are hidden
     node_ledger = Ledger.open(
         Path(cfg.out_dir).parent / "nodes" / "node-0" / "client-ledger.sqlite", "client-level"
@@ -228,32 +235,93 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     assert [e.p for e in node_ledger.events()] == [0.5, 0.5]  # charged whether or not its coin came up
 
 
-def test_with_train_always_every_node_trains_and_encodes_a_zero_with_full_work(tmp_path, monkeypatch):
-    """``--secagg-train-always``: every node trains every round whatever its coin (so reply timing
-    does not show the coin), a node whose coin did not come up still sends a zero update, and it
-    encodes that zero with the full rotation and rounding (never the shortcut)."""
-    from common.privacy import discrete
+#: rounds of the timing probe: the classifier's threshold is fitted on the even rounds, scored on the odd
+PROBE_ROUNDS = 60
 
-    coins = iter([True, False, False, True, False, False] * 2)
-    monkeypatch.setattr(secure, "contributes", lambda rate: rate == 0.5 and next(coins))
-    trained, zeros = [], []
-    real_steps, real_encode = app_module._train_steps, discrete.encode
-    monkeypatch.setattr(
-        app_module,
-        "_train_steps",
-        lambda context, *a: trained.append(context.node_id) or real_steps(context, *a),
-    )
-    monkeypatch.setattr(discrete, "encode", lambda x, *a: zeros.append(not x.any()) or real_encode(x, *a))
-    monkeypatch.setattr(discrete, "encode_zero", lambda *a: pytest.fail("the shortcut shows a zero update"))
+
+def _hidden_node(tmp_path: Path, rounds: int):
+    """A hidden-participation run's real ClientApp, its in-process nodes, and ``train_message(rnd)``:
+    the server's own train instruction of round ``rnd`` to the first node (server/secure_round.py)."""
+    from common.models import adapter_size
+    from common.privacy.plan import plan_noise
+    from common.privacy.secure_release import SecureRelease
+    from server.evaluation import Evaluator
+    from server.secure_round import train_messages
+
     cfg = _cfg(
         tmp_path / "run",
         threat_model="secure-aggregation-hidden",
         sample_rate=0.5,
         max_participations=0,
-        secagg_train_always=True,
+        rounds=rounds,
     )
-    _federate(cfg)
-    recs = records(tmp_path / "run")[1:]
-    assert [(r["sampled"], r["replied"], r["applied"]) for r in recs] == [(NODES, NODES, True)] * 2
-    assert len(trained) == 2 * NODES  # every node, every round
-    assert sorted(zeros) == [False] * 4 + [True] * 8  # two contributors a round; the rest sent zero
+    state = Evaluator(cfg).initial_state()
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    release = SecureRelease(plan_noise(cfg, adapter_size(shapes)).secure, shapes)
+    client = load_component(CLIENT_APP)
+    grid = InProcessGrid(client, NODES, to_flat(cfg), state_root=tmp_path / "nodes")
+    nodes = sorted(grid.contexts)
+    return client, grid, lambda rnd: train_messages(release, rnd, nodes, state, bytes(32))[0]
+
+
+def test_a_node_without_its_identity_or_the_roster_refuses_a_secure_round_before_training(
+    tmp_path, monkeypatch
+):
+    """A node that cannot check signatures cannot hold its guarantee against a server that deviates
+    from the protocol: it refuses the round in one line, before it loads data or trains."""
+    from common.secagg import identity
+
+    client, grid, train_message = _hidden_node(tmp_path, 1)
+    monkeypatch.setattr(app_module, "_shard", lambda *a: pytest.fail("loaded its data"))
+    node = min(grid.contexts)
+    for key in (identity.ROSTER, identity.IDENTITY_KEY):
+        del grid.contexts[node].node_config[key]
+        with pytest.raises(
+            Exception, match="secure aggregation needs this node's identity key and the federation's roster"
+        ):
+            client(train_message(1), grid.contexts[node])
+    other = sorted(grid.contexts)[1]
+    grid.contexts[node].node_config[identity.IDENTITY_KEY] = grid.contexts[other].node_config[
+        identity.IDENTITY_KEY
+    ]
+    grid.contexts[node].node_config[identity.ROSTER] = str(tmp_path / "elsewhere.pub")
+    identity.provision([tmp_path / "stranger"], tmp_path / "elsewhere.pub")  # a roster without this key
+    with pytest.raises(Exception, match="is not on the roster"):
+        client(train_message(1), grid.contexts[node])
+
+
+def test_a_classifier_of_reply_time_and_size_guesses_the_hidden_coin_no_better_than_chance(
+    tmp_path, monkeypatch
+):
+    """The audit's probe, through the real ClientApp train handler and the server's own train
+    instruction: one node answers PROBE_ROUNDS hidden-participation rounds with a known, balanced
+    coin sequence; the server-side observables are the reply's size (bytes) and the handler's wall
+    time. Every reply has the same size. A threshold on the time (the best cut and direction on the
+    even rounds) then guesses the coin of the odd rounds: under constant work it does no better
+    than chance. Threshold: at most 23 of 30 right (P[Binomial(30, 1/2) >= 24] = 7e-4); a node that
+    trains only when its coin comes up is guessed 30 of 30 (the audit: 17 of 18)."""
+    from server.exchange import message_bytes
+
+    rng = np.random.default_rng(0)
+    coins = [bool(c) for c in rng.permutation([0, 1] * (PROBE_ROUNDS // 2))]
+    feed = iter(coins)
+    monkeypatch.setattr(secure, "contributes", lambda rate: next(feed))
+    client, grid, train_message = _hidden_node(tmp_path, PROBE_ROUNDS)
+    node = min(grid.contexts)
+    times, sizes = [], set()
+    for rnd in range(1, PROBE_ROUNDS + 1):
+        msg = train_message(rnd)
+        start = time.perf_counter()
+        reply = client(msg, grid.contexts[node])
+        times.append(time.perf_counter() - start)
+        sizes.add(message_bytes(reply))
+    assert len(sizes) == 1  # the size says nothing
+    t, c = np.asarray(times), np.asarray(coins)
+    fit, score = slice(0, None, 2), slice(1, None, 2)
+
+    def accuracy(cut: float, slow_trained: bool, part: slice) -> float:
+        return float(np.mean((t[part] > cut) == (c[part] if slow_trained else ~c[part])))
+
+    cut, slow = max(((x, d) for x in t[fit] for d in (True, False)), key=lambda g: accuracy(*g, fit))
+    right = round(accuracy(cut, slow, score) * len(t[score]))
+    assert right <= 23, f"the reply time gives the coin away: {right} of {len(t[score])} guessed"

@@ -3,6 +3,7 @@ ClientApp handlers behind the in-process grid, the node's state kept in ``contex
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from flwr.clientapp import ClientApp
 from client import secure
 from common.privacy import discrete
 from common.privacy.skellam import rounding_norm_bound
+from common.secagg import keys, protocol
 from common.secagg import wire as sw
 from common.secagg.protocol import Params, PublicKeys
 from server.exchange import exchange
@@ -29,15 +31,20 @@ def _input(node: int) -> np.ndarray:
     return (np.arange(LENGTH, dtype=np.int64) * node) % (1 << BITS)
 
 
-def _app(drop_at: dict[int, str] | None = None, inputs: Callable[[int], np.ndarray] = _input) -> ClientApp:
-    """Nodes whose train handler encodes ``inputs(node)``; ``drop_at``: node -> the stage it dies at."""
+def _app(
+    drop_at: dict[int, str] | None = None, inputs: Callable[[int], np.ndarray] = _input, least: int = 0
+) -> ClientApp:
+    """Nodes whose train handler encodes ``inputs(node)``; ``drop_at``: node -> the stage it dies at;
+    ``least``: the fewest survivors each node unmasks for (its plan's min-replies)."""
     app, drop_at = ClientApp(), drop_at or {}
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         rnd = int(msg.metadata.group_id)
-        keys = secure.begin(context, sw.fields(msg, rnd), rnd, context.node_id, inputs(context.node_id))
-        return Message(sw.record(rnd, **keys), reply_to=msg)
+        values = secure.begin(
+            context, sw.fields(msg, rnd), rnd, context.node_id, inputs(context.node_id), least
+        )
+        return Message(sw.record(rnd, **values), reply_to=msg)
 
     for stage, handler in secure.HANDLERS.items():
 
@@ -162,3 +169,106 @@ def test_float_updates_encoded_with_skellam_shares_decode_to_the_survivors_clipp
     # noise of 11 of 12 shares (std 0.5·C·sqrt(11/12)) plus rounding: within 6 sd on every coordinate
     assert np.abs(error).max() < 6 * 0.5 * clip * math.sqrt(11 / 12) + 1e-3
     assert 0.3 < error.std() / (0.5 * clip * math.sqrt(11 / 12)) < 1.3
+
+
+class ActiveServer:
+    """A server that deviates from the protocol, driving the real handlers stage by stage through the
+    in-process grid (the audit's probes): it can rewrite what each node is sent at every stage."""
+
+    def __init__(self, grid: InProcessGrid, k: int = 4, t: int = 3):
+        self.grid, self.rnd = grid, 1
+        nodes = tuple(sorted(grid.get_node_ids()))
+        self.params = Params(self.rnd, nodes, k, t, BITS, LENGTH, os.urandom(16)).validate()
+        self.keys = {
+            node: sw.keys_from(values, node)
+            for node, values in self.send("train", {n: sw.params_record(self.params) for n in nodes}).items()
+        }
+
+    def send(self, stage: str, outgoing: dict[int, dict]) -> dict[int, dict | str]:
+        """``outgoing[node]`` as ``stage`` to each node -> node -> its reply's values, or its refusal."""
+        make = (
+            (
+                lambda n, v: Message(
+                    sw.record(self.rnd, **v), dst_node_id=n, message_type="train", group_id="1"
+                )
+            )
+            if stage == "train"
+            else (lambda n, v: sw.stage_message(stage, n, self.rnd, v))
+        )
+        got = {}
+        for node, reply, _ in exchange(self.grid, [make(n, v) for n, v in outgoing.items()], 60):
+            got[node] = reply.error.reason if reply.has_error() else sw.fields(reply, self.rnd)
+        return got
+
+    def share(self, keys: dict[int, PublicKeys]) -> dict[int, dict | str]:
+        routed = protocol.route_keys(self.params, keys)
+        return self.send("train.secagg_share", {n: sw.peers_values(routed[n]) for n in keys})
+
+    def mask(self, shared: dict[int, dict]) -> dict[int, dict | str]:
+        inboxes = protocol.route_shares(self.params, {n: sw.tokens_from(v) for n, v in shared.items()})
+        return self.send("train.secagg_mask", {n: sw.tokens_values(inboxes.get(n, {})) for n in shared})
+
+    def sign(self, survivors: frozenset[int], nodes) -> dict[int, tuple[bytes, bytes]]:
+        replies = self.send("train.secagg_check", {n: sw.survivors_values(survivors) for n in nodes})
+        return {n: (self.keys[n].identity, sw.signature_from(v, n)) for n, v in replies.items()}
+
+
+def test_an_active_server_cannot_substitute_a_nodes_keys():
+    """The audit's probe (b): the server replaces node v's advertised keys by its own (which would let
+    it open the shares sent to v and agree v's pair masks). Every neighbour of v refuses the share
+    stage; no share leaves any of them, and the refusal reaches the server as an error."""
+    grid = InProcessGrid(_app(), 8, {}, raise_errors=False)
+    server = ActiveServer(grid)
+    victim = min(server.params.node_ids)
+    (_, cipher), (_, mask) = keys.new_key_pair(), keys.new_key_pair()
+    forged = dataclasses.replace(server.keys[victim], cipher=cipher, mask=mask)
+    replies = server.share({**server.keys, victim: forged})
+    for node in server.params.neighbours[victim]:
+        assert isinstance(replies[node], str) and "refuses to share" in replies[node], replies[node]
+    assert all(isinstance(replies[n], dict) for n in set(replies) - server.params.neighbours[victim])
+
+
+def test_an_active_server_cannot_split_the_survivor_set():
+    """The audit's probe (a): the server shows half the nodes a survivor set with the victim in it
+    (to collect shares of its self-mask b_u) and the other half one without it (to collect its
+    neighbours' mask keys), with each half's signatures. Every honest node refuses to unmask: no
+    share of anything is revealed."""
+    grid = InProcessGrid(_app(), 10, {}, raise_errors=False)
+    server = ActiveServer(grid)
+    shared = server.share(server.keys)
+    masked = server.mask(shared)
+    assert all(isinstance(v, dict) for v in masked.values())
+    nodes = list(server.params.node_ids)
+    victim, half_a, half_b = nodes[0], nodes[:5], nodes[5:]
+    alive, dropped = frozenset(nodes), frozenset(nodes[1:])
+    stories = {alive: server.sign(alive, half_a), dropped: server.sign(dropped, half_b)}
+    for story, signatures in stories.items():
+        request = sw.request_values(protocol.unmask_request(story, signatures))
+        believers = half_a if story == alive else half_b
+        replies = server.send("train.secagg_unmask", {n: request for n in believers})
+        assert all(
+            isinstance(r, str) and "valid signatures of the survivor set" in r for r in replies.values()
+        ), replies
+    assert victim in half_a
+
+
+def test_a_node_does_not_sign_or_unmask_for_fewer_survivors_than_its_min_replies():
+    """The client checks the plan: a node whose own plan needs m = 8 survivors refuses to sign (hence
+    to unmask for) a set of 7, even though 7 is a majority of 10 and above t."""
+    grid = InProcessGrid(_app(least=8), 10, {}, raise_errors=False)
+    server = ActiveServer(grid)
+    server.mask(server.share(server.keys))
+    seven = frozenset(sorted(server.params.node_ids)[:7])
+    replies = server.send("train.secagg_check", {n: sw.survivors_values(seven) for n in seven})
+    assert all(isinstance(r, str) and "7 survivors < 8" in r for r in replies.values()), replies
+
+
+def test_a_node_refuses_a_second_share_or_mask_request():
+    grid = InProcessGrid(_app(), 8, {}, raise_errors=False)
+    server = ActiveServer(grid)
+    shared = server.share(server.keys)
+    again = server.share(server.keys)
+    assert all(isinstance(r, str) and "refuses the share request" in r for r in again.values())
+    server.mask(shared)
+    again = server.mask(shared)
+    assert all(isinstance(r, str) and "refuses the mask request" in r for r in again.values())

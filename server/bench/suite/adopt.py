@@ -31,7 +31,6 @@ PREDATED: dict[str, object] = {
     "label_column": "label",
     "partition_by": "",
     "lm_blocks": 4,  # issue 33's silos: every run before took a text's first 4 blocks
-    "secagg_train_always": False,  # hidden participation: only the nodes whose coin came up trained
 }
 
 #: what the suite's runner copies from an adopted run (its outputs and per-round metrics)

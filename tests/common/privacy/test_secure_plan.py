@@ -123,7 +123,6 @@ def _secure_cfg(**change):
             dict(threat_model="secure-aggregation-hidden", max_participations=0, min_replies=1001),
             "--min-replies 1001 exceeds the 1000 clients",
         ),
-        (dict(secagg_train_always=True), "--secagg-train-always hides whose coin came up: it needs"),
     ],
 )
 def test_a_secure_run_config_that_cannot_hold_fails_in_one_line(change, message):

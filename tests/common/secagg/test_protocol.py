@@ -1,10 +1,12 @@
 """The SecAgg+ stages end to end (common/secagg/protocol.py): the server's sum is exact mod 2^b
 with and without dropouts, one client's masked vector looks uniform to the server, clients refuse
-requests that would reveal a single input, misrouted shares fail authentication, and bad
+requests that would reveal a single input (an active server's included: substituted keys,
+inconsistent survivor sets, repeated requests), misrouted shares fail authentication, and bad
 parameters fail in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -12,8 +14,13 @@ import numpy as np
 import pytest
 
 from common.errors import FedloraError
+from common.secagg import identity, keys
 from common.secagg import protocol as sa
 from common.secagg.errors import SecAggError, ShareAuthError
+
+#: node id -> its identity (every id the tests use), and the federation's roster of them
+IDENTITIES = {u: identity.new_identity() for u in [*range(10), *range(1000, 1000 + 7 * 24, 7)]}
+ROSTER = frozenset(i.public for i in IDENTITIES.values())
 
 
 @dataclass
@@ -39,11 +46,11 @@ def share_all(p: sa.Params, never_share=()) -> tuple[dict, dict, dict]:
     ``never_share``: nodes that drop after advertising their keys."""
     clients, advertised = {}, {}
     for u in p.node_ids:
-        clients[u], advertised[u] = sa.setup(p, u)
+        clients[u], advertised[u] = sa.setup(p, u, IDENTITIES[u])
     routed = sa.route_keys(p, advertised)
     outboxes = {}
     for u in p.node_ids:
-        clients[u], outbox = sa.share_keys(clients[u], routed[u])
+        clients[u], outbox = sa.share_keys(clients[u], routed[u], ROSTER)
         if u not in never_share:
             outboxes[u] = outbox
     return clients, advertised, outboxes
@@ -61,11 +68,21 @@ def run_to_masked(p: sa.Params, inputs=None, never_share=()) -> Round:
     return Round(p, clients, advertised, {u: set(o) for u, o in outboxes.items()}, inputs, masked)
 
 
+def signed_request(r: Round, survivors, signers=None) -> sa.UnmaskRequest:
+    """Stage 3, the consistency check: ``signers`` (default: every survivor) sign the survivor set;
+    the unmask request carries their signatures."""
+    survivors = frozenset(survivors)
+    signatures = {}
+    for u in sorted(survivors if signers is None else signers):
+        r.clients[u], signatures[u] = sa.check_survivors(r.clients[u], survivors, IDENTITIES[u])
+    return sa.unmask_request(survivors, {u: (IDENTITIES[u].public, s) for u, s in signatures.items()})
+
+
 def finish(r: Round, dropped=(), silent=()) -> np.ndarray:
-    """Stage 3: ``dropped`` never send their masked input; ``silent`` send it, then drop before unmasking."""
+    """Stages 3-4: ``dropped`` never send their masked input; ``silent`` send it, then drop before unmasking."""
     survivors = {u: y for u, y in r.masked.items() if u not in dropped}
-    request = sa.unmask_request(r.shared, survivors)
-    replies = [sa.unmask(r.clients[u], request) for u in survivors if u not in silent]
+    request = signed_request(r, survivors)
+    replies = [sa.unmask(r.clients[u], request, ROSTER) for u in survivors if u not in silent]
     return sa.unmask_sum(r.params, r.advertised, r.shared, survivors, replies)
 
 
@@ -132,38 +149,125 @@ def test_the_server_sees_a_uniform_vector_for_an_all_zero_input():
 
 
 def test_a_client_never_reveals_both_shares_of_a_node():
+    """The dropped set is the node's own (its share holders outside the signed survivors), never the
+    server's word: no reply carries both shares of one node."""
     r = run_to_masked(params())
     ids = r.params.node_ids
-    me = ids[0]
-    both = sa.UnmaskRequest(frozenset(ids), frozenset({ids[3]}))
-    with pytest.raises(
-        SecAggError, match=rf"node {me} refuses to unmask: nodes \[{ids[3]}\] are claimed both"
-    ):
-        sa.unmask(r.clients[me], both)
-    reply = sa.unmask(r.clients[me], sa.unmask_request(ids, set(ids) - {ids[3]}))
-    assert not set(reply.self_seed_shares) & set(reply.mask_key_shares)
+    request = signed_request(r, set(ids) - {ids[3]})
+    for u in set(ids) - {ids[3]}:
+        reply = sa.unmask(r.clients[u], request, ROSTER)
+        assert not set(reply.self_seed_shares) & set(reply.mask_key_shares)
+        assert set(reply.mask_key_shares) <= {ids[3]}
 
 
-def test_a_client_refuses_when_too_few_survived_or_it_is_called_dropped():
+def test_a_client_refuses_to_sign_a_set_without_itself_or_too_small():
+    r = run_to_masked(params(n=10, k=4, t=3))
+    me, others = r.params.node_ids[0], r.params.node_ids[1:]
+    with pytest.raises(SecAggError, match=f"node {me} refuses to sign: it is not listed among the survivors"):
+        sa.check_survivors(r.clients[me], frozenset(others), IDENTITIES[me])
+    with pytest.raises(SecAggError, match=rf"node {me} refuses to sign: 5 survivors < 6 \(its min-replies 3"):
+        sa.check_survivors(r.clients[me], frozenset([me, *others[:4]]), IDENTITIES[me])
+    least = sa.setup(r.params, me, IDENTITIES[me], least=9)[0]  # a node whose plan needs 9 survivors
+    least = dataclasses.replace(least, stage="masked")
+    with pytest.raises(SecAggError, match=r"8 survivors < 9 \(its min-replies 9"):
+        sa.check_survivors(least, frozenset([me, *others[:7]]), IDENTITIES[me])
+
+
+def test_a_client_refuses_when_too_few_of_its_neighbourhood_survived():
     r = run_to_masked(params(n=10, k=4, t=3))
     me = r.params.node_ids[0]
-    mates = sorted(r.params.neighbours[me])
-    few = sa.unmask_request(r.params.node_ids, {me, mates[0]})
+    mates = r.params.neighbours[me]
+    survivors = {
+        me,
+        sorted(mates)[0],
+        *(set(r.params.node_ids) - mates - {me}),
+    }  # 2 of 5 in its neighbourhood
+    request = signed_request(r, survivors)
     with pytest.raises(
         SecAggError, match=f"node {me} refuses to unmask: 2 of its neighbourhood survived, threshold is 3"
     ):
-        sa.unmask(r.clients[me], few)
-    with pytest.raises(SecAggError, match="not listed among the survivors"):
-        sa.unmask(r.clients[me], sa.unmask_request(r.params.node_ids, set(mates)))
+        sa.unmask(r.clients[me], request, ROSTER)
+
+
+def test_substituted_keys_are_refused_by_every_neighbour_before_any_share_is_sealed():
+    """The audit's key substitution: the server hands node v's neighbours keys of its own (so it could
+    open their shares of v's secrets and agree v's pair masks). Unsigned, signed by an identity off
+    the roster, or v's signed keys moved to another node id: each neighbour refuses to share."""
+    p = params()
+    clients, advertised = {}, {}
+    for u in p.node_ids:
+        clients[u], advertised[u] = sa.setup(p, u, IDENTITIES[u])
+    victim, other = p.node_ids[0], p.node_ids[1]
+    (_, cipher), (_, mask) = keys.new_key_pair(), keys.new_key_pair()
+    outsider = identity.new_identity()
+    forged = {
+        "unsigned": sa.PublicKeys(victim, cipher, mask, IDENTITIES[victim].public, b"\0" * 64),
+        "off the roster": sa.PublicKeys(
+            victim,
+            cipher,
+            mask,
+            outsider.public,
+            outsider.sign(identity.keys_statement(p.digest, victim, cipher, mask)),
+        ),
+        "another node's": dataclasses.replace(advertised[other], node_id=victim),
+    }
+    for how, keys_of_victim in forged.items():
+        routed = sa.route_keys(p, {**advertised, victim: keys_of_victim})
+        for u in p.neighbours[victim]:
+            with pytest.raises(
+                SecAggError, match=f"node {u} refuses to share: node {victim}'s keys are not signed"
+            ):
+                sa.share_keys(clients[u], routed[u], ROSTER)
+            assert clients[u].stage == "keys", how  # nothing sealed, nothing kept
+
+
+def test_inconsistent_survivor_sets_are_refused_by_every_honest_node():
+    """The audit's inconsistent dropped lists: the server tells one half of the round that the victim
+    survived (to collect shares of its self-mask) and the other half that it dropped (to collect
+    its neighbours' mask keys). Each node signs only the set it was shown, and neither set carries
+    a majority's signatures; a set relabelled with the other half's signatures fails too."""
+    r = run_to_masked(params(n=10, k=4, t=3))
+    ids = r.params.node_ids
+    victim = ids[0]
+    half_a, half_b = set(ids[:5]), set(ids[5:])
+    told_alive, told_dropped = frozenset(ids), frozenset(set(ids) - {victim})
+    alive = signed_request(r, told_alive, half_a)
+    dropped = signed_request(r, told_dropped, half_b)
+    for u in half_a:
+        with pytest.raises(
+            SecAggError, match=f"node {u} refuses to unmask: 5 valid signatures of the survivor set"
+        ):
+            sa.unmask(r.clients[u], alive, ROSTER)
+    for u in half_b:
+        merged = sa.unmask_request(told_dropped, {**alive.signatures, **dropped.signatures})
+        with pytest.raises(SecAggError, match=f"node {u} refuses to unmask: 5 valid signatures"):
+            sa.unmask(r.clients[u], merged, ROSTER)
+
+
+def test_every_stage_runs_once_and_in_order():
+    r = run_to_masked(params())
+    me = r.params.node_ids[0]
+    inbox = sa.route_shares(r.params, {})  # any inbox: the stage is refused before it is read
+    with pytest.raises(SecAggError, match=f"node {me} refuses the share request: it is past the keys stage"):
+        sa.share_keys(r.clients[me], {}, ROSTER)
+    with pytest.raises(SecAggError, match=f"node {me} refuses the mask request: it is past the shared stage"):
+        sa.masked_input(r.clients[me], inbox.get(me, {}), r.inputs[me])
+    request = signed_request(r, r.params.node_ids)
+    with pytest.raises(SecAggError, match="refuses the consistency-check request"):
+        sa.check_survivors(r.clients[me], frozenset(r.params.node_ids), IDENTITIES[me])
+    sa.unmask(r.clients[me], request, ROSTER)
+    fresh = sa.setup(r.params, me, IDENTITIES[me])[0]
+    with pytest.raises(SecAggError, match="refuses the unmask request: it is past the checked stage"):
+        sa.unmask(fresh, request, ROSTER)
 
 
 def test_the_server_says_when_too_few_shares_arrived():
     r = run_to_masked(params(n=10, k=4, t=3))
     victim = r.params.node_ids[0]
-    request = sa.unmask_request(r.shared, r.masked)
+    request = signed_request(r, r.masked)
     holders = r.params.neighbours[victim]
     silent = set(sorted(holders)[:2])  # 2 of its 4 share holders do not answer: 2 < t = 3 shares
-    replies = [sa.unmask(r.clients[u], request) for u in r.params.node_ids if u not in silent]
+    replies = [sa.unmask(r.clients[u], request, ROSTER) for u in r.params.node_ids if u not in silent]
     with pytest.raises(
         SecAggError, match=f"only 2 shares of node {victim}'s self-mask seed arrived, 3 needed"
     ):
@@ -194,7 +298,7 @@ def test_misrouted_or_tampered_shares_fail_authentication():
 
 def test_inputs_outside_the_modulus_are_refused_not_clipped():
     r = run_to_masked(params(bits=8, d=16))
-    client = r.clients[r.params.node_ids[0]]
+    client = dataclasses.replace(r.clients[r.params.node_ids[0]], stage="shared")
     for bad, message in [
         (np.full(16, 256), r"input coordinates must lie in \[0, 2\^8\), got \[256, 256\]"),
         (np.full(16, -1), r"input coordinates must lie in \[0, 2\^8\)"),
@@ -234,7 +338,7 @@ def test_bad_parameters_fail_in_one_line(changes, message):
         p.validate()
     assert "\n" not in str(raised.value)
     with pytest.raises(SecAggError):
-        sa.setup(p, 0)
+        sa.setup(p, 0, IDENTITIES[0])
 
 
 def test_odd_k_on_an_even_cohort_takes_the_usual_bound():
@@ -245,8 +349,8 @@ def test_the_server_takes_unmask_replies_only_from_survivors():
     r = run_to_masked(params())
     gone = r.params.node_ids[1]
     survivors = {u: y for u, y in r.masked.items() if u != gone}
-    request = sa.unmask_request(r.shared, survivors)
-    replies = [sa.unmask(r.clients[u], request) for u in survivors]
+    request = signed_request(r, survivors)
+    replies = [sa.unmask(r.clients[u], request, ROSTER) for u in survivors]
     stray = sa.UnmaskReply(gone, {}, {})
     with pytest.raises(
         SecAggError, match=rf"unmask replies from nodes that sent no masked input: \[{gone}\]"
