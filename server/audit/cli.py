@@ -28,7 +28,7 @@ CLIENT_ARMS: dict[str, dict[str, object]] = {
         "threat_model": "distributed",
         "target_epsilon": 8.0,
     },
-    # per client, against the server too; min-replies set to 9/10 of the audited cohort (_client_configs)
+    # per client, against the server too; min-replies 9/10 of the cohort, canaries included (_client_configs)
     "dp-fedavg secure aggregation ε=8": {
         "mechanism": "dp-fedavg",
         "threat_model": "secure-aggregation",
@@ -50,7 +50,7 @@ MIA_ARMS: dict[str, dict[str, object]] = {
         if spec.private and spec.audited
     },
 }
-#: --quick: 20 real clients, every client every round, 3 rounds (≈ 5 minutes on 2 cores)
+#: --quick: 20 real clients (+ the canaries), every client every round, 3 rounds (≈ 2 minutes, 2 cores)
 QUICK = {
     "num_clients": 20,
     "sample_rate": 1.0,
@@ -146,18 +146,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
+    """Each arm's config (its real clients), checked first, all of them, as the federation it runs:
+    the canary slots are clients of it like any other (server/audit/client.py ``federation``)."""
+    from common.privacy.secure_plan import cohort_bound
+    from server.audit.client import federation
+
     base = {**(QUICK if args.quick else {}), "clip": args.clip, "seed": args.seed}
     base.update({k: v for k, v in (("num_clients", args.clients), ("rounds", args.rounds)) if v})
     configs = []
-    for arm in arms:  # all checked first
+    for arm in arms:
         cfg = preset(args.preset, **{**base, **CLIENT_ARMS[arm]})
         if THREATS[cfg.threat_model].summed_securely:
-            # the shares are sized for min-replies m: 9/10 of the audited cohort (canaries included), so
-            # a full cohort carries 10/9 of the noise the plan needs
-            everyone = cfg.num_clients + args.canaries  # hidden participation asks all of them
-            cohort = everyone * (1.0 if THREATS[cfg.threat_model].hides_participation else cfg.sample_rate)
-            cfg = cfg.replace(min_replies=max(cfg.secagg_neighbours // 2 + 1, int(0.9 * cohort)))
-        configs.append(cfg.check())
+            # the shares are sized for min-replies m: 9/10 of the cohort the plan counts over the
+            # federation (canaries included; under hidden participation all of its clients), so a
+            # full cohort carries 10/9 of the noise the plan needs
+            cohort = cohort_bound(federation(cfg, args.canaries))
+            cfg = cfg.replace(min_replies=max(cfg.secagg_neighbours // 2 + 1, cohort * 9 // 10))
+        federation(cfg, args.canaries).check()
+        configs.append(cfg)
     return configs
 
 

@@ -148,6 +148,14 @@ def final_state(run_dir: Path) -> AdapterState:
     return {k: v for k, v in state.items() if not k.startswith(OPTIMIZER_PREFIX)}
 
 
+def federation(cfg: RunConfig, canaries: int) -> RunConfig:
+    """The federation an audit of ``cfg`` runs: its ``num_clients`` real clients and ``canaries``
+    canary slots after them, every slot a client like any other (sampled, counted in p·N and in the
+    secure cohort, asked every round under hidden participation). Unchecked: the audit's entry point
+    checks it (server/audit/cli.py), :func:`audit_run` again before it runs."""
+    return cfg.replace(num_clients=cfg.num_clients + canaries)
+
+
 def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: float) -> dict:
     """One audited federation: ``cfg`` (its ``num_clients`` real clients) plus ``canaries`` slots,
     the excluded ones reproducing the relation of ``cfg``'s threat model (see the module docstring)."""
@@ -163,7 +171,7 @@ def audit_run(cfg: RunConfig, canaries: int, out: Path, seed: int, confidence: f
         norm=cfg.clip,
         relation=relation,
     )
-    run_cfg = cfg.replace(num_clients=cfg.num_clients + canaries, out_dir=str(out)).check()
+    run_cfg = federation(cfg, canaries).replace(out_dir=str(out)).check()
     start = time.time()
     run_dir = simulate(run_cfg, out, wrap=slots.wrapper())
     scores = cosines(slots, final_state(run_dir))
