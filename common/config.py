@@ -103,7 +103,22 @@ class RunConfig:
     )
     text_column: str = option("text", "your own --dataset file's text column", MODEL)
     label_column: str = option(
-        "label", "your own --dataset file's label column (classes read from the data; absent: LM)", MODEL
+        "label",
+        "your own --dataset file's label column (classes read from the data); a column you name must "
+        "exist, while a file without the default 'label' column is language modelling",
+        MODEL,
+    )
+    labels: str = option(
+        "",
+        "your own --dataset file's declared label set, comma-separated: a row with another label is "
+        "refused (or skipped with --skip-bad-rows); the classes are still the values read, sorted",
+        MODEL,
+    )
+    skip_bad_rows: bool = option(
+        False,
+        "your own --dataset file: skip (and count) bad rows (a CSV row with the wrong number of fields "
+        "or broken quoting, no label, a label outside --labels) instead of refusing the file",
+        MODEL,
     )
     partition_by: str = option(
         "",

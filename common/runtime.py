@@ -38,8 +38,10 @@ def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit
 
 
 def columns_of(cfg: RunConfig) -> Columns:
-    """The columns of a data owner's own ``--dataset`` file."""
-    return Columns(cfg.text_column, cfg.label_column, cfg.partition_by)
+    """How to read a data owner's own ``--dataset`` file: its columns, the declared label set
+    (``--labels``, comma-separated) and ``--skip-bad-rows``."""
+    labels = tuple(name.strip() for name in cfg.labels.split(",") if name.strip())
+    return Columns(cfg.text_column, cfg.label_column, cfg.partition_by, labels, cfg.skip_bad_rows)
 
 
 @lru_cache(maxsize=8)

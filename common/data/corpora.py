@@ -27,7 +27,8 @@ class Corpus:
     held out whole as the server's public split (common/data/federated.py). ``given_test``: the
     indices of the texts that are the dataset's own test split (a dataset directory's test file,
     common/data/files.py), used as the test set instead of a seeded ``test_fraction``; empty for a
-    corpus without one."""
+    corpus without one. ``skipped``: where the rows that ``--skip-bad-rows`` left out of a data
+    owner's file were."""
 
     name: str
     texts: tuple[str, ...]
@@ -39,6 +40,7 @@ class Corpus:
     public_groups: tuple[str, ...] = ()  # groups held out whole as the server's public split
     users: tuple[str, ...] = ()  # each text's user: --partition natural makes one client per user
     given_test: tuple[int, ...] = ()  # indices of the texts of the dataset's own test split
+    skipped: tuple[str, ...] = ()  # file:line of each bad row --skip-bad-rows left out (common/data/files.py)
 
     def __post_init__(self) -> None:
         for field_name in ("groups", "users"):

@@ -2,9 +2,15 @@
 
 ``--dataset path/to/file.csv`` (or ``.jsonl``, ``.parquet``) with ``--text-column`` and
 ``--label-column`` naming the columns: the label space is read from the data (the distinct values,
-sorted; any number of classes). Without a label column in the file the corpus is language modelling.
-``--partition-by COLUMN`` keeps each row's value of that column as its user, so that ``--partition
-natural`` makes one client per user.
+sorted; any number of classes). A file without the default ``label`` column, when no label column
+is named, is language modelling; a label column the user named (or that ``--labels`` needs) must
+exist. ``--partition-by COLUMN`` keeps each row's value of that column as its user, so that
+``--partition natural`` makes one client per user.
+
+Rows are checked, each error one line naming the file and line: a CSV row must have as many fields
+as the header and well-formed quoting (an unterminated quote would swallow every row after it), a
+labelled row needs a label, and with ``--labels a,b,c`` declared, one of those. ``--skip-bad-rows``
+skips such rows instead, and counts them (a warning and :attr:`Corpus.skipped`).
 
 ``--dataset path/to/DIR``, a directory holding one ``train.<ext>`` and one ``test.<ext>`` file (each
 a CSV, JSONL, Parquet or plain-text file; the two may differ), gives its own test split: the corpus is the train
@@ -16,8 +22,12 @@ both files' labels.
 from __future__ import annotations
 
 import csv
+import io
+import logging
+import multiprocessing
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,18 +38,49 @@ from common.errors import FedloraError
 SUFFIXES = (".csv", ".jsonl", ".parquet", ".txt")  # .txt: one text per non-blank line (language modelling)
 SPLITS = ("train", "test")  # the file names (without suffix) of a dataset directory
 DIRECTORY_FORM = "one train.<{0}> and one test.<{0}> file".format("|".join(s[1:] for s in SUFFIXES))
+DEFAULT_LABEL = "label"  # the label column when none is named; a file without it is language modelling
+SKIP_HINT = "fix the row, or pass --skip-bad-rows to skip (and count) such rows"
+SHOWN = 5  # skipped rows the warning names one by one
+
+log = logging.getLogger("fedlora.data")
 
 
 @dataclass(frozen=True)
 class Columns:
-    """Which columns of a user file hold the text, the label and the user (``""``: none)."""
+    """How to read a user file: which columns hold the text, the label and the user (``""``: none),
+    the declared label set (``()``: any label), and whether bad rows are skipped (and counted)
+    rather than refused."""
 
     text: str = "text"
-    label: str = "label"
+    label: str = DEFAULT_LABEL
     user: str = ""
+    labels: tuple[str, ...] = ()
+    skip_bad_rows: bool = False
+
+    @property
+    def label_required(self) -> bool:
+        """Whether the label column must exist: one the user named (not the default ``label``) or
+        that a declared label set needs. Only the unnamed default may be absent (language modelling)."""
+        return self.label != DEFAULT_LABEL or bool(self.labels)
 
 
 DEFAULT_COLUMNS = Columns()
+
+
+@dataclass
+class _Rows:
+    """The rows of one file, each with its ``file:line`` (a Parquet row: ``file:row N``), the
+    ``(file:line, problem)`` of each row skipped so far, and how many of those never became a row
+    (a malformed CSV record)."""
+
+    rows: list[tuple[str, dict]]
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    unread: int = 0
+
+    @property
+    def records(self) -> int:
+        """The file's data records, good and bad."""
+        return len(self.rows) + self.unread
 
 
 def is_file_dataset(name: str) -> bool:
@@ -52,7 +93,10 @@ def is_file_dataset(name: str) -> bool:
 
 def load_file_corpus(path: str, columns: Columns = DEFAULT_COLUMNS) -> Corpus:
     """The corpus of the file or dataset directory ``path``; its name is the path as given. Errors
-    are one line. Cached until a file changes (by modification time)."""
+    are one line (a bad row's error names its file and line). Checked: the declared label set, then each
+    file's rows (:func:`_csv_rows`) and columns (:func:`_table`). Cached until a file changes (by
+    modification time)."""
+    _check_declared(columns)
     file = Path(path)
     if file.is_dir():
         train, test = split_files(path)
@@ -77,21 +121,41 @@ def split_files(path: str) -> tuple[Path, Path]:
     raise FedloraError(f"--dataset {path}: a dataset directory must hold {DIRECTORY_FORM}; {seen}")
 
 
+def _check_declared(columns: Columns) -> None:
+    """A declared label set (``--labels``) names at least two labels, each once."""
+    if not columns.labels:
+        return
+    seen: set[str] = set()
+    for label in columns.labels:
+        if label in seen:
+            raise FedloraError(f"--labels names '{label}' twice")
+        seen.add(label)
+    if len(seen) < 2:
+        raise FedloraError(f"--labels declares one label ({columns.labels[0]}); a task needs two")
+
+
 @lru_cache(maxsize=8)
 def _load(resolved: str, _mtime: int, columns: Columns, name: str) -> Corpus:
-    texts, values, users = _table(read_rows(Path(resolved)), columns, name)
+    read = _read(Path(resolved), name, columns.skip_bad_rows)
+    texts, values, users = _table(read, columns, name)
+    skipped = _report_skipped(name, [read])
     if values is None:
-        return Corpus(name, texts, (0,) * len(texts), (), "lm", users=users)
+        return Corpus(name, texts, (0,) * len(texts), (), "lm", users=users, skipped=skipped)
     names = _label_names(values, columns, name)
     index = {n: i for i, n in enumerate(names)}
-    return Corpus(name, texts, tuple(index[v] for v in values), names, "classification", users=users)
+    labels = tuple(index[v] for v in values)
+    return Corpus(name, texts, labels, names, "classification", users=users, skipped=skipped)
 
 
 @lru_cache(maxsize=8)
 def _load_dir(stamp: tuple, columns: Columns, name: str) -> Corpus:
     train_path, test_path = Path(stamp[0]), Path(stamp[2])
-    train = _table(read_rows(train_path), columns, f"{name}/{train_path.name}")
-    test = _table(read_rows(test_path), columns, f"{name}/{test_path.name}", need_user=False)
+    train_read = _read(train_path, f"{name}/{train_path.name}", columns.skip_bad_rows)
+    test_read = _read(test_path, f"{name}/{test_path.name}", columns.skip_bad_rows)
+    train = _table(train_read, columns, f"{name}/{train_path.name}")
+    # a test file without the label column: the check below names both files
+    test = _table(test_read, columns, f"{name}/{test_path.name}", need_user=False, need_label=False)
+    skipped = _report_skipped(name, [train_read, test_read])
     texts = train[0] + test[0]
     users = (train[2] + (test[2] or ("",) * len(test[0]))) if columns.user else ()
     given = tuple(range(len(train[0]), len(texts)))
@@ -101,38 +165,96 @@ def _load_dir(stamp: tuple, columns: Columns, name: str) -> Corpus:
             f"--dataset {name}: {has.name} has a '{columns.label}' column but {lacks.name} has not"
         )
     if train[1] is None:
-        return Corpus(name, texts, (0,) * len(texts), (), "lm", users=users, given_test=given)
+        return Corpus(
+            name, texts, (0,) * len(texts), (), "lm", users=users, given_test=given, skipped=skipped
+        )
     values = train[1] + test[1]
     names = _label_names(values, columns, name)
     index = {n: i for i, n in enumerate(names)}
     labels = tuple(index[v] for v in values)
-    return Corpus(name, texts, labels, names, "classification", users=users, given_test=given)
+    return Corpus(
+        name, texts, labels, names, "classification", users=users, given_test=given, skipped=skipped
+    )
+
+
+def _bad_row(read: _Rows, where: str, problem: str, skip: bool) -> None:
+    """Count the bad row at ``where`` as skipped when ``skip``; else refuse it (one line)."""
+    if not skip:
+        raise FedloraError(f"{where}: {problem}; {SKIP_HINT}")
+    read.skipped.append((where, problem))
+
+
+def _report_skipped(name: str, reads: list[_Rows]) -> tuple[str, ...]:
+    """The locations of the rows skipped in ``reads``, each ``file:line``; a warning counts them
+    (once per process: not again in each client worker process, which reads the same file)."""
+    skipped = [s for read in reads for s in read.skipped]
+    if skipped and multiprocessing.parent_process() is None:
+        total = sum(read.records for read in reads)
+        shown = "; ".join(f"{where}: {problem}" for where, problem in skipped[:SHOWN])
+        more = f"; and {len(skipped) - SHOWN} more" if len(skipped) > SHOWN else ""
+        log.warning(
+            "--dataset %s: skipped %s of %d (--skip-bad-rows): %s%s",
+            name,
+            _bad_rows(len(skipped)),
+            total,
+            shown,
+            more,
+        )
+    return tuple(where for where, _ in skipped)
+
+
+def _bad_rows(count: int) -> str:
+    """``count`` bad row(s), in words."""
+    return f"{count} bad row{'s' if count != 1 else ''}"
 
 
 def _table(
-    rows: list[dict], columns: Columns, name: str, need_user: bool = True
+    read: _Rows, columns: Columns, name: str, need_user: bool = True, need_label: bool = True
 ) -> tuple[tuple[str, ...], tuple[str, ...] | None, tuple[str, ...]]:
-    """``(texts, label values or None without a label column, users)`` of the rows with a text."""
+    """``(texts, label values or None without a label column, users)`` of the rows with a text.
+    Checks that the text column (and the user column, when ``need_user``) exists, that a label
+    column the user named or a declared label set needs exists (when ``need_label``), and that
+    each labelled row has a label (in the declared set, if any): a bad row is refused or, with
+    ``skip_bad_rows``, dropped and recorded in ``read.skipped``."""
+    rows = read.rows
     if not rows:
-        raise FedloraError(f"--dataset {name}: no rows")
-    found = list(rows[0])
+        skipped = f" ({_bad_rows(len(read.skipped))} skipped)" if read.skipped else ""
+        raise FedloraError(f"--dataset {name}: no rows{skipped}")
+    found = list(rows[0][1])
+    columns_found = f"(columns: {', '.join(found)})"
     if columns.text not in found:
-        raise FedloraError(f"--dataset {name}: no text column '{columns.text}' (columns: {', '.join(found)})")
+        raise FedloraError(f"--dataset {name}: no text column '{columns.text}' {columns_found}")
     if need_user and columns.user and columns.user not in found:
-        raise FedloraError(
-            f"--dataset {name}: no --partition-by column '{columns.user}' (columns: {', '.join(found)})"
-        )
-    kept = [r for r in rows if str(r.get(columns.text) or "").strip()]
+        raise FedloraError(f"--dataset {name}: no --partition-by column '{columns.user}' {columns_found}")
+    if columns.label not in found and columns.label_required and need_label:
+        raise FedloraError(f"--dataset {name}: no --label-column '{columns.label}' {columns_found}")
+    kept = [(w, r) for w, r in rows if str(r.get(columns.text) or "").strip()]
     if not kept:
         raise FedloraError(f"--dataset {name}: every row's '{columns.text}' is empty")
-    texts = tuple(str(r[columns.text]).strip() for r in kept)
-    users = tuple(str(r.get(columns.user, "")) for r in kept) if columns.user in found else ()
-    if columns.label not in found:
+    labelled = columns.label in found
+    if labelled:
+        declared = set(columns.labels)
+        good = []
+        for where, row in kept:
+            value = row.get(columns.label)
+            value = "" if value is None else str(value).strip()
+            if not value:
+                _bad_row(read, where, f"no '{columns.label}'", columns.skip_bad_rows)
+            elif declared and value not in declared:
+                listed = ", ".join(columns.labels)
+                _bad_row(
+                    read, where, f"label '{value}' is not one of --labels {listed}", columns.skip_bad_rows
+                )
+            else:
+                good.append((where, row))
+        kept = good
+    if not kept:
+        raise FedloraError(f"--dataset {name}: every row was skipped ({_bad_rows(len(read.skipped))})")
+    texts = tuple(str(r[columns.text]).strip() for _, r in kept)
+    users = tuple(str(r.get(columns.user, "")) for _, r in kept) if columns.user in found else ()
+    if not labelled:
         return texts, None, users
-    values = [r.get(columns.label) for r in kept]
-    if any(v is None or str(v).strip() == "" for v in values):
-        raise FedloraError(f"--dataset {name}: a row has no '{columns.label}'")
-    return texts, tuple(str(v).strip() for v in values), users
+    return texts, tuple(str(r[columns.label]).strip() for _, r in kept), users
 
 
 def _label_names(values: tuple[str, ...], columns: Columns, name: str) -> tuple[str, ...]:
@@ -146,43 +268,123 @@ def _label_names(values: tuple[str, ...], columns: Columns, name: str) -> tuple[
 
 def read_rows(path: str | Path) -> list[dict]:
     """The rows of the CSV, JSONL, Parquet or plain-text file ``path`` (by its suffix) as dicts of
-    column values (CSV values are strings; a ``.txt`` line is ``{"text": line}``). An unreadable file or a JSONL line that is not an object is a one-line
-    error."""
-    path = Path(path)
+    column values (CSV values are strings; a ``.txt`` line is ``{"text": line}``). An unreadable
+    file, a JSONL line that is not an object, or a CSV row with the wrong number of fields or
+    broken quoting is a one-line error naming the file and line."""
+    return [row for _, row in _read(Path(path), str(path), skip=False).rows]
+
+
+def _read(path: Path, shown: str, skip: bool) -> _Rows:
+    """:func:`read_rows` of ``path``, each row with its location (``shown`` is the file's name in
+    them); with ``skip``, malformed CSV rows are skipped and recorded instead of refused."""
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise FedloraError(f"{path}: not a {', '.join(s[1:] for s in SUFFIXES)} file")
     if suffix == ".csv":
-        try:
-            with open(path, encoding="utf-8", newline="") as fh:
-                return list(csv.DictReader(fh))
-        except (OSError, UnicodeDecodeError, csv.Error) as exc:
-            raise FedloraError(f"cannot read data file {path}: {exc}") from None
+        return _csv_rows(path, shown, skip)
     if suffix == ".txt":  # plain text: each non-blank line is a text of the column "text", no label
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise FedloraError(f"cannot read data file {path}: {exc}") from None
-        return [{"text": line.strip()} for line in lines if line.strip()]
+        return _Rows([(f"{shown}:{n}", {"text": t.strip()}) for n, t in enumerate(lines, 1) if t.strip()])
     if suffix == ".jsonl":
         rows = []
         for where, row in json_lines(path):
+            where = f"{shown}:{where.rsplit(':', 1)[1]}"
             if not isinstance(row, dict):
                 raise FedloraError(f"{where}: not a JSON object")
-            rows.append(row)
-        return rows
+            rows.append((where, row))
+        return _Rows(rows)
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise FedloraError(f"{path.name}: reading Parquet needs pyarrow (pip install pyarrow)") from None
     try:
-        return pq.read_table(path).to_pylist()
+        table = pq.read_table(path).to_pylist()
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         raise FedloraError(f"cannot read data file {path}: {str(exc).splitlines()[0]}") from None
+    return _Rows([(f"{shown}:row {n}", row) for n, row in enumerate(table, 1)])
+
+
+def _csv_rows(path: Path, shown: str, skip: bool) -> _Rows:
+    """The rows of a CSV file (a spreadsheet's byte-order mark ignored, blank lines skipped). The
+    header must name each column once; a row must have as many fields as the header and
+    well-formed quoting (Python's ``csv`` in strict mode: an unterminated quote is an error, not a
+    field that runs to the end of the file). A bad row is refused with its line, or with ``skip``
+    recorded, and reading resumes at the line after the one it starts on."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FedloraError(f"cannot read data file {path}: {exc}") from None
+    lines = io.StringIO(text, newline="").readlines()  # the lines csv sees (\n, \r\n or \r)
+    read, header = _Rows([]), None
+    position = 0  # lines consumed
+
+    def feed() -> Iterator[str]:
+        nonlocal position
+        while position < len(lines):
+            position += 1
+            yield lines[position - 1]
+
+    reader = csv.reader(feed(), strict=True)
+    while True:
+        start = position + 1  # the line the next record starts on
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            if header is None:
+                raise FedloraError(f"{shown}:{start}: the header is not valid CSV ({exc})") from None
+            _bad_row(read, f"{shown}:{start}", _quoting_problem(str(exc), start, position), skip)
+            read.unread += 1
+            position = start  # the rest of the file is read again from the next line
+            reader = csv.reader(feed(), strict=True)
+            continue
+        if not any(f.strip() for f in fields):  # a blank line
+            continue
+        if header is None:
+            header = _header(fields, f"{shown}:{start}")
+        elif len(fields) != len(header):
+            _bad_row(read, f"{shown}:{start}", _count_problem(len(fields), len(header)), skip)
+            read.unread += 1
+        else:
+            read.rows.append((f"{shown}:{start}", dict(zip(header, fields, strict=True))))
+    return read
+
+
+def _header(fields: list[str], where: str) -> list[str]:
+    """The column names of a CSV header (stripped), each of which must be there once."""
+    names = [f.strip() for f in fields]
+    for name in names:
+        if names.count(name) > 1:
+            raise FedloraError(f"{where}: the header names the column '{name}' twice")
+    return names
+
+
+def _count_problem(count: int, expected: int) -> str:
+    """A row of ``count`` fields under a header of ``expected``, in words."""
+    text = f"{count} field{'s' if count != 1 else ''}, the header has {expected}"
+    if count > expected:
+        text += ' (a text with a comma in it must be quoted: "a, b")'
+    return text
+
+
+def _quoting_problem(error: str, start: int, end: int) -> str:
+    """What the csv module's ``error`` for a record from line ``start`` to ``end`` means."""
+    if "unexpected end of data" in error:
+        return "a quoted field opens on this line and is never closed (it would swallow every row after it)"
+    if "expected after" not in error:
+        return f"not valid CSV ({error})"
+    if end > start:
+        return f"a quoted field opens on this line and runs to line {end}, where it is malformed ({error})"
+    return f'a quoted field is malformed ({error}; a quote in a text is written "")'
 
 
 __all__ = [
     "DEFAULT_COLUMNS",
+    "DEFAULT_LABEL",
     "SUFFIXES",
     "Columns",
     "is_file_dataset",

@@ -63,7 +63,7 @@ def test_a_three_class_csv_federates_and_the_card_names_the_file(tmp_path):
     [
         ("review,mood\nfine,a\n", Columns("text", "mood"), "no text column 'text' (columns: review, mood)"),
         ("review,mood\nfine,a\nok,a\n", Columns("review", "mood"), "'mood' has one value (a)"),
-        ("review,mood\nfine,\nok,b\n", Columns("review", "mood"), "a row has no 'mood'"),
+        ("review,mood\nfine,\nok,b\n", Columns("review", "mood"), "bad.csv:2: no 'mood'"),
         ("review,mood\n", Columns("review", "mood"), "no rows"),
     ],
 )
@@ -97,3 +97,129 @@ def test_a_text_file_of_lines_is_a_language_modelling_dataset_here_and_through_t
     (tmp_path / "blank.txt").write_text("\n \n", encoding="utf-8")
     with pytest.raises(FedloraError, match="no rows"):
         sdk.load_data(tmp_path / "blank.txt")
+
+
+# -- issue 53: a data owner's first hour (a misspelled column, malformed rows)
+
+TICKETS = "text,category\nmy card was charged twice,billing\nthe parcel never came,shipping\n"
+TICKETS += "cannot log in since monday,account\nrefund for the double charge,billing\n"
+TICKETS += "where is my order,shipping\npassword reset mail never arrives,account\n"
+REFUSED = ["--rounds", "1", "--eval-examples", "8", "--workers", "1", "--num-clients", "2"]
+
+
+def _refused(tmp_path, capsys, args: list[str]) -> str:
+    """``fedlora simulate`` with ``args``: exit 2, one line on stderr (returned), no run directory."""
+    out = tmp_path / "run"
+    code = run_cli(["simulate", *REFUSED, *args, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists()
+    return err
+
+
+@pytest.mark.parametrize("preset", ["minilm-rt", "smollm2-rt"])
+def test_a_misspelled_label_column_names_the_file_s_columns_whatever_the_model(tmp_path, capsys, preset):
+    """A label column the user named must exist: a typo is one line listing the columns, for a
+    classifier and a causal LM alike (not 'needs a causal LM', not a language-modelling run)."""
+    path = tmp_path / "tickets.csv"
+    path.write_text(TICKETS, encoding="utf-8")
+    err = _refused(
+        tmp_path, capsys, ["--preset", preset, "--dataset", str(path), "--label-column", "categroy"]
+    )
+    assert "tickets.csv: no --label-column 'categroy' (columns: text, category)" in err
+
+
+def test_an_unnamed_label_column_absent_from_the_file_is_still_language_modelling(tmp_path):
+    """The documented default: without --label-column, a file without a 'label' column is LM."""
+    path = tmp_path / "notes.csv"
+    path.write_text("text,author\nfirst note,ann\nsecond note,bob\n", encoding="utf-8")
+    assert load_file_corpus(str(path)).task == "lm"
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "where"),
+    [
+        # a row with too many fields (an unquoted comma): not a row labelled "fields"
+        (TICKETS + "extra,fields,in,this,row\n", [], "tickets.csv:8: 5 fields, the header has 2"),
+        # too few fields
+        (TICKETS.replace("where is my order,shipping", "where is my order"), [], "tickets.csv:6: 1 field,"),
+        # an unterminated quote: it would swallow every row after it
+        (TICKETS.replace("the parcel", '"the parcel'), [], "tickets.csv:3: a quoted field"),
+        # a label outside the declared label set
+        (
+            TICKETS + "hello there,smalltalk\n",
+            ["--labels", "billing,shipping,account"],
+            "tickets.csv:8: label 'smalltalk' is not one of --labels billing, shipping, account",
+        ),
+    ],
+    ids=["extra-fields", "missing-field", "unterminated-quote", "undeclared-label"],
+)
+def test_malformed_csv_rows_are_refused_with_the_line_number(tmp_path, capsys, content, extra, where):
+    path = tmp_path / "tickets.csv"
+    path.write_text(content, encoding="utf-8")
+    args = ["--preset", "minilm-rt", "--dataset", str(path), "--label-column", "category", *extra]
+    err = _refused(tmp_path, capsys, args)
+    assert where in err and "--skip-bad-rows" in err
+
+
+def test_skip_bad_rows_skips_only_the_bad_rows_and_counts_them(tmp_path, caplog):
+    """Asked (--skip-bad-rows), malformed rows are left out and counted: the rows after an
+    unterminated quote are read, and a row with extra fields adds no class."""
+    bad = TICKETS.replace("the parcel", '"the parcel') + "extra,fields,in,this,row\nhello there,smalltalk\n"
+    path = tmp_path / "tickets.csv"
+    path.write_text(bad, encoding="utf-8")
+    columns = Columns("text", "category", labels=("billing", "shipping", "account"), skip_bad_rows=True)
+    with caplog.at_level("WARNING"):
+        corpus = load_file_corpus(str(path), columns)
+    assert corpus.label_names == ("account", "billing", "shipping")  # no 4th class "fields"
+    assert len(corpus) == 5 and "cannot log in since monday" in corpus.texts
+    assert corpus.skipped == tuple(f"{path}:{line}" for line in (3, 8, 9))
+    assert f"skipped 3 bad rows of 8 (--skip-bad-rows): {path}:3: a quoted field" in caplog.text
+
+
+def test_skip_bad_rows_and_labels_reach_the_reader_from_the_command_line():
+    """``--labels`` and ``--skip-bad-rows`` are run options (default: any label, refuse bad rows)."""
+    import argparse
+
+    from common.runtime import columns_of
+    from server.simulate import add_config_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args = ["--label-column", "category", "--labels", "billing, shipping,account", "--skip-bad-rows"]
+    cfg = config_from_args(parser.parse_args(args))
+    assert columns_of(cfg) == Columns("text", "category", "", ("billing", "shipping", "account"), True)
+    assert columns_of(config_from_args(parser.parse_args([]))) == Columns()
+
+
+@pytest.mark.parametrize(
+    ("content", "columns", "message"),
+    [
+        # a declared label set needs a label column (the default name included)
+        (
+            "text,kind\na,x\nb,y\n",
+            Columns(labels=("x", "y")),
+            "no --label-column 'label' (columns: text, kind)",
+        ),
+        ("text,label\na,x\nb,y\n", Columns(labels=("x", "x")), "--labels names 'x' twice"),
+        ("text,label\na,x\nb,,\n", Columns(), "bad.csv:3: 3 fields"),
+        ("text,label\na,x\nb,\n", Columns(), "bad.csv:3: no 'label'"),
+        ('text,label\n"a" b,x\nb,y\n', Columns(), "bad.csv:2: a quoted field"),
+    ],
+)
+def test_more_bad_own_files_are_one_line_with_the_line(tmp_path, content, columns, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(FedloraError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_file_corpus(str(path), columns)
+
+
+def test_well_formed_csv_details_are_read_as_before(tmp_path):
+    """Blank lines, a quoted text over several lines and a spreadsheet's byte-order mark are fine."""
+    path = tmp_path / "ok.csv"
+    content = '\ufefftext,label\n"two\nlines, quoted",a\n\nplain,b\n'
+    path.write_text(content, encoding="utf-8")
+    corpus = load_file_corpus(str(path))
+    assert corpus.texts == ("two\nlines, quoted", "plain") and corpus.label_names == ("a", "b")
+    assert corpus.skipped == ()

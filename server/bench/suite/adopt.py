@@ -31,6 +31,8 @@ PREDATED: dict[str, object] = {
     "label_column": "label",
     "partition_by": "",
     "lm_blocks": 4,  # issue 33's silos: every run before took a text's first 4 blocks
+    "labels": "",  # issue 53: no declared label set
+    "skip_bad_rows": False,  # issue 53: malformed rows were not checked (now refused unless skipped)
 }
 
 #: what the suite's runner copies from an adopted run (its outputs and per-round metrics)
