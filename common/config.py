@@ -646,7 +646,10 @@ class RunConfig:
                 raise FedloraError(
                     f"{flag} needs a client-level release (--mechanism dp-fedavg or dr-encoder)"
                 )
-        if THREATS[self.threat_model].summed_securely:
+        threat = THREATS[self.threat_model]
+        if release != "none" and (why := threat.transport.refuses(release, self.adaptive_clip)):
+            raise FedloraError(f"--threat-model {self.threat_model}: {why}")
+        if threat.summed_securely:
             self._check_secure_aggregation()
         budget = self.noise_multiplier > 0 or self.target_epsilon > 0
         if self.clip_only and budget:
@@ -671,10 +674,7 @@ class RunConfig:
         from common.privacy.secure_plan import run_graph  # imports the accountants (numpy, scipy)
 
         flag = f"--threat-model {self.threat_model}"
-        if self.release_kind != "gaussian":
-            raise FedloraError(f"{flag} supports the gaussian release (--mechanism dp-fedavg)")
         for option_flag, on in (
-            ("--adaptive-clip", self.adaptive_clip),
             ("--clip-only", self.clip_only),
             ("--noise-cohort", self.noise_cohort > 0),
             ("--noise-multiplier", self.noise_multiplier > 0),

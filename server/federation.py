@@ -46,8 +46,8 @@ from server.releases import Release, RunHandles, make_release
 from server.round import RoundContext, RoundRecord, run_round
 from server.run_dir import RunDir
 from server.sampling import balanced_sample, eligible, os_sampler, participations, poisson_sample
-from server.secure_round import run_secure_round
 from server.summary import data_used, format_summary
+from server.transport import transport_for
 
 log = logging.getLogger("fedlora.server")
 
@@ -115,8 +115,11 @@ class FederationRun:
         """What :func:`server.round.run_round` needs of the run (the aggregate projected onto the
         public subspace, if any)."""
         post = self.subspace.project if self.subspace else None
-        gate = self.unmask_gate if self.secure else None
-        return RoundContext(self.grid, self.release, self.cfg, self.shapes, self.optimizer, post, gate)
+        transport = transport_for(self.cfg.threat_model)
+        gate = self.unmask_gate if self.ledger is not None else None
+        return RoundContext(
+            self.grid, self.release, self.cfg, self.shapes, self.optimizer, post, gate, transport
+        )
 
     def unmask_gate(self, rnd: int, survivors: list[int], event: Event) -> str:
         """Secure aggregation, before round ``rnd``'s sum is unmasked: narrow its charge to the
@@ -255,8 +258,7 @@ def _train(run: FederationRun, rnd: int, sampled: list[int]) -> RoundRecord:
     run.release.before_round(rnd, run.state)
     if run.subspace:
         run.subspace.refresh(rnd, run.state, run.echo)
-    runner = run_secure_round if run.secure else run_round
-    run.state, result = runner(run.round_context(), rnd, sampled, run.state)
+    run.state, result = run_round(run.round_context(), rnd, sampled, run.state)
     return result
 
 

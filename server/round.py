@@ -1,7 +1,9 @@
-"""One federated round: send the instructions, accept the replies, aggregate, apply.
+"""One federated round: send the instructions, collect what comes back, release, apply.
 
-The release (server/releases) decides what the round asks and how replies become the increment;
-this module does the same for every release and returns a :class:`RoundRecord`.
+The release (server/releases) decides what the round asks and how replies become the increment; the
+transport (:class:`Transport`, server/transport.py) how they travel: the plain exchange here, or
+SecAgg+ (server/secure_round.py), which hands the server only the sum. :func:`run_round` is the same
+for every release and transport and returns a :class:`RoundRecord`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import numpy as np
 from flwr.app import Message
@@ -17,7 +20,6 @@ from flwr.serverapp import Grid
 from common.config import RunConfig
 from common.models import AdapterState
 from common.privacy.accountants import Event
-from common.privacy.mechanism import PostProcessed
 from common.timing import phase
 from common.wire import InvalidReply, TrainInstruction, data_source, parse_train_reply
 from server.aggregate import apply_increment
@@ -76,6 +78,22 @@ class RoundRecord:
         return values
 
 
+#: what a round's transport hands back: the released mean and the noise multiplier it carries
+#: (None: no client-level noise), or None when the round may not be released (the record says why)
+Released = tuple[AdapterState, float | None]
+
+
+class Transport(Protocol):
+    """How a round's instructions reach the sampled nodes and their replies become the released
+    mean: ``transport(ctx, rnd, sampled, state, record) -> Released | None``. It fills ``record``
+    (bytes, replies, rejections, dropouts). Registered by name in server/transport.py: the plain
+    exchange below, or SecAgg+ (server/secure_round.py), where the server learns only the sum."""
+
+    def __call__(
+        self, ctx: RoundContext, rnd: int, sampled: Sequence[int], state: AdapterState, record: RoundRecord
+    ) -> Released | None: ...
+
+
 @dataclass(frozen=True)
 class RoundContext:
     """What every round of a run goes through (server/federation.py builds it from its
@@ -86,9 +104,11 @@ class RoundContext:
     cfg: the run's configuration (round timeout, min replies, server lr, whether private).
     shapes: name -> shape of the adapter's tensors (the release maps them to the replies' shapes).
     optimizer: the server optimizer; None: ``state + server-lr · mean``.
-    post: applied to the released mean before the optimizer (the public-subspace projection); None: nothing.
-    gate: secure aggregation: ``gate(round, survivors, event)`` charges the survivors' realised noise
-        ``event`` before their sum is unmasked and returns why it must not be (empty: unmask).
+    post: applied to the released mean before the optimizer (the public-subspace projection:
+        post-processing, free of privacy cost); None: nothing.
+    gate: ``gate(round, survivors, event)`` charges the survivors' realised noise ``event`` before a
+        transport that releases only a sum unmasks it, and returns why it must not (empty: unmask).
+    transport: how the round's replies become the released mean (:class:`Transport`).
     """
 
     grid: Grid
@@ -98,6 +118,7 @@ class RoundContext:
     optimizer: ServerOptimizer | None = None
     post: Callable[[AdapterState], AdapterState] | None = None
     gate: Callable[[int, list[int], Event], str] | None = None
+    transport: Transport = field(default_factory=lambda: exchange_replies)
 
     def step(self, state: AdapterState, mean: AdapterState) -> AdapterState:
         """The global adapter after ``mean``: ``optimizer``'s step, or ``state + server-lr · mean``."""
@@ -109,11 +130,27 @@ class RoundContext:
 def run_round(
     ctx: RoundContext, rnd: int, sampled: Sequence[int], state: AdapterState
 ) -> tuple[AdapterState, RoundRecord]:
-    """Send round ``rnd`` to the ``sampled`` nodes, validate their replies, apply the aggregate of the
-    usable ones when there are at least ``cfg.min_replies`` (``ctx.post`` applied to the released mean
-    first, e.g. the public-subspace projection; then ``ctx.optimizer``, None: ``state + server-lr · mean``);
-    ``state`` is never changed in place."""
-    grid, release, cfg, post = ctx.grid, ctx.release, ctx.cfg, ctx.post
+    """Round ``rnd`` for the ``sampled`` nodes through ``ctx.transport``; the released mean, when
+    there is one, goes through ``ctx.post`` (e.g. the public-subspace projection) and then
+    ``ctx.optimizer`` (None: ``state + server-lr · mean``); ``state`` is never changed in place."""
+    record = RoundRecord(rnd, sampled=len(sampled))
+    released = ctx.transport(ctx, rnd, sampled, state, record)
+    if record.dropouts:
+        log.warning("round %d: no reply from sampled node(s) %s", rnd, record.dropouts)
+    if released is not None:
+        mean, record.sigma_released = released
+        state = ctx.step(state, mean if ctx.post is None else ctx.post(mean))
+        record.applied = True
+    return state, record
+
+
+def exchange_replies(
+    ctx: RoundContext, rnd: int, sampled: Sequence[int], state: AdapterState, record: RoundRecord
+) -> Released | None:
+    """The plain exchange (:class:`Transport`): each sampled node gets the release's instruction, each
+    reply is validated (:func:`accept_reply`) and the usable ones are added to the release's round sum,
+    released when there are at least ``cfg.min_replies``."""
+    release, cfg = ctx.release, ctx.cfg
     k = len(sampled)
     messages = [
         Message(
@@ -131,13 +168,10 @@ def run_round(
         )
         for node in sampled
     ]
-    record = RoundRecord(rnd, sampled=k)
     record.bytes_down = sum(message_bytes(m) for m in messages)
     expected, reply_shapes = release.expected(k), release.reply_shapes(ctx.shapes)
     total, losses, answered = release.round_sum(k), [], set()
-    if post is not None:
-        total = PostProcessed(total, post)
-    for node, reply, relayed in exchange(grid, messages, cfg.round_timeout):
+    for node, reply, relayed in exchange(ctx.grid, messages, cfg.round_timeout):
         if relayed:  # the SuperLink answered for a node it lost: a dropout, not a reply
             log.warning(
                 "round %d: node %s unreachable: %s",
@@ -162,20 +196,16 @@ def run_round(
         record.replied += 1
         losses.append(extra.get("train-loss", float("nan")))
     record.dropouts = sorted(set(sampled) - answered)
-    if record.dropouts:
-        log.warning("round %d: no reply from sampled node(s) %s", rnd, record.dropouts)
-    record.applied = record.replied >= cfg.min_replies
-    if record.replied and not record.applied:
-        log.warning(
-            "round %d: %d usable replies < min-replies %d: withheld", rnd, record.replied, cfg.min_replies
-        )
-    if record.applied:
-        with phase("decode-aggregate"):
-            mean, record.sigma_released = total.release()
-            state = ctx.step(state, mean)
     finite = [x for x in losses if np.isfinite(x)]
     record.train_loss = float(np.mean(finite)) if finite else None
-    return state, record
+    if record.replied < cfg.min_replies:
+        if record.replied:
+            log.warning(
+                "round %d: %d usable replies < min-replies %d: withheld", rnd, record.replied, cfg.min_replies
+            )
+        return None
+    with phase("decode-aggregate"):
+        return total.release()
 
 
 def accept_reply(
@@ -198,4 +228,12 @@ def accept_reply(
     return inc, weight, extra
 
 
-__all__ = ["RoundContext", "RoundRecord", "accept_reply", "run_round"]
+__all__ = [
+    "Released",
+    "RoundContext",
+    "RoundRecord",
+    "Transport",
+    "accept_reply",
+    "exchange_replies",
+    "run_round",
+]

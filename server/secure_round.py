@@ -28,7 +28,7 @@ from common.secagg.protocol import Params, PublicKeys
 from common.timing import phase
 from common.wire import InvalidReply, TrainInstruction, check_meta
 from server.exchange import exchange, message_bytes
-from server.round import RoundContext, RoundRecord
+from server.round import Released, RoundContext, RoundRecord
 
 log = logging.getLogger("fedlora.server")
 
@@ -171,13 +171,12 @@ def _advertised(
     return advertised
 
 
-def train_messages(
-    release: SecureRelease, rnd: int, sampled: Sequence[int], state: AdapterState, public_seed: bytes
-) -> list[Message]:
-    """Round ``rnd``'s train instruction to each ``sampled`` node: the global adapter ``state``, the
-    Skellam share's std and the protocol's parameters (``public_seed`` fixes the neighbour graph
-    and the rotation). One content for every node (the grid copies or serializes each message's)."""
-    params = release.params(rnd, tuple(sampled), public_seed)
+def train_messages(release: SecureRelease, params: Params, state: AdapterState) -> list[Message]:
+    """The round's train instruction to each of its nodes (``params.node_ids``): the global adapter
+    ``state``, the Skellam share's std and the protocol's parameters (whose public seed fixes the
+    neighbour graph and the rotation). One content for every node (the grid copies or serializes
+    each message's)."""
+    rnd = params.round_number
     setup = dict(sw.record(rnd, **sw.params_record(params)))
     content = TrainInstruction(rnd, state, release.noise_std, {}, setup).to_record()
     return [
@@ -186,14 +185,14 @@ def train_messages(
     ]
 
 
-def run_secure_round(
-    ctx: RoundContext, rnd: int, sampled: Sequence[int], state: AdapterState
-) -> tuple[AdapterState, RoundRecord]:
-    """Round ``rnd`` under secure aggregation: the train instruction carries the protocol's
-    parameters (a fresh public seed from ``os.urandom`` fixes the neighbour graph and the rotation);
-    each node trains, encodes its update with its Skellam share and answers with its public keys;
-    :func:`secure_sum` then unmasks only the survivors' sum, which is decoded into the mean (divided
-    by the expected cohort p·N) and applied as :func:`server.round.run_round` applies a mean.
+def secagg_round(
+    ctx: RoundContext, rnd: int, sampled: Sequence[int], state: AdapterState, record: RoundRecord
+) -> Released | None:
+    """The SecAgg+ transport (:class:`server.round.Transport`): the train instruction carries the
+    protocol's parameters (a fresh public seed from ``os.urandom`` fixes the neighbour graph and the
+    rotation); each node trains, encodes its update with its Skellam share and answers with its
+    signed public keys; :func:`secure_sum` then unmasks only the survivors' sum, decoded into the
+    mean (divided by the expected cohort p·N).
 
     The sum is unmasked only when at least ``min-replies`` (m) masked inputs came in, so it carries at
     least the planned noise, and after ``ctx.gate(rnd, survivors, event)`` (the ledger narrowed to the
@@ -201,9 +200,8 @@ def run_secure_round(
     plan = ctx.release.plan
     release = SecureRelease(plan.secure, ctx.shapes)
     seed = os.urandom(32)
-    messages = train_messages(release, rnd, sampled, state, seed)
     params = release.params(rnd, tuple(sampled), seed)
-    record = RoundRecord(rnd, sampled=len(sampled))
+    messages = train_messages(release, params, state)
     record.bytes_down = sum(message_bytes(m) for m in messages)
     expected = ctx.release.expected(len(sampled)) | {"noise-std": release.noise_std}
     advertised = _advertised(ctx.grid, messages, rnd, expected, record, ctx.cfg.round_timeout)
@@ -232,18 +230,16 @@ def run_secure_round(
     masked = result.survivors or result.stages.get("masked", [])  # (not unmasked: who sent a masked input)
     record.replied = len(masked)
     record.dropouts = sorted(set(sampled) - set(masked))
-    if result.total is not None:
-        try:
-            with phase("decode-aggregate"):
-                mean = release.decode(result.total, seed, ctx.cfg.expected_cohort)
-        except OverflowError as exc:
-            record.secure["failure"] = f"overflow: {exc}"
-            log.warning("round %d: the unmasked sum is not decodable: %s", rnd, exc)
-        else:
-            state = ctx.step(state, mean if ctx.post is None else ctx.post(mean))
-            record.applied = True
-            record.sigma_released = release.released_event(record.replied).sigma
-    return state, record
+    if result.total is None:
+        return None
+    try:
+        with phase("decode-aggregate"):
+            mean = release.decode(result.total, seed, ctx.cfg.expected_cohort)
+    except OverflowError as exc:
+        record.secure["failure"] = f"overflow: {exc}"
+        log.warning("round %d: the unmasked sum is not decodable: %s", rnd, exc)
+        return None
+    return mean, release.released_event(record.replied).sigma
 
 
-__all__ = ["SecureSum", "run_secure_round", "secure_sum", "train_messages"]
+__all__ = ["SecureSum", "secagg_round", "secure_sum", "train_messages"]

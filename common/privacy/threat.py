@@ -43,6 +43,39 @@ class Guarantee:
         return f"{self.adjacency}; against {self.observer}"
 
 
+@dataclass(frozen=True)
+class TransportSpec:
+    """How a round's replies travel, as far as a config or a node needs to know: ``name`` (its server
+    half, server/transport.py); ``sums_only``: the server learns only the survivors' sum, never a
+    reply; ``releases``: the client-level releases it can carry (None: every registered one);
+    ``adaptive_clip``: whether adaptive clipping's noised clip bit can travel through it."""
+
+    name: str
+    sums_only: bool = False
+    releases: frozenset[str] | None = None
+    adaptive_clip: bool = True
+
+    def refuses(self, release: str, adaptive_clip: bool) -> str:
+        """Why this transport cannot carry ``release`` (with adaptive clipping when asked); empty: it can."""
+        if self.releases is not None and release not in self.releases:
+            carried = ", ".join(sorted(self.releases))
+            return f"the {self.name} transport carries the {carried} release, not {release}"
+        if adaptive_clip and not self.adaptive_clip:
+            return (
+                f"--adaptive-clip: its noised clip bit has no place in the {self.name} transport's sum "
+                "(not in its sensitivity plan)"
+            )
+        return ""
+
+
+#: the plain exchange: the server receives each reply
+EXCHANGE = TransportSpec("exchange")
+#: SecAgg+ (common/secagg): the server learns only the survivors' sum of modular encodings
+SECAGG = TransportSpec("secagg+", sums_only=True, releases=frozenset({"gaussian"}), adaptive_clip=False)
+#: every transport a threat model may declare, by name
+TRANSPORTS_DECLARED: dict[str, TransportSpec] = {t.name: t for t in (EXCHANGE, SECAGG)}
+
+
 class ThreatModel:
     """Where a client-level release's noise is added, and so what each observer sees of one client.
 
@@ -59,12 +92,16 @@ class ThreatModel:
     trust: str = "server"
     each_reply_private: bool = False  # every reply carries the whole noise on its own
     clear_replies: bool = False  # the server receives clipped replies without noise (it adds the noise)
-    # the server learns only the sum (secure aggregation, server/secure_round.py)
-    summed_securely: bool = False
+    transport: TransportSpec = EXCHANGE  # how the replies travel (:class:`TransportSpec`)
     # every client online takes part in every round; each contributes by its own coin (secure aggregation)
     hides_participation: bool = False
     # what the server sees of every client whatever the noise: not covered by any epsilon
     visible: str = ALWAYS_VISIBLE
+
+    @property
+    def summed_securely(self) -> bool:
+        """Whether the server learns only the sum (its transport's declared fact)."""
+        return self.transport.sums_only
 
     def client_std(self, update_sigma: float, clip: float, m: int, cohort_scale: float) -> float:
         """Noise std one client adds to its update clipped to ``clip`` (0: the server adds it)."""
@@ -174,7 +211,7 @@ class SecureAggregation(DistributedNoise):
         "with their Skellam shares (secure aggregation)"
     )
     trust = "aggregate"
-    summed_securely = True
+    transport = SECAGG
     note = (
         "secure aggregation: each sampled client adds a Skellam share of 1/m of the noise, m = "
         "min-replies {m}; a sum is unmasked only with at least m masked inputs, so it carries sigma >= "
@@ -252,8 +289,11 @@ __all__ = [
     "ACTIVE_SERVER",
     "ALWAYS_VISIBLE",
     "CLIENT_LEVEL",
+    "EXCHANGE",
     "SAMPLE_LEVEL",
+    "SECAGG",
     "THREATS",
+    "TRANSPORTS_DECLARED",
     "CentralNoise",
     "DistributedNoise",
     "Guarantee",
@@ -261,5 +301,6 @@ __all__ = [
     "LocalNoise",
     "SecureAggregation",
     "ThreatModel",
+    "TransportSpec",
     "what_if_label",
 ]

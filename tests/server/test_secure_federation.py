@@ -261,7 +261,11 @@ def _hidden_node(tmp_path: Path, rounds: int):
     client = load_component(CLIENT_APP)
     grid = InProcessGrid(client, NODES, to_flat(cfg), state_root=tmp_path / "nodes")
     nodes = sorted(grid.contexts)
-    return client, grid, lambda rnd: train_messages(release, rnd, nodes, state, bytes(32))[0]
+    return (
+        client,
+        grid,
+        lambda rnd: train_messages(release, release.params(rnd, tuple(nodes), bytes(32)), state)[0],
+    )
 
 
 def test_a_node_without_its_identity_or_the_roster_refuses_a_secure_round_before_training(
