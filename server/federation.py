@@ -442,8 +442,9 @@ def _summary(run: FederationRun) -> dict:
         summary["node_privacy"] = nodes
     bundle = evaluator.bundle
     head = bundle.model.base_model.model.num_labels if bundle.kind == "seq-cls" else None
-    card = model_card(cfg, summary, head, evaluator.samples(run.state))
-    out.save_adapter(bundle, run.state, cfg.pooling, card)
+    labels = evaluator.split.corpus.label_names  # class i is labels[i], as the data loader mapped them
+    card = model_card(cfg, summary, head, evaluator.samples(run.state), labels)
+    out.save_adapter(bundle, run.state, cfg.pooling, card, labels)
     out.write_summary(summary)
     return summary
 

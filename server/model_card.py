@@ -4,10 +4,15 @@ or "not private".
 
 The data is the data the run actually used (server/summary.py ``data_used``): which nodes trained on
 their own data files or on their partition, and which refused the run. A ``--dataset`` file is named
-by its base name only: the card travels with the adapter, and no path of this machine goes with it."""
+by its base name only: the card travels with the adapter, and no path of this machine goes with it.
+
+A classification run's card lists its class names by index (the dataset's ``label_names``, as the
+adapter's fedlora.json ``id2label`` records them), and its PEFT-alone snippet loads the base with
+that ``id2label``/``label2id``, so that ``model.config.id2label`` names the classes either way."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from common.config import RunConfig
@@ -102,11 +107,44 @@ def _fmt(value: object) -> str:
     return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _loading(cfg: RunConfig, base_id: str, num_labels: int | None) -> list[str]:
+def _code(text: str) -> str:
+    """``text`` as a Markdown code span (a double fence when it holds a backtick)."""
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _labels(label_names: Sequence[str], num_labels: int | None) -> list[str]:
+    """The Labels section: each class index with its name (nothing without names)."""
+    if not label_names:
+        return []
+    listed = ", ".join(f"{i} {_code(name)}" for i, name in enumerate(label_names))
+    where = (
+        "fedlora.json's `id2label`/`label2id`; both loading routes below set them on `model.config`"
+        if num_labels is not None
+        else "fedlora.json's `id2label`/`label2id`; the causal LM predicts the class whose name is the "
+        "likeliest next word after the run's prompt, common/data/prompts.py"
+    )
+    return ["", "## Labels", "", f"Classes by index: {listed} ({where})."]
+
+
+def _loading(
+    cfg: RunConfig, base_id: str, num_labels: int | None, label_names: Sequence[str] = ()
+) -> list[str]:
+    """The Loading section: ``load_adapter``, and PEFT alone on the base (an encoder's base loaded
+    with the class names as ``id2label``/``label2id`` when they are known, else ``num_labels``)."""
     if num_labels is None:
-        auto, extra = "AutoModelForCausalLM", ""
+        auto = "AutoModelForCausalLM"
+        load = [f'base = {auto}.from_pretrained("{base_id}")']
+    elif len(label_names) == num_labels:
+        auto = "AutoModelForSequenceClassification"
+        load = [
+            f"id2label = {dict(enumerate(label_names))!r}",
+            f"base = {auto}.from_pretrained(",
+            f'    "{base_id}", id2label=id2label, label2id={{name: i for i, name in id2label.items()}}',
+            ")",
+        ]
     else:
-        auto, extra = "AutoModelForSequenceClassification", f", num_labels={num_labels}"
+        auto = "AutoModelForSequenceClassification"
+        load = [f'base = {auto}.from_pretrained("{base_id}", num_labels={num_labels})']
     lines = [
         "With fedlora-dp installed (resolves the base model offline when it is a packaged one):",
         "",
@@ -120,7 +158,7 @@ def _loading(cfg: RunConfig, base_id: str, num_labels: int | None) -> list[str]:
         "```python",
         "from peft import PeftModel",
         f"from transformers import {auto}",
-        f'base = {auto}.from_pretrained("{base_id}"{extra})',
+        *load,
         'model = PeftModel.from_pretrained(base, "path/to/adapter")',
         "```",
     ]
@@ -150,11 +188,16 @@ def _samples(samples: list[tuple[str, str]]) -> list[str]:
 
 
 def model_card(
-    cfg: RunConfig, summary: dict, num_labels: int | None, samples: list[tuple[str, str]] = ()
+    cfg: RunConfig,
+    summary: dict,
+    num_labels: int | None,
+    samples: list[tuple[str, str]] = (),
+    label_names: Sequence[str] = (),
 ) -> str:
     """Markdown with Hugging Face front matter for ``summary`` (server/federation.py's run summary);
     ``num_labels``: the classification head's size (None for a causal LM); ``samples``: generated
-    ``(prompt, continuation)`` pairs shown under the metrics (language-modelling runs)."""
+    ``(prompt, continuation)`` pairs shown under the metrics (language-modelling runs);
+    ``label_names``: the dataset's class names in class-index order (none for language modelling)."""
     spec = resolve_model(cfg.model)
     base_id = spec.hub_id or cfg.model
     # the partition in the first sentence only while it is what every node trained on
@@ -189,10 +232,11 @@ def model_card(
         "",
         *_metrics(summary),
         *_samples(list(samples)),
+        *_labels(label_names, num_labels),
         "",
         "## Loading",
         "",
-        *_loading(cfg, base_id, num_labels),
+        *_loading(cfg, base_id, num_labels, label_names),
     ]
     return "\n".join(lines) + "\n"
 

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -119,12 +120,20 @@ class RunDir:
     def adapter_path(self) -> Path:
         return self.path / "adapter"
 
-    def save_adapter(self, bundle: ModelBundle, state: AdapterState, pooling: str, card: str) -> Path:
-        """A portable PEFT adapter with its model card (common/models/portable.py), published atomically."""
+    def save_adapter(
+        self,
+        bundle: ModelBundle,
+        state: AdapterState,
+        pooling: str,
+        card: str,
+        label_names: Sequence[str] = (),
+    ) -> Path:
+        """A portable PEFT adapter with its model card and the dataset's class names
+        (common/models/portable.py), published atomically."""
         load_adapter_state(bundle.model, state)
         final, tmp = self.adapter_path, self.path / ".adapter.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_adapter(bundle, tmp, pooling, card)
+        save_adapter(bundle, tmp, pooling, card, label_names)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

@@ -61,6 +61,8 @@ def test_the_adapter_config_names_the_hub_id_and_no_local_path(private_run):
         "kind": "seq-cls",
         "num_labels": 2,
         "pooling": "mean",
+        "id2label": {"0": "negative", "1": "positive"},  # rotten-tomatoes' class names
+        "label2id": {"negative": 0, "positive": 1},
     }
 
 

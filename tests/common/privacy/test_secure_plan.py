@@ -101,8 +101,14 @@ def _secure_cfg(**change):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(mechanism="dr-encoder"), r"the secagg\+ transport carries the gaussian release, not dr-encoder"),
-        (dict(adaptive_clip=True), r"--adaptive-clip: its noised clip bit has no place in the secagg\+ transport"),
+        (
+            dict(mechanism="dr-encoder"),
+            r"the secagg\+ transport carries the gaussian release, not dr-encoder",
+        ),
+        (
+            dict(adaptive_clip=True),
+            r"--adaptive-clip: its noised clip bit has no place in the secagg\+ transport",
+        ),
         (dict(target_epsilon=0.0, noise_multiplier=1.0), "drop --noise-multiplier"),
         (dict(target_epsilon=0.0), "needs --target-epsilon"),
         (
