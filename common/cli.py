@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     except FedloraError as exc:
         print(f"fedlora: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("fedlora: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a subcommand may say how to continue: KeyboardInterrupt(hint)
+        hint = " ".join(str(exc).split())
+        print(f"fedlora: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return 130
 
 

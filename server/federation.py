@@ -247,6 +247,8 @@ def _round(run: FederationRun, rnd: int) -> bool:
         run.loop.after = run.evaluator(run.state)
     run.loop.stale = (run.loop.stale or result.applied) and not evaluated
     record = _record(run, rnd, result, clip, t0)
+    if result.phase == "skipped":
+        record["online"] = len(online)  # what the round line and server/outcome.py say it sampled from
     _commit(run, rnd, result, record, charged)
     return True
 
@@ -299,7 +301,7 @@ def _commit(run: FederationRun, rnd: int, result: RoundRecord, record: dict, cha
         status = "applied" if result.applied or result.phase == "skipped" else "withheld"
         run.ledger.settle(run.run_id, rnd, status, replied=result.replied)
     run.out.log(record)
-    run.echo(_round_line(record, run.metric, run.ledger, run.secure is not None))
+    run.echo(_round_line(record, run.metric, run.ledger, run.secure is not None, run.cfg.sample_rate))
 
 
 def _finish(run: FederationRun) -> dict:
@@ -369,12 +371,22 @@ def _reconcile(run: FederationRun) -> int:
     return last
 
 
-def _round_line(record: dict, metric: str, ledger: Ledger | None, secure: bool = False) -> str:
+def _round_line(
+    record: dict, metric: str, ledger: Ledger | None, secure: bool = False, sample_rate: float | None = None
+) -> str:
+    """Round ``record``'s console line. A skipped round says that nothing was trained and why
+    (nobody sampled at ``sample_rate`` from the nodes online, or, under secure aggregation, fewer
+    than min-replies), and that its charge stands if it was charged."""
     rnd = record["round"]
     if record["phase"] == "skipped" and record["sampled"]:  # secure aggregation: fewer than m sampled
-        line = f"round {rnd}: {record['sampled']} sampled, fewer than min-replies: skipped, nothing sent"
+        line = f"round {rnd}: {record['sampled']} sampled, fewer than min-replies: nothing sent or trained"
     elif record["phase"] == "skipped":
-        line = f"round {rnd}: nobody sampled, skipped"
+        online = record.get("online")
+        over = "" if online is None else f" over {online} node{'' if online == 1 else 's'}"
+        why = "" if sample_rate is None else f" (sample rate {sample_rate:g}{over})"
+        line = f"round {rnd}: nobody sampled{why}, nothing trained"
+        if ledger and "eps_tight" in record:
+            line += "; charged all the same"  # (whom the sampler picks, nobody included, is secret)
     else:
         loss, score = record["train_loss"], record.get(metric)
         line = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from common.presets import PRESETS, preset
 from common.runtime import open_split
 from common.timing import reset, totals
 from server.inprocess import InProcessGrid, load_component
+from server.outcome import check_applied
 from server.run_dir import default_run_dir, write_json
 from server.workers import WorkerPoolGrid, resolve_workers
 
@@ -91,9 +93,12 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     reset()
     try:
         load_component(SERVER_APP)(grid, context)
-    finally:
+    except BaseException:  # Ctrl-C or an error: the workers are stopped at once, not waited for
         if isinstance(grid, WorkerPoolGrid):
-            grid.close()
+            grid.close(abort=True)
+        raise
+    if isinstance(grid, WorkerPoolGrid):
+        grid.close()
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
@@ -106,18 +111,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
 
 
-class NoRoundApplied(FedloraError):
-    """Every round was withheld: the run ended, but its adapter is the initial one (exit code 1)."""
-
-    exit_code = 1
-
-
 def run(args: argparse.Namespace) -> int:
-    run_dir = simulate(config_from_args(args))
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    if summary["rounds_completed"] == 0 and summary.get("rounds_withheld"):
-        raise NoRoundApplied(
-            f"no round was applied: {summary['rounds_withheld']} round(s) withheld with fewer usable "
-            f"replies than --min-replies; the adapter in {run_dir} is the initial one"
-        )
+    """``fedlora simulate``: 0 once the run applied a round; when it applied none, exit 1
+    (:class:`server.outcome.NoRoundApplied`) with one line saying why. Ctrl-C (KeyboardInterrupt)
+    carries the command that continues the run once its run directory exists (common/cli.py prints
+    ``fedlora: interrupted; continue with: fedlora simulate --resume --out DIR``)."""
+    cfg = config_from_args(args)
+    run_dir = Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg)
+    try:
+        simulate(cfg, run_dir)
+    except KeyboardInterrupt:
+        if not (run_dir / "config.json").is_file():
+            raise  # nothing written yet: nothing to continue
+        raise KeyboardInterrupt(f"continue with: {resume_command(run_dir)}") from None
+    check_applied(run_dir)
     return 0
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run in ``run_dir`` (its stored configuration)."""
+    return f"fedlora simulate --resume --out {shlex.quote(str(run_dir))}"

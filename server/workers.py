@@ -7,6 +7,11 @@ ClientApp on it and sends the reply back; the server receives the replies in the
 messages. Results do not depend on the number of workers: a client's local training is seeded by
 (seed, round, partition) alone, and its DP noise comes from OS entropy in any case.
 
+Ctrl-C at a terminal signals the whole process group; the workers ignore SIGINT from their start
+(inherited across the spawn's exec, so not even their imports are interrupted): the server's process
+alone takes the interrupt and stops them (:meth:`WorkerPoolGrid.close` with ``abort``), so no worker
+prints a traceback, and the run continues with ``--resume`` as after a crash.
+
 Messages cross the process boundary as Flower's own protobuf (``message_to_proto``), never pickled.
 A node's ``context.state`` lives here, as Flower's simulation keeps it beside the node: it travels
 with each of the node's messages and comes back with the reply (whichever worker ran it), so a
@@ -20,8 +25,11 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import struct
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -80,10 +88,12 @@ class WorkerPoolGrid(InProcessGrid):
             )
             for k in range(workers)
         ]
-        for proc in self._procs:
-            proc.start()
+        with _sigint_ignored():
+            for proc in self._procs:
+                proc.start()
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        self.provision()
         ids, sent = [], {}
         for seq, msg in enumerate(messages):
             msg_id, delivered = self.address(msg, copy_content=False)  # serialised below: a copy
@@ -123,21 +133,45 @@ class WorkerPoolGrid(InProcessGrid):
         state = _state_from(rest[:state_size])
         return seq, message_from_proto(ProtoMessage.FromString(rest[state_size:])), state
 
-    def close(self) -> None:
-        """Stop the workers (idempotent)."""
-        for _ in self._procs:
-            self._tasks.put(_STOP)
+    def close(self, abort: bool = False) -> None:
+        """Stop the workers (idempotent): each finishes its task and stops; with ``abort`` (an
+        interrupt or an error in the server) they are terminated at once, and this process no longer
+        waits to hand them the tasks still queued (it would wait forever: nobody reads them)."""
+        if abort:
+            self._tasks.cancel_join_thread()
+            for proc in self._procs:
+                proc.terminate()
+        else:
+            for _ in self._procs:
+                self._tasks.put(_STOP)
         for proc in self._procs:
-            proc.join(timeout=30)
+            proc.join(timeout=5 if abort else 30)
             if proc.is_alive():
                 proc.kill()
+                proc.join(timeout=5)
         self._procs = []
 
     def __enter__(self) -> WorkerPoolGrid:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.close(abort=kind is not None)
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process while the workers are started, so that they start with it
+    ignored (an ignored signal stays ignored across exec; a handler does not). An interrupt in
+    these milliseconds is lost (the user presses Ctrl-C again); off the main thread, where the
+    handler cannot be changed, the workers ignore it from :func:`_serve` on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _unused(msg: Message, ctx: Context) -> Message:
@@ -148,7 +182,8 @@ def _serve(
     tasks, done, client_ref: str, nodes: dict[int, dict], run_config: dict, run_id: int, parent: int
 ) -> None:
     """A worker: one torch thread, the ClientApp, a Context per node; answers until told to stop or
-    until ``parent`` (the server's process) is gone."""
+    until ``parent`` (the server's process) is gone. SIGINT is ignored: the server stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     from flwr.supercore.task_identity import TaskIdentity
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from server.deploy.deployment import REPO, Options
 from server.deploy.interrupts import interrupts_shut_down
-from server.deploy.up import deploy_resume, deploy_up
+from server.deploy.up import check_result, deploy_resume, deploy_up
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "resume":
             keys = ("timeout", "grace", "restart_nodes", "quiet")
             overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
-            deploy_resume(args.work_dir, overrides, echo)
+            result = deploy_resume(args.work_dir, overrides, echo)
         else:
-            deploy_up(options_from_args(args), echo)
+            result = deploy_up(options_from_args(args), echo)
+    check_result(result)  # a run that applied no round: exit 1
     return 0

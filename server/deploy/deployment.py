@@ -81,13 +81,15 @@ class Deployment:
 
 @dataclass(frozen=True)
 class Result:
-    """A finished run: Flower's run id and status, the run directory, and the deployment."""
+    """A finished run: Flower's run id and status, the run directory, the deployment, and why the
+    run applied no round (``no_round``, one line: server/outcome.py; None when it applied one)."""
 
     run_id: int
     status: str
     run_dir: Path
     seconds: float  # from submission to the end of the run
     deployment: Deployment | None = None
+    no_round: str | None = None
 
 
 DEPLOYMENT_FILE = "deployment.json"  # in the work dir: what `fedlora deploy resume` starts again

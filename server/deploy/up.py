@@ -26,6 +26,7 @@ from server.deploy.processes import Proc, leftovers, shutdown
 from server.deploy.run_config import check_run_config, resolve_run_config
 from server.deploy.supervise import supervisor
 from server.deploy.tls import generate_certs
+from server.outcome import NoRoundApplied, no_round_applied
 
 
 def deploy_env(work_dir: Path, nodes: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -108,6 +109,13 @@ def deploy_resume(
     return _deploy(opts, flat, echo)
 
 
+def check_result(result: Result) -> None:
+    """How ``deploy up`` / ``resume`` ends for a completed run: exit 0 once it applied a round;
+    :class:`~server.outcome.NoRoundApplied` (exit 1, one line saying why) when it applied none."""
+    if result.no_round:
+        raise NoRoundApplied(result.no_round)
+
+
 def _deploy(opts: Options, flat: dict[str, object], echo: Callable[[str], None]) -> Result:
     dep = prepare(opts, echo)
     save_deployment(dep, flat)
@@ -119,7 +127,9 @@ def _deploy(opts: Options, flat: dict[str, object], echo: Callable[[str], None])
         shutdown(dep)
         if stray := leftovers(dep):
             dep.say(f"[deploy] warning: processes still running after shutdown: {stray}")
-    echo(f"[deploy] run {result.run_id} {result.status} in {result.seconds:.0f} s")
+    result = replace(result, no_round=no_round_applied(result.run_dir))
+    applied = "; no round was applied" if result.no_round else ""
+    echo(f"[deploy] run {result.run_id} {result.status} in {result.seconds:.0f} s{applied}")
     echo(f"[deploy] run directory {result.run_dir}  (summary: {result.run_dir / 'summary.json'})")
     echo(f"[deploy] logs in {dep.logs}")
     return result

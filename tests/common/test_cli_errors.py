@@ -113,9 +113,37 @@ def test_a_run_that_applied_no_round_exits_1_in_one_line(tmp_path, capsys):
     args = ["--num-clients", "2", "--sample-rate", "1", "--min-replies", "3", "--max-train-examples", "40"]
     assert run_cli(["simulate", *FAST, *args, "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "no round was applied: 1 round(s) withheld" in err
+    assert len(err.splitlines()) == 1
+    assert "no round was applied: round 1 withheld (fewer usable replies than min-replies)" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == 0 and summary["rounds_withheld"] == 1
+
+
+@pytest.mark.integration
+def test_a_run_that_sampled_nobody_exits_1_and_says_it_trained_nothing(tmp_path, capsys):
+    """Issue 53 item 5: a round that sampled nobody trains nothing, yet is charged (whom the
+    sampler picks is secret); a run of such rounds alone applied no round: exit 1, its round line
+    and its one error line say so and why (sample rate 1e-9 over 2 nodes: nobody, with
+    overwhelming probability; the sampler draws from OS entropy)."""
+    out = tmp_path / "run"
+    dp = ["--mechanism", "dp-fedavg", "--target-epsilon", "8"]
+    args = ["--num-clients", "2", "--sample-rate", "1e-9", "--max-train-examples", "40", *dp]
+    assert run_cli(["simulate", *REFUSED, *args, "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    line = next(ln for ln in captured.out.splitlines() if ln.startswith("round 1:"))
+    assert line.startswith("round 1: nobody sampled (sample rate 1e-09 over 2 nodes), nothing trained; ")
+    assert "charged all the same, client-level eps gdp " in line
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert (
+        "fedlora: error: no round was applied: round 1 sampled nobody (sample rate 1e-09 over 2 nodes)" in err
+    )
+    assert (
+        "; charged all the same: client-level eps gdp " in err
+        and f"the adapter in {out} is the initial one" in err
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_completed"] == 0 and summary["rounds_skipped"] == 1
 
 
 @pytest.mark.process

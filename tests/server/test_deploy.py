@@ -467,6 +467,38 @@ def test_deploy_up_runs_a_dp_federation(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_deploy_up_that_applied_no_round_exits_1_and_says_so(tmp_path, capsys):
+    """Issue 53 item 5 over real processes (~35 s): 2 SuperNodes, one round that samples nobody
+    (sample rate 1e-9; the sampler draws from OS entropy), client-level DP. The round is charged and
+    its line says nothing was trained and why; Flower reports the run completed, yet `deploy up`
+    exits 1 (was 0) with one line naming the round and the ε charged. The decision alone, without
+    processes: tests/server/test_outcome.py."""
+    run = "preset='small' rounds=1 local-steps=2 batch-size=8 max-train-examples=200 eval-examples=40 "
+    run += "mechanism='dp-fedavg' target-epsilon=8.0 sample-rate=1e-9"
+    work = tmp_path / "work"
+    argv = ["deploy", "up", "--nodes", "2", "--port", str(free_port()), "--work-dir", str(work)]
+    assert run_cli([*argv, "--quiet", "--run-config", run]) == 1
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert any(
+        ln.startswith(
+            "[run] round 1: nobody sampled (sample rate 1e-09 over 2 nodes), nothing trained; charged"
+        )
+        for ln in lines
+    ), captured.out[-3000:]
+    finished = [ln for ln in lines if ln.startswith("[deploy] run ") and " finished:completed in " in ln]
+    assert len(finished) == 1 and finished[0].endswith(" s; no round was applied"), finished
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(
+        "fedlora: error: no round was applied: round 1 sampled nobody (sample rate 1e-09 over 2"
+    )
+    assert "charged all the same: client-level eps gdp " in err
+    assert json.loads((work / "run" / "summary.json").read_text())["rounds_completed"] == 0
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_tls_deployment_with_node_auth_refuses_an_unregistered_node(tmp_path):
     opts = _opts(tmp_path, tls=True, run_config=DP_RUN)

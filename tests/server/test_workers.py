@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from common.privacy.ledger import Ledger
 from server.checkpoint import CHECKPOINT_FILE
 from server.simulate import simulate
 from server.workers import WorkerPoolGrid, resolve_workers
+from tests.conftest import run_cli
 from tests.harness import TINY
 
 SETTINGS = {**TINY, "num_clients": 4, "rounds": 2, "sample_rate": 1.0, "precision": "fp32"}
@@ -117,3 +119,56 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+@pytest.mark.process
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_the_workers_quietly_and_says_how_to_continue(tmp_path):
+    """Issue 53 item 7: Ctrl-C at a terminal signals the whole foreground process group, the server
+    and its client workers. The workers ignore it (the server stops them), so none prints a
+    ``KeyboardInterrupt`` traceback, nothing hangs, and ``fedlora`` exits 130 with one line naming
+    the command that continues the run; that command does."""
+    out = tmp_path / "run"
+    tiny = {"--num-clients": 2, "--rounds": 1, "--local-steps": 2, "--batch-size": 8}
+    tiny |= {"--max-train-examples": 200, "--eval-examples": 40, "--seed": 5}
+    argv = [sys.executable, "-m", "common.cli", "simulate", "--preset", "minilm-rt", "--workers", "2"]
+    argv += [*(str(x) for kv in tiny.items() for x in kv), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    pipe = subprocess.PIPE
+    server = subprocess.Popen(
+        argv, cwd=ROOT, stdout=pipe, stderr=pipe, text=True, env=env, start_new_session=True
+    )
+    try:
+        first = server.stdout.readline()  # round 0 is evaluated: round 1 is next (workers start or train)
+        assert first.startswith("round 0:"), first + server.stderr.read()[-2000:]
+        time.sleep(1.0)
+        os.killpg(server.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        _, err = server.communicate(timeout=60)  # before: a hang (the queue's feeder, unread)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert server.returncode == 130, err[-3000:]
+    deadline = time.monotonic() + 30  # the workers were stopped with the server (its process group)
+    while (left := _in_group(server.pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, left
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    hint = f"fedlora: interrupted; continue with: fedlora simulate --resume --out {out}"
+    assert err.strip().splitlines()[-1] == hint, err[-3000:]
+    assert run_cli([*shlex.split(hint.split("continue with: fedlora ")[1]), "--workers", "1"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_completed"] == 1
+
+
+def _in_group(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(stat.parent.name))
+    return found
