@@ -19,13 +19,14 @@ from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard, partition_of
 from client.node.state import LEDGER_FILE, encoder_cache_dir, held_ledger
-from client.releases import client_release, round_clip
+from client.releases import client_release
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size, adapter_state
 from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
-from common.privacy.plan import STATS_ROUND, plan_noise
+from common.privacy.mechanism import mechanism_for
+from common.privacy.plan import STATS_ROUND, NoisePlan, plan_noise
 from common.privacy.secure_release import SecureRelease
 from common.secagg import wire as sw
 from common.tasks.training import StepSchedule
@@ -97,12 +98,11 @@ def train(msg: Message, context: Context) -> Message:
         client_secure.credentials(dict(context.node_config))
     released = None  # a noised client-level release: (event, clip), checked before any training
     if release != "none":
-        clip = cfg.clip if secure else round_clip(ins, cfg)
-        if not secure:
-            _check_noise(cfg, ins.noise_std, clip)
+        clip = mechanism_for(noise, cfg).round_clip(ins.clip)  # the server's C under adaptive clipping
+        _check_noise(noise, cfg.min_replies, ins.noise_std, clip)
         if noise is not None and noise.private:
             released = release_event(noise, ins.noise_std, clip), clip
-    cap = noise.secure.participations if secure else 0
+    cap = noise.participation_cap if noise is not None else 0
     # hidden participation: this node's own coin, which neither the reply's timing nor its size may
     # show: every node loads its data and trains whatever the coin says (constant work)
     contributes = client_secure.takes_part(noise)
@@ -225,11 +225,13 @@ def _reply_meta(ins: TrainInstruction, cfg: RunConfig, node_config: dict) -> dic
     }
 
 
-def _check_noise(cfg: RunConfig, noise_std: float, clip: float) -> None:
-    """Refuse a round whose noise is less than the run's plan allows: the client-level guarantee
-    must not rest on the noise level the server names. ``local``: σC; ``distributed``: at least
-    σC/sqrt(min-replies) (the smallest share, m = min(min-replies, K)); C is the round's ``clip``."""
-    least = plan_noise(cfg).client_std(cfg.min_replies, clip)
+def _check_noise(noise: NoisePlan, min_replies: int, noise_std: float, clip: float) -> None:
+    """Refuse a round whose noise is less than the run's ``noise`` plan allows: the client-level
+    guarantee must not rest on the noise level the server names. ``local``: σC; ``distributed``: at
+    least σC/sqrt(min-replies) (the smallest share, m = min(min-replies, K)); secure aggregation: its
+    Skellam share (checked for equality with the round's protocol values too); C is the round's
+    ``clip``."""
+    least = noise.client_std(min_replies, clip)
     if noise_std < least * (1 - 1e-9):
         raise FedloraError(f"round asks noise std {noise_std:.4g} < {least:.4g}, the run's plan")
 

@@ -34,12 +34,6 @@ def release_none(
     return increment, {}
 
 
-def round_clip(ins: TrainInstruction, cfg: RunConfig) -> float:
-    """The C this round clips to: the server's under adaptive clipping, else the run config's."""
-    mechanism = run_mechanism(cfg)
-    return mechanism.round_clip(ins.clip) if mechanism else cfg.clip
-
-
 def release_mechanism(
     increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device, encoder_cache
 ) -> Sent:

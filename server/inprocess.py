@@ -56,9 +56,10 @@ class InProcessGrid(Grid):
         self.client_app = client_app
         self.raise_errors = raise_errors
         self._run = Run.create_empty(run_id)
-        # the operator's step: every node gets an identity key, and every node the roster of them all
-        keys = Path(state_root or tempfile.mkdtemp(prefix="fedlora-nodes-"))
-        identity.provision([keys / f"node-{k}" / "identity" for k in range(num_nodes)], keys / "roster.pub")
+        # the operator's step, done before the first message (nothing is written before the run's
+        # checks): every node gets an identity key, and every node the roster of them all
+        keys = Path(state_root or Path(tempfile.gettempdir()) / f"fedlora-nodes-{uuid.uuid4().hex}")
+        self._identities = ([keys / f"node-{k}" / "identity" for k in range(num_nodes)], keys / "roster.pub")
         self.contexts = {
             FIRST_NODE_ID + k: Context(
                 run_id=run_id,
@@ -113,7 +114,14 @@ class InProcessGrid(Grid):
         delivered.metadata.__dict__["_message_id"] = msg_id
         return msg_id, delivered
 
+    def provision(self) -> None:
+        """Every node's identity key and the roster, written once, before the first message."""
+        if self._identities is not None:
+            identity.provision(*self._identities)
+            self._identities = None
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        self.provision()
         ids = []
         for msg in messages:
             msg_id, delivered = self.address(msg)

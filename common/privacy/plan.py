@@ -16,6 +16,7 @@ the noise a K'-client round would, and the ε is valid for that deployment, not 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -111,7 +112,10 @@ class NoisePlan:
         return max(1, min(self.min_replies, sampled))
 
     def client_std(self, sampled: int, clip: float = 0.0) -> float:
-        """Noise std one of ``sampled`` clients adds to its increment clipped to ``clip`` (0: C)."""
+        """Noise std one of ``sampled`` clients adds to its increment clipped to ``clip`` (0: C); under
+        secure aggregation its Skellam share of μ/m, in units of the update (√(μ/m) / s)."""
+        if self.secure:
+            return math.sqrt(self.secure.share_variance) / self.secure.scale
         return self.threat.client_std(
             self.update_sigma, clip or self.clip, self.shares(sampled), self.cohort_scale
         )
@@ -121,6 +125,11 @@ class NoisePlan:
         """Noise multiplier (std / C) of the noise the server adds to the sum under central noise:
         z_Δ (σ without adaptive clipping), scaled in a what-if noise-cohort run."""
         return self.update_sigma * self.cohort_scale
+
+    @property
+    def participation_cap(self) -> int:
+        """The rounds one client may take part in (secure aggregation's cap); 0: no cap."""
+        return self.secure.participations if self.secure else 0
 
     def count_stds(self, sampled: int) -> tuple[float, float]:
         """Adaptive clipping: noise std (each client's share, the server's) on the unclipped count."""

@@ -159,7 +159,7 @@ def test_a_secure_aggregation_run_resumes_with_each_clients_participations(tmp_p
     out = tmp_path / "run"
     secure = [
         "simulate", "--preset", "minilm-rt", "--mechanism", "dp-fedavg", "--clip", str(CLIP),
-        "--threat-model", "secure-aggregation", "--target-epsilon", "8", "--min-replies", "2",
+        "--threat-model", "secure-aggregation", "--target-epsilon", "8", "--min-replies", "3",
         "--num-clients", "4", "--sample-rate", "1.0", "--rounds", "4", "--local-steps", "4",
         "--max-train-examples", "200", "--eval-examples", "40",
     ]  # fmt: skip

@@ -260,6 +260,7 @@ def _hidden_node(tmp_path: Path, rounds: int):
     release = SecureRelease(plan_noise(cfg, adapter_size(shapes)).secure, shapes)
     client = load_component(CLIENT_APP)
     grid = InProcessGrid(client, NODES, to_flat(cfg), state_root=tmp_path / "nodes")
+    grid.provision()  # (the messages below go to the ClientApp directly, not through the grid)
     nodes = sorted(grid.contexts)
     return (
         client,
