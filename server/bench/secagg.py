@@ -49,6 +49,15 @@ ARMS: dict[str, dict[str, object]] = {
 }
 
 
+#: why the hidden arm cannot come near the plain one in a simulation (printed with the ratios)
+CONSTANT_WORK = (
+    "hidden participation trains every online client every round whatever its coin (constant work, "
+    "so that reply timing does not show the coin): about 1/p times the plain arm's client compute in "
+    "a simulation, where one machine runs every node; in a deployment each node trains on its own "
+    "device and the round's wall time is one client's"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="minilm-rt-xdev", help="the federation both arms run")
     parser.add_argument(
@@ -208,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             **{str(k): protocol_cost(k, length, args.bits) for k in ks},
         },
         "consistency_check": {str(n): consistency_cost(n) for n in ns},
+        "constant_work": CONSTANT_WORK,
         "cpu": os.cpu_count(),
         "command": "fedlora bench secagg "
         + " ".join(
@@ -228,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
             f"{label} / plain round time: {ratio['round']:.2f}x ({ratio['per_client']:.2f}x per sampled "
             "client: the arms' cohorts differ)"
         )
+    print(CONSTANT_WORK)
     print(f"a client's protocol cost, D = {length} words of {args.bits} bits (ms per client, one thread):")
     for k in ks:
         c = {stage: 1e3 * v for stage, v in result["protocol"][str(k)].items()}
