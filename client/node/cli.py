@@ -11,7 +11,21 @@ from common.config import MECHANISMS
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the federation's SuperLink")
-    parser.add_argument("--data", required=True, metavar="PATH", help="your examples: JSONL of {text, label}")
+    parser.add_argument(
+        "--data",
+        required=True,
+        metavar="PATH",
+        help="your examples: a JSONL of {text, label}, or a CSV / Parquet / JSONL file with --text-column "
+        "and --label-column (written to <state-dir>/data.jsonl)",
+    )
+    parser.add_argument("--text-column", default="text", help="your data file's text column (text)")
+    parser.add_argument("--label-column", default="label", help="your data file's label column (label)")
+    parser.add_argument(
+        "--labels",
+        metavar="A,B,C",
+        help="the federation's label names, comma-separated: your labels are these names (class "
+        "indices: the names sorted, as the federation numbers its own file's classes)",
+    )
     parser.add_argument(
         "--mechanism", required=True, choices=list(MECHANISMS), help="the only mechanism this node joins"
     )
@@ -20,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--delta", type=float, default=1e-5, help="the largest delta you accept (1e-5)")
     parser.add_argument(
-        "--dataset", help="the federation dataset your labels belong to (labels may be names)"
+        "--dataset",
+        help="the federation's dataset: this node refuses runs on any other (a packaged one also gives "
+        "the label names; a file dataset need not be on this machine, give --labels)",
     )
     parser.add_argument("--model", help="load the base model from here (local directory or Hugging Face id)")
     parser.add_argument(
@@ -81,7 +97,10 @@ def run(args: argparse.Namespace) -> int:
         "port": args.port,
         "clear_statistics": args.allow_clear_statistics,
         "trust": args.trust,
+        "label_names": args.labels,
     }
+    if (args.text_column, args.label_column) != ("text", "label"):
+        options.update(text_column=args.text_column, label_column=args.label_column)
     if args.print_command:
         import shlex
 

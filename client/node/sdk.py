@@ -15,8 +15,10 @@ your node sends back, released under the privacy mechanism *you* choose. Three c
 ``labels=``, a list of ``{"text": ..., "label": ...}`` dicts, a Hugging Face ``datasets.Dataset``
 (columns ``text`` and ``label``), or a JSONL, CSV or Parquet file (columns ``text_column`` and
 ``label_column``), and writes the canonical JSONL file the node reads. A label is a class index of
-the federation's dataset, or its name (``"positive"``) when you name the dataset: a packaged one,
-or the federation's own data file or dataset directory (its classes are its label values, sorted).
+the federation's dataset, or its name (``"positive"``) when you name the dataset (a packaged one)
+or the federation's label names (``label_names=["billing", "bug", "other"]``: a federation on its
+own data file, which your node does not need; the class indices are the names sorted, as that
+file's classes are numbered).
 
 **Privacy policy.** ``mechanism`` is the one mechanism your node takes part in (``fedavg``: no
 privacy; ``prism``, ``dp-adamw``, ``ffa``, ``sparta``: sample-level DP of your examples; ``dp-fedavg``,
@@ -36,6 +38,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -53,6 +56,8 @@ SAMPLE_LEVEL = tuple(m for m, (opt, _) in MECHANISMS.items() if opt != "none")
 CLIENT_LEVEL = tuple(m for m, (_, rel) in MECHANISMS.items() if rel != "none")
 DEFAULT_STATE_DIR = Path("~/.fedlora/node")
 DATA_FILE = "data.jsonl"  # where join() writes in-memory data, inside the state directory
+PORT_FILE = "node-port"  # the ClientApp port chosen for this state directory (command() and join() agree)
+LABELS = "labels"  # node config: the federation's class names, comma-separated (client/node/shard.py)
 SUPERNODE = "flower-supernode"
 
 Data = str | os.PathLike | Sequence | Mapping | object
@@ -67,6 +72,7 @@ def prepare_data(
     dataset: str | None = None,
     text_column: str = TEXT,
     label_column: str = LABEL,
+    label_names: Sequence[str] | str | None = None,
 ) -> Path:
     """Validate your examples and write them to ``out_path`` as JSONL (one ``{"text", "label"}``
     object per line), the file a node reads. Returns the absolute path.
@@ -78,12 +84,20 @@ def prepare_data(
     (e.g. ``"rotten-tomatoes"``, or the federation's own ``"own.csv"`` or dataset directory, read
     with the same columns) labels are checked against that dataset's classes and may be given by
     name (``"positive"``). A CSV label that is not a class name but a whole number is a class index.
+    With ``label_names`` (e.g. ``["billing", "bug", "other"]``: the federation's label names) labels
+    are those names, and the class indices follow them sorted, as the federation's own file
+    dataset numbers its classes: no copy of the federation's file is needed.
 
     An existing ``out_path`` is never overwritten: the same content is accepted (running your
     script twice is fine), anything else is an error.
     """
     examples = load_data(
-        data, labels=labels, dataset=dataset, text_column=text_column, label_column=label_column
+        data,
+        labels=labels,
+        dataset=dataset,
+        text_column=text_column,
+        label_column=label_column,
+        label_names=label_names,
     )
     return write_jsonl(examples, out_path).resolve()
 
@@ -95,13 +109,14 @@ def load_data(
     dataset: str | None = None,
     text_column: str = TEXT,
     label_column: str = LABEL,
+    label_names: Sequence[str] | str | None = None,
 ) -> OwnerData:
     """:func:`prepare_data` without writing: the validated examples."""
-    names, corpus = _label_space(dataset, text_column, label_column)
+    names, corpus = _label_space(dataset, text_column, label_column, label_names)
     if isinstance(data, str | os.PathLike):
         if labels is not None:
             raise FedloraError("labels= goes with a list of texts, not with a file")
-        if str(data).lower().endswith(".jsonl") and (text_column, label_column) == (TEXT, LABEL):
+        if is_canonical_jsonl(data, text_column, label_column):
             examples = read_jsonl(data, names)
         else:
             texts, raw_labels = _file_columns(data, names, text_column, label_column)
@@ -114,14 +129,74 @@ def load_data(
     return examples
 
 
-def _label_space(dataset: str | None, text_column: str = TEXT, label_column: str = LABEL):
-    """``(label names, corpus)`` of ``dataset`` (a data file or dataset directory read with the
-    given columns), or ``((), None)``."""
+def is_canonical_jsonl(data: object, text_column: str = TEXT, label_column: str = LABEL) -> bool:
+    """Whether ``data`` is a JSONL file to read as the node's canonical ``{"text", "label"}`` records:
+    with the default columns, or one whose first record has ``text`` and ``label`` but not the named
+    columns (the file :func:`prepare_data` wrote from a file with those columns)."""
+    if not isinstance(data, str | os.PathLike) or not str(data).lower().endswith(".jsonl"):
+        return False
+    if (text_column, label_column) == (TEXT, LABEL):
+        return True
+    from common.data.owner import json_lines
+
+    try:
+        first = next((record for _, record in json_lines(data)), None)
+    except FedloraError:
+        return False  # unreadable: the column reader says why
+    return (
+        isinstance(first, dict)
+        and TEXT in first
+        and LABEL in first
+        and not (text_column in first and label_column in first)
+    )
+
+
+def declared_labels(label_names: Sequence[str] | str | None) -> tuple[str, ...]:
+    """The class names a node declares (a list, or a comma-separated string), in class-index order:
+    sorted, as the federation's own file dataset numbers its classes (common/data/files.py)."""
+    if not label_names:
+        return ()
+    raw = label_names.split(",") if isinstance(label_names, str) else list(label_names)
+    names = [str(name).strip() for name in raw]
+    if any(not name for name in names):
+        raise FedloraError(f"label names must not be empty, got {','.join(names)!r}")
+    for name in names:
+        if names.count(name) > 1:
+            raise FedloraError(f"label names name '{name}' twice")
+    if len(names) < 2:
+        raise FedloraError(f"label names declare {len(names)} label(s); a classification task needs two")
+    return tuple(sorted(names))
+
+
+def _label_space(
+    dataset: str | None,
+    text_column: str = TEXT,
+    label_column: str = LABEL,
+    label_names: Sequence[str] | str | None = None,
+):
+    """``(label names, corpus)``: the declared ``label_names`` (sorted), else those of ``dataset``
+    (a packaged dataset, or a data file or dataset directory on this machine, read with the given
+    columns), or ``((), None)``. A packaged ``dataset`` must have the declared names."""
+    from common.data.corpora import Corpus
+    from common.data.federated import open_corpus
+    from common.data.files import Columns, is_file_dataset
+
+    declared = declared_labels(label_names)
+    if declared:
+        if dataset is not None and not is_file_dataset(str(dataset)):
+            corpus = open_corpus(str(dataset))
+            if sorted(corpus.label_names) != list(declared):
+                known = ", ".join(corpus.label_names) or "none (language modelling)"
+                raise FedloraError(f"label names {', '.join(declared)} are not those of {dataset}: {known}")
+            return corpus.label_names, corpus
+        return declared, Corpus(str(dataset or "your labels"), (), (), declared, "classification")
     if dataset is None:
         return (), None
-    from common.data.federated import open_corpus
-    from common.data.files import Columns
-
+    if is_file_dataset(str(dataset)) and not Path(dataset).exists():
+        raise FedloraError(
+            f"dataset {dataset} is not on this machine, and a node does not need it: name the "
+            "federation's label names instead (label_names=[...], fedlora node --labels a,b,c)"
+        )
     corpus = open_corpus(str(dataset), Columns(text_column, label_column))
     return corpus.label_names, corpus
 
@@ -228,6 +303,7 @@ class NodeConfig:
     roster: str | os.PathLike | None = None
     text_column: str = TEXT  # the columns of a file ``dataset`` (own.csv); ``data`` is the node's JSONL
     label_column: str = LABEL
+    label_names: tuple[str, ...] | str | None = None  # the federation's class names (sorted: indices)
 
     def checked(self) -> NodeConfig:
         """Validated, with absolute paths and a runtime port; raises :class:`FedloraError`."""
@@ -245,20 +321,23 @@ class NodeConfig:
             raise FedloraError(
                 f"{data}: a node reads a JSONL file of text/label records; write it with prepare_data"
             )
-        names, corpus = _label_space(self.dataset, self.text_column, self.label_column)
+        declared = declared_labels(self.label_names)
+        names, corpus = _label_space(self.dataset, self.text_column, self.label_column, declared)
         examples = read_jsonl(data, names)  # fail here, not in the first round
         if corpus is not None:
             check_labels(examples, corpus)
+        state_dir = Path(self.state_dir).expanduser().resolve()
         return replace(
             self,
             data=data,
-            state_dir=Path(self.state_dir).expanduser().resolve(),
+            label_names=declared or None,
+            state_dir=state_dir,
             root_certificates=_existing(self.root_certificates, "root certificates"),
             auth_key=_existing(self.auth_key, "authentication key"),
             identity_key=_existing(self.identity_key or self.auth_key, "identity key"),
             roster=_existing(self.roster, "roster"),
             model=_model_ref(self.model),
-            port=self.port if self.port is not None else free_port(),
+            port=self.port if self.port is not None else node_port(state_dir),
         )
 
     def node_config(self) -> dict[str, str | float]:
@@ -275,6 +354,8 @@ class NodeConfig:
             values[key] = float(self.epsilon)
         if self.dataset:
             values["dataset"] = self.dataset
+        if self.label_names:
+            values[LABELS] = ",".join(declared_labels(self.label_names))
         if self.model:
             values["model-path"] = self.model
         if self.clear_statistics:
@@ -341,8 +422,11 @@ def join(
         dataset: the federation dataset your labels belong to (``rotten-tomatoes``, ..., or a data
             file such as ``own.csv``): labels may then be names, and your node refuses runs on
             another dataset.
-        text_column, label_column: the columns of your data file and of a file ``dataset``
-            (default ``text`` and ``label``).
+        text_column, label_column: the columns of your data file (default ``text`` and ``label``).
+        label_names: the federation's class names (e.g. ``["billing", "bug", "other"]``): your
+            labels are those names, numbered as the federation numbers them (sorted). With a
+            federation on its own data file, this, not the file, is what your node needs; ``dataset``
+            then names that file only for the check that a run is on it.
         model: where your node loads the base model from (a local directory or Hugging Face id);
             it must be the federation model's architecture. Default: the run's model name.
         state_dir: your node's persistent directory (default ``~/.fedlora/node``).
@@ -366,6 +450,9 @@ def join(
     """
     cfg = _configure(superlink, data, mechanism, epsilon, **options)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    if options.get("port") is None and not _bindable(cfg.port):  # the remembered port is taken now
+        (cfg.state_dir / PORT_FILE).unlink(missing_ok=True)
+        cfg = replace(cfg, port=node_port(cfg.state_dir))
     return run_supernode(cfg.command(), cfg.environment())
 
 
@@ -377,11 +464,39 @@ def _configure(superlink: str, data: Data, mechanism: str, epsilon: float | None
         raise FedloraError(f"unknown option(s) {', '.join(sorted(unknown))}")
     state_dir = Path(options.get("state_dir") or DEFAULT_STATE_DIR).expanduser().resolve()
     columns = {k: options.pop(k) for k in ("text_column", "label_column") if k in options}
-    canonical = isinstance(data, str | os.PathLike) and str(data).lower().endswith(".jsonl") and not columns
-    if not canonical:  # in-memory data, or a CSV/Parquet/JSONL of other columns: written as the node's JSONL
-        data = prepare_data(data, state_dir / DATA_FILE, dataset=options.get("dataset"), **columns)
-    options = {**options, "state_dir": state_dir, **columns}
+    label_names = declared_labels(options.pop("label_names", None)) or None
+    if not is_canonical_jsonl(data, columns.get("text_column", TEXT), columns.get("label_column", LABEL)):
+        # in-memory data, or a CSV/Parquet/JSONL of other columns: written as the node's JSONL
+        data = prepare_data(
+            data, state_dir / DATA_FILE, dataset=options.get("dataset"), label_names=label_names, **columns
+        )
+    options = {**options, "state_dir": state_dir, "label_names": label_names, **columns}
     return NodeConfig(superlink, data, mechanism, epsilon, **options).checked()
+
+
+def node_port(state_dir: Path) -> int:
+    """The local ClientApp port of the node with this state directory: the one chosen before (kept
+    in ``<state_dir>/node-port``, so that the command :func:`command` prints is the one :func:`join`
+    runs), else a free one, remembered."""
+    path = Path(state_dir) / PORT_FILE
+    with contextlib.suppress(OSError, ValueError):
+        port = int(path.read_text().strip())
+        if 0 < port < 65536:
+            return port
+    port = free_port()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{port}\n")
+    return port
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def run_supernode(argv: list[str], env: Mapping[str, str]) -> int:
@@ -452,4 +567,14 @@ def _model_ref(model: str | None) -> str | None:
     return str(path.resolve()) if path.is_dir() else model
 
 
-__all__ = ["NodeConfig", "command", "free_port", "join", "load_data", "prepare_data", "toml_pairs"]
+__all__ = [
+    "NodeConfig",
+    "command",
+    "declared_labels",
+    "free_port",
+    "join",
+    "load_data",
+    "node_port",
+    "prepare_data",
+    "toml_pairs",
+]

@@ -3,7 +3,8 @@
 Where they come from is the node's choice (its node config, set by ``flower-supernode --node-config``
 or ``fedlora node``): by default the run's seeded partition ``partition-id`` of ``num-partitions``;
 with ``data-path`` a data owner's own JSONL file (common/data/owner.py), labelled in the run
-dataset's label space; with ``model-path`` the run's base model is loaded from a local directory or
+dataset's label space (with ``labels``, the class names the node declares, sorted: the node then
+needs no copy of a run's own data file); with ``model-path`` the run's base model is loaded from a local directory or
 Hugging Face id of the node's choosing, which must have the run model's architecture (the global
 adapter must fit it exactly, see :func:`load_global`).
 """
@@ -15,7 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from common.config import RunConfig
+from common.data.corpora import Corpus
 from common.data.federated import open_corpus
+from common.data.files import is_file_dataset
 from common.data.owner import owner_corpus, read_jsonl
 from common.device import resolve_device
 from common.errors import FedloraError
@@ -26,7 +29,7 @@ from common.runtime import base_precision, columns_of, lora_spec, open_model, op
 from common.tasks import Task, make_task
 from common.tasks.training import Trainee
 
-DATA_PATH, MODEL_PATH = "data-path", "model-path"
+DATA_PATH, MODEL_PATH, LABELS = "data-path", "model-path", "labels"
 
 
 @dataclass
@@ -63,7 +66,7 @@ def node_shard(node_config: dict, cfg: RunConfig) -> tuple[int, int, Shard]:
     data_path = str(node_config.get(DATA_PATH) or "")
     model_path = str(node_config.get(MODEL_PATH) or "")
     if data_path:
-        return pid, parts, load_own_shard(cfg, data_path, model_path)
+        return pid, parts, load_own_shard(cfg, data_path, model_path, str(node_config.get(LABELS) or ""))
     return pid, parts, load_shard(cfg, pid, parts, model_path)
 
 
@@ -80,11 +83,12 @@ def load_shard(cfg: RunConfig, partition_id: int, num_partitions: int, model_pat
 
 
 @lru_cache(maxsize=4)
-def load_own_shard(cfg: RunConfig, data_path: str, model_path: str = "") -> Shard:
-    """Model + the data owner's JSONL examples, whose labels must be classes of the run's dataset."""
+def load_own_shard(cfg: RunConfig, data_path: str, model_path: str = "", labels: str = "") -> Shard:
+    """Model + the data owner's JSONL examples, whose labels must be classes of the run's dataset
+    (of the node's declared ``labels``, comma-separated, when it names them)."""
     if not Path(data_path).is_absolute():
         raise FedloraError(f"node config {DATA_PATH} must be an absolute path, got '{data_path}'")
-    base = open_corpus(cfg.dataset, columns_of(cfg))
+    base = run_label_space(cfg, labels)
     corpus = owner_corpus(read_jsonl(data_path, base.label_names), base)
     bundle = node_model(cfg, len(base.label_names), model_path)
     task = make_task(bundle, corpus, cfg.max_length, cfg.lm_blocks)
@@ -92,6 +96,36 @@ def load_own_shard(cfg: RunConfig, data_path: str, model_path: str = "") -> Shar
     if not examples:
         raise FedloraError(f"{data_path}: no training examples after tokenisation (texts too short?)")
     return Shard(bundle, task, examples)
+
+
+def run_label_space(cfg: RunConfig, labels: str = "") -> Corpus:
+    """The run dataset's classes as this node knows them: a packaged dataset's (the node's declared
+    ``labels`` must be those), the node's declared ``labels`` sorted (as a file dataset numbers its
+    classes; the run's declared ``--labels``, if any, must be the same set), or, without them, the
+    run's file dataset read on this node (which then needs a copy)."""
+    declared = tuple(sorted(n.strip() for n in labels.split(",") if n.strip()))
+    if not is_file_dataset(cfg.dataset):
+        base = open_corpus(cfg.dataset)
+        if declared and tuple(sorted(base.label_names)) != declared:
+            raise FedloraError(
+                f"node policy: this node's labels {', '.join(declared)} are not the classes of "
+                f"{cfg.dataset}: {', '.join(base.label_names) or 'none (language modelling)'}"
+            )
+        return base
+    if declared:
+        run_labels = tuple(sorted(columns_of(cfg).labels))
+        if run_labels and run_labels != declared:
+            raise FedloraError(
+                f"node policy: this node's labels {', '.join(declared)} are not the run's --labels "
+                f"{', '.join(run_labels)}"
+            )
+        return Corpus(cfg.dataset, (), (), declared, "classification")
+    if not Path(cfg.dataset).exists():
+        raise FedloraError(
+            f"the run's dataset {cfg.dataset} is not on this node: declare its label names "
+            "(fedlora node --labels a,b,c, or label_names= in the SDK)"
+        )
+    return open_corpus(cfg.dataset, columns_of(cfg))
 
 
 def node_model(cfg: RunConfig, label_count: int, model_path: str = "") -> ModelBundle:
@@ -142,4 +176,5 @@ __all__ = [
     "load_shard",
     "node_shard",
     "partition_of",
+    "run_label_space",
 ]

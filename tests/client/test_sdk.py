@@ -348,6 +348,88 @@ def test_fedlora_node_cli_prints_the_command_or_fails_in_one_line(tmp_path, data
     )
 
 
+def test_a_node_describes_its_csv_by_columns_and_label_names_not_the_federations_file(tmp_path):
+    """docs/sdk.md's own-CSV join: the node names the federation's dataset (for its policy) and label
+    names, holds no copy of tickets.csv; the JSONL prepare_data wrote is accepted with the column
+    names still given; command() and join() use one port."""
+    mine = _tickets_csv(tmp_path / "mine.csv", 6)
+    columns = {"text_column": "ticket_text", "label_column": "category"}
+    names = ["other", "billing", "bug"]  # declared in any order: the indices follow them sorted
+    data = sdk.prepare_data(mine, tmp_path / "node" / "data.jsonl", label_names=names, **columns)
+    assert read_jsonl(data).labels == (0, 1, 2, 0, 1, 2)
+    node = dict(dataset="tickets.csv", label_names=names, state_dir=tmp_path / "st", insecure=True, **columns)
+    argv = sdk.command("h:8000", data, "fedavg", **node)
+    assert 'dataset="tickets.csv"' in argv[-1] and 'labels="billing,bug,other"' in argv[-1]
+    assert f'data-path="{data}"' in argv[-1]  # the prepared JSONL itself, not re-read with the columns
+    assert sdk.command("h:8000", data, "fedavg", **node) == argv  # the same port every time
+    assert sdk.command("h:8000", mine, "fedavg", **node)[-1].replace(
+        str(tmp_path / "st" / "data.jsonl"), "D"
+    ) == (argv[-1].replace(str(data), "D"))  # the CSV itself, written to <state_dir>/data.jsonl
+    with pytest.raises(FedloraError, match=r"dataset tickets\.csv is not on this machine.*label_names"):
+        sdk.prepare_data(mine, tmp_path / "x.jsonl", dataset="tickets.csv", **columns)
+    with pytest.raises(FedloraError, match="unknown label name 'bug'; known names: billing, other"):
+        sdk.load_data(mine, label_names=["billing", "other"], **columns)
+    with pytest.raises(FedloraError, match="label names declare 1 label"):
+        sdk.load_data(mine, label_names=["billing"], **columns)
+    with pytest.raises(FedloraError, match="not those of rotten-tomatoes: negative, positive"):
+        sdk.load_data(mine, dataset="rotten-tomatoes", label_names=names, **columns)
+
+
+def test_fedlora_node_reads_its_own_csv_by_columns_and_labels(tmp_path, capsys):
+    theirs = _tickets_csv(tmp_path / "theirs.csv", 4, labels=("bug", "other"))
+    base = ["node", "--superlink", "127.0.0.1:8000", "--data", str(theirs), "--mechanism", "fedavg",
+            "--insecure", "--state-dir", str(tmp_path / "st"), "--dataset", "tickets.csv", "--print-command"]  # fmt: skip
+    named = ["--text-column", "ticket_text", "--label-column", "category", "--labels", "billing,bug,other"]
+    assert run_cli([*base, *named]) == 0
+    argv = shlex.split(capsys.readouterr().out)
+    assert 'labels="billing,bug,other"' in argv[-1] and 'dataset="tickets.csv"' in argv[-1]
+    assert read_jsonl(tmp_path / "st" / "data.jsonl").labels == (
+        1,
+        2,
+        1,
+        2,
+    )  # bug, other of billing/bug/other
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--text-column", "body", "--label-column", "category", "--labels", "billing,bug,other"], "has no column 'body' (columns: ticket_text, category, customer)"),
+        (["--text-column", "ticket_text", "--labels", "billing,bug,other"], "has no column 'label' (columns: ticket_text, category, customer)"),
+        (["--text-column", "ticket_text", "--label-column", "category"], "dataset tickets.csv is not on this machine"),
+        (["--text-column", "ticket_text", "--label-column", "category", "--labels", "bug,other"], "unknown label name 'billing'"),
+        (["--text-column", "ticket_text", "--label-column", "category", "--labels", "bug"], "label names declare 1 label"),
+    ],
+)  # fmt: skip
+def test_fedlora_node_refuses_bad_columns_and_labels_in_one_line(tmp_path, capsys, options, message):
+    theirs = _tickets_csv(tmp_path / "theirs.csv", 3)
+    base = ["node", "--superlink", "127.0.0.1:8000", "--data", str(theirs), "--mechanism", "fedavg",
+            "--insecure", "--state-dir", str(tmp_path / "st"), "--dataset", "tickets.csv", "--print-command"]  # fmt: skip
+    assert run_cli([*base, *options]) != 0
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("fedlora: error: ") and out.err.count("\n") == 1, out.err
+    assert message in out.err
+    assert not (tmp_path / "st" / "data.jsonl").exists()
+
+
+def test_a_node_with_label_names_needs_no_copy_of_the_runs_file(tmp_path):
+    """The ClientApp's label space for a run on its own file: the node's declared names (sorted); the
+    run's --labels, when declared, must be the same set; without names, a clear error."""
+    from client.node.shard import run_label_space
+
+    cfg = preset("minilm-rt", **RUN, dataset="absent/tickets.csv", text_column="ticket_text").check()
+    assert run_label_space(cfg, "other,bug,billing").label_names == ("billing", "bug", "other")
+    with pytest.raises(FedloraError, match=r"dataset absent/tickets\.csv is not on this node: declare"):
+        run_label_space(cfg, "")
+    declared = preset("minilm-rt", **RUN, dataset="absent/tickets.csv", labels="billing,bug").check()
+    with pytest.raises(
+        FedloraError, match="labels billing, bug, other are not the run's --labels billing, bug"
+    ):
+        run_label_space(declared, "billing,bug,other")
+    with pytest.raises(FedloraError, match="not the classes of rotten-tomatoes"):
+        run_label_space(preset("minilm-rt", **RUN).check(), "billing,bug,other")
+
+
 # --- the node's policy -----------------------------------------------------------------------------
 def test_policy_refuses_other_mechanisms_datasets_and_deltas():
     policy = NodePolicy.from_node_config(
@@ -711,3 +793,143 @@ def test_client_refuses_a_round_that_asks_less_noise_than_the_plan(tmp_path, own
         app(instruction(0.01), _context(cfg, node))
     reply = app(instruction(0.5), _context(cfg, node))
     assert reply.content["meta"]["noise-std"] == 0.5 and len(reply.content["metrics"]) == 0
+
+
+# --- a federation on its own CSV, joined by data owners holding only their own files (slow) ----------
+TICKET_LABELS = ("billing", "bug", "other")
+TICKET_WORDS = {
+    "billing": "I was charged twice",
+    "bug": "the app crashes on start",
+    "other": "where is your office",
+}
+
+
+def _tickets_csv(path: Path, rows: int, labels: tuple[str, ...] = TICKET_LABELS, start: int = 0) -> Path:
+    """Support tickets with the columns ``ticket_text``, ``category`` (label names) and ``customer``."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        out = csv.writer(fh)
+        out.writerow(["ticket_text", "category", "customer"])
+        for i in range(start, start + rows):
+            label = labels[i % len(labels)]
+            out.writerow([f"Ticket {i}: {TICKET_WORDS[label]}.", label, f"c{i % 7}"])
+    return path
+
+
+NODE_SCRIPT = """
+import os, shlex
+from client.node import sdk
+
+columns = dict(text_column="ticket_text", label_column="category")
+data = sdk.prepare_data("mine.csv", "my-node/data.jsonl", label_names=["billing", "bug", "other"], **columns)
+node = dict(superlink=os.environ["SUPERLINK"], data=data, mechanism="fedavg", dataset="tickets.csv",
+            label_names=["billing", "bug", "other"], state_dir="my-node/state", insecure=True, **columns)
+print(shlex.join(sdk.command(**node)), flush=True)
+sdk.join(**node)
+"""
+
+
+@pytest.mark.slow
+def test_an_own_csv_federation_is_joined_by_nodes_holding_only_their_own_files(tmp_path):
+    """The run trains on its own tickets.csv (columns ticket_text/category/customer); two data owners,
+    each with only their own CSV of those columns, join it: one with the SDK (prepare_data, then
+    command and join with the prepared JSONL and the column names), one with ``fedlora node``
+    (--text-column/--label-column/--labels; its data has two of the three classes). The label names
+    give both the federation's class indices; the command the SDK prints is the one it runs."""
+    scripts = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT),
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "HF_HUB_OFFLINE": "1",
+        "FEDLORA_CACHE": os.environ.get("FEDLORA_CACHE", str(ROOT / ".cache")),
+    }
+    port = _free_port()
+    federation, link_home, cli_home = tmp_path / "federation", tmp_path / "link", tmp_path / "cli"
+    owner_a, owner_b = tmp_path / "owner-a", tmp_path / "owner-b"
+    for d in (federation, link_home, cli_home, owner_a, owner_b):
+        d.mkdir()
+    _tickets_csv(federation / "tickets.csv", 90)  # the federation's file: only the server's machine has it
+    _tickets_csv(owner_a / "mine.csv", 12, start=100)
+    _tickets_csv(owner_b / "theirs.csv", 10, labels=("bug", "other"), start=200)
+    (owner_a / "join.py").write_text(NODE_SCRIPT, encoding="utf-8")
+    (cli_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "e2e"\n\n[superlink.e2e]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    link = _start(
+        [str(scripts / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
+         "--database", str(tmp_path / "state.db"), "--disable-runtime-dependency-installation"],
+        tmp_path / "superlink.log", env={**env, "FLWR_HOME": str(link_home)}, cwd=federation,
+    )  # fmt: skip
+    nodes: list[subprocess.Popen] = []
+    try:
+        _wait_for_port(port, link, tmp_path / "superlink.log")
+        node_env = {**env, "SUPERLINK": f"127.0.0.1:{port}"}
+        nodes.append(_start([sys.executable, "join.py"], tmp_path / "node-a.log", env=node_env, cwd=owner_a))
+        nodes.append(
+            _start(
+                [
+                    str(scripts / "fedlora"),
+                    "node",
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--data",
+                    "theirs.csv",
+                    "--text-column",
+                    "ticket_text",
+                    "--label-column",
+                    "category",
+                    "--labels",
+                    "billing,bug,other",
+                    "--dataset",
+                    "tickets.csv",
+                    "--mechanism",
+                    "fedavg",
+                    "--state-dir",
+                    "state",
+                    "--insecure",
+                ],
+                tmp_path / "node-b.log",
+                env=node_env,
+                cwd=owner_b,
+            )
+        )
+        run_dir = tmp_path / "run"
+        overrides = (
+            "preset='minilm-rt' dataset='tickets.csv' text-column='ticket_text' label-column='category' "
+            "num-clients=2 rounds=1 local-steps=1 batch-size=8 max-train-examples=60 eval-examples=20 "
+            f"mechanism='fedavg' round-timeout=300 out-dir='{run_dir}'"
+        )
+        flwr = _start(
+            [str(scripts / "flwr"), "run", str(ROOT), "e2e", "--stream", "--run-config", overrides],
+            tmp_path / "flwr.log", env={**env, "FLWR_HOME": str(cli_home)}, cwd=tmp_path,
+        )  # fmt: skip
+        nodes.append(flwr)
+        deadline = time.monotonic() + 300
+        while flwr.poll() is None and time.monotonic() < deadline:  # a node that exits fails at once
+            if any(node.poll() is not None for node in nodes[:2]):
+                break
+            time.sleep(0.5)
+        logs = "".join((tmp_path / f"{n}.log").read_text()[-3000:] for n in ("flwr", "node-a", "node-b"))
+        assert flwr.poll() == 0, logs
+        nodes.remove(flwr)
+        assert all(node.poll() is None for node in nodes), logs  # both nodes still serve
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["rounds_completed"] == 1, summary
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert records[-1]["replied"] == 2 and not records[-1]["rejected"], records
+        # the federation's classes are billing, bug, other: the nodes' labels use those indices
+        assert read_jsonl(owner_a / "my-node" / "data.jsonl").labels == tuple(i % 3 for i in range(100, 112))
+        assert read_jsonl(owner_b / "state" / "data.jsonl").labels == tuple(
+            1 + i % 2 for i in range(200, 210)
+        )
+        printed = shlex.split((tmp_path / "node-a.log").read_text().splitlines()[0])
+        assert "flower-supernode" in printed[0]
+        node_port = int(printed[printed.index("--port") + 1])
+        with socket.socket() as s:  # the node listens on the port of the command it printed
+            assert s.connect_ex(("127.0.0.1", node_port)) == 0, logs
+        assert not (owner_a / "tickets.csv").exists() and not (owner_b / "tickets.csv").exists()
+    finally:
+        for p in (*nodes, link):
+            _stop(p)
