@@ -35,7 +35,7 @@ from common.privacy.ledger import Charge, Ledger
 from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, what_if
 from common.privacy.report import write_report
 from common.privacy.secure_plan import SecurePlan
-from common.privacy.statement import statement
+from common.privacy.statement import round_epsilons, statement
 from server import checkpoint
 from server.checkpoint import LoopState
 from server.evaluation import Evaluator
@@ -400,7 +400,7 @@ def _round_line(
         if secure:  # per client, Skellam noise: RDP alone (the CLT mu-GDP is no bound for it)
             line += f", client-level eps (worst client) rdp {record['eps_tight']:.3g}"
         else:
-            line += f", client-level eps{what_if} gdp {record['eps_gdp']:.3g} / pld {record['eps_tight']:.3g}"
+            line += f", client-level eps{what_if} {round_epsilons(record['eps_gdp'], record['eps_tight'])}"
     return line
 
 

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from common.errors import FedloraError
+from common.privacy.statement import round_epsilons
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
@@ -113,8 +114,11 @@ def _charged(summary: dict) -> str:
     if not (gdp or tight):
         return ""
     accountant = privacy.get("tight_accountant", "pld")
-    bounds = (("gdp", gdp), (accountant, tight)) if accountant == "pld" else ((accountant, tight),)
-    eps = " / ".join(f"{name} {value:.3g}" for name, value in bounds if value is not None)
+    if accountant == "pld" and gdp is not None and tight is not None:  # the larger leads (statement.py)
+        eps = round_epsilons(gdp, tight)
+    else:
+        bounds = (("gdp", gdp), (accountant, tight)) if accountant == "pld" else ((accountant, tight),)
+        eps = " / ".join(f"{name} {value:.3g}" for name, value in bounds if value is not None)
     return f"; charged all the same: {privacy.get('what_if', '')}client-level eps {eps}"
 
 

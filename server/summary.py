@@ -134,8 +134,8 @@ def format_summary(s: dict) -> str:
             else []
         ),
         *(
-            f"  node {n['node']:<14} sample-level epsilon {n['eps_tight']:.4g} (pld) / {n['eps_gdp']:.4g} "
-            f"(gdp) at delta {n['delta']:g}, from its ledger"
+            f"  node {n['node']:<14} sample-level epsilon {n['eps_tight']:.4g} (pld, the guarantee; gdp "
+            f"{n['eps_gdp']:.4g} is the CLT mu-GDP approximation, not a bound) at delta {n['delta']:g}, from its ledger"
             for n in s.get("node_privacy", [])
         ),
         *(f"  not covered        {what}" for what in s.get("not_covered", [])),

@@ -272,11 +272,47 @@ def _print(result: dict, as_json: bool) -> None:
         print(f"{key:<{width}}  {shown}")
 
 
+def _ledger_path(path: Path) -> Path:
+    """The ledger file ``path`` names: itself, or a run directory's ledger.sqlite. A run directory
+    without one says why (the run released nothing under client-level DP); any other directory, that
+    it is not a run's."""
+    if not path.is_dir():
+        return path
+    if (path / "ledger.sqlite").is_file():
+        return path / "ledger.sqlite"
+    config = path / "config.json"
+    if not config.is_file():
+        raise FedloraError(f"no ledger at {path} (not a run directory: no config.json, no ledger.sqlite)")
+    from dataclasses import fields
+
+    from common.config import RunConfig
+
+    try:
+        stored = json.loads(config.read_text(encoding="utf-8"))
+        cfg = RunConfig(**{f.name: stored[f.name] for f in fields(RunConfig) if f.name in stored})
+        private, release, clip_only = cfg.private, cfg.release_kind, cfg.clip_only
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise FedloraError(f"no ledger in {path} (its config.json is unreadable)") from None
+    if not private:
+        why = "the run was not private (no DP mechanism), so it charged no epsilon"
+    elif clip_only:
+        why = "the run was not private (clip-only diagnostic: increments clipped, no noise), so it charged no epsilon"
+    elif release == "none":
+        nodes = sorted(path.glob("nodes/node-*/sample-ledger.sqlite"))
+        where = f": {', '.join(map(str, nodes))}" if nodes else " (in each node's state directory)"
+        why = f"the run had no client-level release; its sample-level ledgers are the nodes'{where}"
+    else:
+        why = "the run charged nothing yet (no round started)"
+    raise FedloraError(f"no ledger in {path}: {why}")
+
+
 def _ledger(args: argparse.Namespace) -> int:
     from common.privacy.ledger import Ledger
     from common.privacy.report import write_report
+    from common.privacy.statement import both_epsilons
 
-    ledger = Ledger.open(args.path)
+    path = _ledger_path(args.path)
+    ledger = Ledger.open(path)
     try:
         report = ledger.report()
         if args.report_dir:
@@ -291,12 +327,9 @@ def _ledger(args: argparse.Namespace) -> int:
     if report["tight_accountant"] == "rdp":  # Skellam noise: the CLT mu-GDP is no bound, RDP alone holds
         spent = f"epsilon {report['epsilon']:.4g} (rdp; the CLT gdp {report['eps_gdp']:.4g} is no bound here)"
     else:
-        spent = (
-            f"epsilon {report['eps_gdp']:.4g} (gdp, mu {report['mu']:.4g}) / {report['eps_tight']:.4g} "
-            f"({report['tight_accountant']})"
-        )
+        spent = both_epsilons(report)
     print(
-        f"{report['what_if']}{report['unit']} ledger {args.path} (owner {report['owner']}), "
+        f"{report['what_if']}{report['unit']} ledger {path} (owner {report['owner']}), "
         f"delta {float(report['delta']):g}: {spent}"
     )
     for guarantee in report["guarantees"]:

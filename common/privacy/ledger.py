@@ -435,6 +435,8 @@ class Ledger:
             "eps_gdp": last["eps_gdp"],
             "eps_tight": last["eps_tight"],
             "guarantees": sorted({r["guarantee"] for r in rows}),
+            # secure aggregation: the most charges any one client took part in (absent otherwise)
+            **({"most_participations": max(taken.values())} if (taken := self.participations()) else {}),
             "uncovered": self.uncovered(),
             "rounds": rows,
         }

@@ -37,7 +37,7 @@ def test_a_run_that_sampled_nobody_says_so_and_what_it_charged(tmp_path):
     run = _run_dir(tmp_path / "run", [_nobody(1)], client_privacy=PRIVACY)
     assert no_round_applied(run) == (
         "no round was applied: round 1 sampled nobody (sample rate 0.5 over 2 nodes); charged all the "
-        f"same: client-level eps gdp 6.01 / pld 4.38; the adapter in {run} is the initial one"
+        f"same: client-level eps gdp 6.01 (CLT approximation, above the pld bound 4.38; the budget holds to the larger); the adapter in {run} is the initial one"
     )
     with pytest.raises(NoRoundApplied) as err:
         check_applied(run)
@@ -116,7 +116,10 @@ def test_deploy_up_that_applied_no_round_exits_1_in_one_line(tmp_path, capsys, f
     assert err.startswith(
         "fedlora: error: no round was applied: round 1 sampled nobody (sample rate 0.5 over 2"
     )
-    assert "charged all the same: client-level eps gdp 6.01 / pld 4.38" in err
+    assert (
+        "charged all the same: client-level eps gdp 6.01 (CLT approximation, above the pld bound 4.38; the budget holds to the larger)"
+        in err
+    )
 
 
 def test_deploy_up_that_applied_a_round_exits_0(tmp_path, capsys, fake_deployment):
