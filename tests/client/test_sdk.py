@@ -714,10 +714,11 @@ def _wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float 
     raise AssertionError(f"nothing listens on {port} after {timeout} s: {log.read_text()[-3000:]}")
 
 
-@pytest.mark.slow
-def test_readme_sdk_example_joins_a_real_federation(tmp_path):
+def _process_env() -> dict[str, str]:
+    """The environment of a test's real SuperLink and nodes: this Python's scripts first on PATH,
+    this checkout importable, offline, no Flower update check or runtime installs."""
     scripts = Path(sys.executable).parent
-    env = {
+    return {
         **os.environ,
         "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": str(ROOT),
@@ -726,6 +727,11 @@ def test_readme_sdk_example_joins_a_real_federation(tmp_path):
         "HF_HUB_OFFLINE": "1",
         "FEDLORA_CACHE": os.environ.get("FEDLORA_CACHE", str(ROOT / ".cache")),
     }
+
+
+@pytest.mark.slow
+def test_readme_sdk_example_joins_a_real_federation(tmp_path):
+    scripts, env = Path(sys.executable).parent, _process_env()
     port = _free_port()
     link_home, cli_home, owner = tmp_path / "link", tmp_path / "cli", tmp_path / "owner"
     for d in (link_home, cli_home, owner):
@@ -835,16 +841,7 @@ def test_an_own_csv_federation_is_joined_by_nodes_holding_only_their_own_files(t
     command and join with the prepared JSONL and the column names), one with ``fedlora node``
     (--text-column/--label-column/--labels; its data has two of the three classes). The label names
     give both the federation's class indices; the command the SDK prints is the one it runs."""
-    scripts = Path(sys.executable).parent
-    env = {
-        **os.environ,
-        "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(ROOT),
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "HF_HUB_OFFLINE": "1",
-        "FEDLORA_CACHE": os.environ.get("FEDLORA_CACHE", str(ROOT / ".cache")),
-    }
+    scripts, env = Path(sys.executable).parent, _process_env()
     port = _free_port()
     federation, link_home, cli_home = tmp_path / "federation", tmp_path / "link", tmp_path / "cli"
     owner_a, owner_b = tmp_path / "owner-a", tmp_path / "owner-b"
