@@ -203,7 +203,9 @@ def secagg_round(
     params = release.params(rnd, tuple(sampled), seed)
     messages = train_messages(release, params, state)
     record.bytes_down = sum(message_bytes(m) for m in messages)
-    expected = ctx.release.expected(len(sampled)) | {"noise-std": release.noise_std}
+    expected = ctx.release.expected(
+        len(sampled)
+    )  # its noise-std: the plan's Skellam share (NoisePlan.client_std)
     advertised = _advertised(ctx.grid, messages, rnd, expected, record, ctx.cfg.round_timeout)
 
     def gate(survivors: list[int]) -> str:

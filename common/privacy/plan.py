@@ -16,7 +16,6 @@ the noise a K'-client round would, and the ε is valid for that deployment, not 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -115,7 +114,7 @@ class NoisePlan:
         """Noise std one of ``sampled`` clients adds to its increment clipped to ``clip`` (0: C); under
         secure aggregation its Skellam share of μ/m, in units of the update (√(μ/m) / s)."""
         if self.secure:
-            return math.sqrt(self.secure.share_variance) / self.secure.scale
+            return self.secure.share_std
         return self.threat.client_std(
             self.update_sigma, clip or self.clip, self.shares(sampled), self.cohort_scale
         )

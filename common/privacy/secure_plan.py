@@ -91,6 +91,11 @@ class SecurePlan:
     sample_rate: float = 1.0
     contributors: int = 0
 
+    @property
+    def share_std(self) -> float:
+        """Std of each client's Skellam share in units of the update: √(μ/m) / s."""
+        return math.sqrt(self.share_variance) / self.scale
+
     def as_dict(self) -> dict:
         return asdict(self)
 

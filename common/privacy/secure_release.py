@@ -45,7 +45,7 @@ class SecureRelease:
     @property
     def noise_std(self) -> float:
         """Std of each client's Skellam share, in units of the update (√(μ/m) / s)."""
-        return math.sqrt(self.plan.share_variance) / self.plan.scale
+        return self.plan.share_std
 
     def params(self, rnd: int, sampled: tuple[int, ...], public_seed: bytes) -> Params:
         """Server: round ``rnd``'s protocol parameters for the ``sampled`` nodes (their words are the
