@@ -10,7 +10,6 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from autoencoder.layout import is_factor
-from client import secure as client_secure
 from client.dp.sample_plan import SamplePlan, plan_sample_noise
 from client.drencoder.gradstats import local_stats, privatise
 from client.increment import increment as local_increment
@@ -19,7 +18,7 @@ from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard, partition_of
 from client.node.state import LEDGER_FILE, encoder_cache_dir, held_ledger
-from client.releases import client_release
+from client.transport import CLIENT_TRANSPORTS, ClientTransport, Reply, client_transport
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size, adapter_state
@@ -27,11 +26,9 @@ from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
 from common.privacy.mechanism import mechanism_for
 from common.privacy.plan import STATS_ROUND, NoisePlan, plan_noise
-from common.privacy.secure_release import SecureRelease
-from common.secagg import wire as sw
 from common.tasks.training import StepSchedule
 from common.timing import phase
-from common.wire import DATA_SOURCE, StatsQuery, TrainInstruction, stats_reply, train_reply
+from common.wire import DATA_SOURCE, StatsQuery, TrainInstruction, stats_reply
 
 app = ClientApp()
 
@@ -93,9 +90,8 @@ def train(msg: Message, context: Context) -> Message:
     cfg, pid, parts = _run(context, ins.global_state)
     kind, release = cfg.optimizer_kind, cfg.release_kind
     noise = plan_noise(cfg, adapter_size(ins.global_state))
-    secure = secure_round(ins, cfg, context.node_id)  # checked before any training
-    if secure:  # the node's identity and the federation's roster, before any training
-        client_secure.credentials(dict(context.node_config))
+    transport = client_transport(cfg)
+    prepared = transport.prepare(ins, cfg, context)  # checked before any training
     released = None  # a noised client-level release: (event, clip), checked before any training
     if release != "none":
         clip = mechanism_for(noise, cfg).round_clip(ins.clip)  # the server's C under adaptive clipping
@@ -105,7 +101,7 @@ def train(msg: Message, context: Context) -> Message:
     cap = noise.participation_cap if noise is not None else 0
     # hidden participation: this node's own coin, which neither the reply's timing nor its size may
     # show: every node loads its data and trains whatever the coin says (constant work)
-    contributes = client_secure.takes_part(noise)
+    contributes = takes_part(noise)
     shard = _shard(context, cfg, ins.global_state)
     plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
     releases = _releases(context, cfg, pid, parts) if released else None
@@ -114,32 +110,34 @@ def train(msg: Message, context: Context) -> Message:
     metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan)
     if cfg.private:
         metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
-    increment = client_secure.contribution(
+    increment = contribution(
         local_increment(adapter_state(shard.bundle.model), ins.global_state, cfg.increment_form), contributes
     )
     if releases is not None:  # committed before the release leaves
         releases.check(ins.round, released[0], releases.future(ins.round, cap))
         releases.charge(ins.round, *released, noise.threat_model)
-    reply = release_reply(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
-    return Message(reply, reply_to=msg)
+    out = _reply_of(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
+    return Message(_reply(transport, prepared, ins, cfg, context, out), reply_to=msg)
 
 
-for _stage, _handler in client_secure.HANDLERS.items():  # secure aggregation's stages 1-3
-    app.train(_stage.removeprefix("train."))(_handler)
+for _transport in CLIENT_TRANSPORTS.values():  # the further stages of a transport's round (SecAgg+'s)
+    for _stage, _handler in _transport.stages.items():
+        app.train(_stage.removeprefix("train."))(_handler)
 
 
-def secure_round(ins: TrainInstruction, cfg: RunConfig, node: int) -> tuple[SecureRelease, dict] | None:
-    """Under secure aggregation (None otherwise): the run's release, from this node's own plan, and
-    the round's protocol values, checked against that plan (a one-line refusal): called before any
-    training, and again when the reply is built."""
-    noise = plan_noise(cfg, adapter_size(ins.global_state))
-    if noise is None or noise.secure is None:
-        return None
-    shapes = {k: tuple(v.shape) for k, v in ins.global_state.items()}
-    release = SecureRelease(noise.secure, shapes)
-    values = sw.fields(RecordDict(dict(ins.records)), ins.round)
-    release.check_params(sw.params_from(values, ins.round), node, ins.noise_std)
-    return release, values
+def takes_part(noise: NoisePlan | None) -> bool:
+    """Whether this node contributes its update this round (else a zero update of the same shapes):
+    the plan's participation rule decides (common/privacy/participation.py; hidden participation: the
+    node's own coin from OS entropy), always without a plan. Real clients and audit canaries
+    (server/audit/client.py) flip the same coin."""
+    return noise is None or noise.participation.contributes()
+
+
+def contribution(increment: AdapterState, coin: bool) -> AdapterState:
+    """``increment`` when this node's coin came up, else a zero update of the same shapes: every
+    coordinate times 1 or 0, the same work either way, so that its timing does not show the coin."""
+    weight = float(coin)
+    return {name: value * weight for name, value in increment.items()}
 
 
 def _train_steps(
@@ -197,20 +195,50 @@ def release_reply(
     examples: int,
     metrics: dict,
 ) -> RecordDict:
-    """The train reply for ``increment``: the run's client-level release applied (clip, noise share,
-    encoding), its meta, and the example count only when the run is not private. The meta says
-    where the examples came from (``data-source``: ``own`` with a node config ``data-path``, else
+    """The train reply for ``increment`` through the run's transport (client/transport.py), the
+    round checked first: the run's client-level release applied (clip, noise share, encoding), or
+    under SecAgg+ only the node's signed keys (its encoded update kept for the protocol)."""
+    transport = client_transport(cfg)
+    prepared = transport.prepare(ins, cfg, context)
+    return _reply(
+        transport,
+        prepared,
+        ins,
+        cfg,
+        context,
+        _reply_of(increment, ins, cfg, device, context, examples, metrics),
+    )
+
+
+def _reply(
+    transport: ClientTransport,
+    prepared: object,
+    ins: TrainInstruction,
+    cfg: RunConfig,
+    context: Context,
+    out: Reply,
+) -> RecordDict:
+    with phase("encode"):
+        return transport.reply(prepared, ins, cfg, context, out)
+
+
+def _reply_of(
+    increment: AdapterState,
+    ins: TrainInstruction,
+    cfg: RunConfig,
+    device: torch.device,
+    context: Context,
+    examples: int,
+    metrics: dict,
+) -> Reply:
+    """What the train reply carries: ``increment``, its meta, the example count only when the run is
+    not private (a clear count is not private), the local ``metrics``. The meta says where the
+    examples came from (``data-source``: ``own`` with a node config ``data-path``, else
     ``partition``), never the file's path or name."""
     node_config = dict(context.node_config)
+    count = None if cfg.private else examples
     meta = _reply_meta(ins, cfg, node_config)
-    with phase("encode"):
-        if secure := secure_round(ins, cfg, context.node_id):  # only the node's public keys leave
-            return client_secure.train_reply(context, *secure, ins.round, increment, meta)
-        sent, extra = client_release(cfg.release_kind)(
-            increment, ins, cfg, device, encoder_cache_dir(node_config)
-        )
-    count = None if cfg.private else examples  # a clear count is not private
-    return train_reply(sent, ins.round, count, metrics, {**meta, **extra})
+    return Reply(increment, meta, count, metrics, device, encoder_cache_dir(node_config))
 
 
 def _reply_meta(ins: TrainInstruction, cfg: RunConfig, node_config: dict) -> dict[str, object]:

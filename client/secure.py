@@ -14,20 +14,21 @@ line). A node without them refuses a secure round in one line before it trains.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
+from common.config import RunConfig
 from common.errors import FedloraError
-from common.models import AdapterState
-from common.privacy.plan import NoisePlan
+from common.models import AdapterState, adapter_size
+from common.privacy.plan import plan_noise
 from common.privacy.secure_release import SecureRelease
 from common.secagg import identity, keys, prf, protocol
 from common.secagg import wire as sw
 from common.secagg.identity import Identity
 from common.secagg.protocol import Client, Held, PublicKeys
+from common.wire import TrainInstruction
 
 STATE = "secagg-state"  # context.state record of the round in progress
 
@@ -134,25 +135,18 @@ def train_reply(
     return RecordDict({**sw.record(rnd, **keys), "meta": ConfigRecord(meta)})
 
 
-def contributes(rate: float) -> bool:
-    """A coin that comes up with probability ``rate`` (to 2^-53), from OS entropy: whether this node
-    contributes its update to a round under hidden participation. Never seeded, never stored, never
-    sent: the server must not learn it."""
-    return secrets.randbelow(2**53) < round(rate * 2**53)
-
-
-def takes_part(noise: NoisePlan | None) -> bool:
-    """Whether this node contributes its update this round (else a zero update with its share): by
-    its own coin at the plan's sample rate under secure aggregation (1 unless participation is
-    hidden), always otherwise. Real clients (client/app.py) and audit canaries flip the same coin."""
-    return noise is None or noise.secure is None or contributes(noise.secure.sample_rate)
-
-
-def contribution(increment: AdapterState, coin: bool) -> AdapterState:
-    """``increment`` when this node's coin came up, else a zero update of the same shapes: every
-    coordinate times 1 or 0, the same work either way, so that its timing does not show the coin."""
-    weight = float(coin)
-    return {name: value * weight for name, value in increment.items()}
+def prepare(ins: TrainInstruction, cfg: RunConfig, context: Context) -> tuple[SecureRelease, dict]:
+    """Before any training: the run's release from this node's own plan, and the round's protocol
+    values, checked against that plan; this node's identity and the federation's roster loaded (each
+    a one-line refusal)."""
+    noise = plan_noise(cfg, adapter_size(ins.global_state))
+    if noise is None or noise.secure is None:  # (the run config refuses it first: common/config.py)
+        raise FedloraError("secure aggregation needs a client-level release (--mechanism dp-fedavg)")
+    release = SecureRelease(noise.secure, {k: tuple(v.shape) for k, v in ins.global_state.items()})
+    values = sw.fields(RecordDict(dict(ins.records)), ins.round)
+    release.check_params(sw.params_from(values, ins.round), context.node_id, ins.noise_std)
+    credentials(dict(context.node_config))
+    return release, values
 
 
 def _stage(run: Callable[[Client, bytes, dict, Context], dict[str, object]]):
@@ -208,9 +202,7 @@ __all__ = [
     "HANDLERS",
     "STATE",
     "begin",
-    "contributes",
-    "contribution",
     "credentials",
-    "takes_part",
+    "prepare",
     "train_reply",
 ]

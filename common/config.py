@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from common.codec_specs import CODEC_SPECS, CodecSpec, find_codec
@@ -646,11 +647,11 @@ class RunConfig:
                 raise FedloraError(
                     f"{flag} needs a client-level release (--mechanism dp-fedavg or dr-encoder)"
                 )
-        threat = THREATS[self.threat_model]
-        if release != "none" and (why := threat.transport.refuses(release, self.adaptive_clip)):
+        transport = THREATS[self.threat_model].transport
+        if why := transport.refuses(release, self.adaptive_clip):
             raise FedloraError(f"--threat-model {self.threat_model}: {why}")
-        if threat.summed_securely:
-            self._check_secure_aggregation()
+        if check := _TRANSPORT_CHECKS.get(transport.name):
+            check(self)
         budget = self.noise_multiplier > 0 or self.target_epsilon > 0
         if self.clip_only and budget:
             raise FedloraError("--clip-only adds no noise: drop --noise-multiplier and --target-epsilon")
@@ -724,6 +725,9 @@ class RunConfig:
 
 
 #: ``--help`` text of every option (from the declarations)
+#: transport name (common/privacy/threat.py ``TransportSpec``) -> what a run through it must also hold
+_TRANSPORT_CHECKS: dict[str, Callable[[RunConfig], None]] = {"secagg+": RunConfig._check_secure_aggregation}
+
 HELP: dict[str, str] = {f.name: f.metadata["help"] for f in fields(RunConfig)}
 
 

@@ -31,10 +31,10 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes, adapter_size
 from common.privacy.accountants import Event
-from common.privacy.ledger import Charge, Ledger
+from common.privacy.ledger import Charge, Ledger, tight_accountant
+from common.privacy.participation import Participation, PoissonSampling, os_sampler
 from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, what_if
 from common.privacy.report import write_report
-from common.privacy.secure_plan import SecurePlan
 from common.privacy.statement import round_epsilons, statement
 from server import checkpoint
 from server.checkpoint import LoopState
@@ -45,7 +45,6 @@ from server.public_prior import PublicSubspace
 from server.releases import Release, RunHandles, make_release
 from server.round import RoundContext, RoundRecord, run_round
 from server.run_dir import RunDir
-from server.sampling import balanced_sample, eligible, os_sampler, participations, poisson_sample
 from server.summary import data_used, format_summary
 from server.transport import transport_for
 
@@ -102,9 +101,9 @@ class FederationRun:
         return self.out.run_id
 
     @property
-    def secure(self) -> SecurePlan | None:
-        """The secure-aggregation plan of the run (``--threat-model secure-aggregation``), else None."""
-        return self.plan.secure if self.plan else None
+    def participation(self) -> Participation:
+        """Who takes part in a round: the plan's rule, or Poisson sampling at the run's rate."""
+        return self.plan.participation if self.plan else PoissonSampling(self.cfg.sample_rate)
 
     @property
     def metric(self) -> str:
@@ -219,28 +218,22 @@ def _public_subspace(run: FederationRun) -> PublicSubspace | None:
 def _round(run: FederationRun, rnd: int) -> bool:
     """Round ``rnd``: sample, charge, run, evaluate, checkpoint, settle, log; False (and nothing run)
     when the client-level budget stops the run before it."""
+    who = run.participation
     # the nodes online now: a lost node leaves, a restarted one (a new id) joins
-    online, secure = sorted(run.grid.get_node_ids()), run.secure
-    taken = participations(run.ledger) if secure else {}
-    if secure:
-        online = eligible(online, taken, secure.participations)
+    taken = who.taken(run.ledger)
+    online = who.online(sorted(run.grid.get_node_ids()), taken)
     if run.ledger and (stopped := _stop_reason(run, online)):
         run.stopped = stopped
         run.out.log({"round": rnd, "phase": "stopped", "reason": stopped})
         run.echo(f"round {rnd}: not run: {stopped}")
         return False
     t0, clip = time.monotonic(), run.release.clip
-    if secure:  # a fixed cohort under the cap; fewer than m could never be unmasked: nothing sent
-        sampled = balanced_sample(online, taken, secure.cohort, run.rng)
-        drawn, sampled = len(sampled), sampled if len(sampled) >= secure.min_survivors else []
-    else:
-        sampled = poisson_sample(online, run.cfg.sample_rate, run.rng)
-    charged = run.ledger is not None and bool(sampled or not secure)  # (secure: per client; nobody, nothing)
+    sampled, drawn = who.sample(online, taken, run.rng)  # (fewer than a release needs: nothing sent)
+    charged = run.ledger is not None and bool(sampled or who.charges_empty)
     if charged:  # committed before any instruction (and so any release) goes out
         run.ledger.charge(_charge(run, rnd, sampled))
     result = _train(run, rnd, sampled)
-    if secure and not sampled:
-        result.sampled = drawn
+    result.sampled = drawn
     run.loop.count(result)
     evaluated = result.applied and (rnd % run.cfg.eval_every == 0 or rnd == run.cfg.rounds)
     if evaluated:
@@ -265,16 +258,10 @@ def _train(run: FederationRun, rnd: int, sampled: list[int]) -> RoundRecord:
 
 
 def _stop_reason(run: FederationRun, online: list[int]) -> str | None:
-    """Why the run must stop before the next round: the budget (secure aggregation: every client
-    online has reached its participation cap), else None."""
-    secure = run.secure
-    if not secure:
-        return budget_stop(run.ledger, run.plan, run.release.events())
-    if len(online) >= secure.min_survivors:
-        return None
-    return (
-        f"client-level budget reached: {len(online)} clients online are under the participation cap of "
-        f"{secure.participations}, fewer than min-replies {secure.min_survivors}"
+    """Why the run must stop before the next round: too few ``online`` nodes left to the participation
+    rule (a cap spent), or the budget, else None."""
+    return run.participation.stop_reason(
+        online, lambda: budget_stop(run.ledger, run.plan, run.release.events())
     )
 
 
@@ -284,6 +271,7 @@ def _record(run: FederationRun, rnd: int, result: RoundRecord, clip: float, t0: 
     record = result.to_json()
     if run.ledger and (row := run.ledger.row(run.run_id, rnd)):  # (a secure round nobody joined: none)
         record.update({k: row[k] for k in ("sigma", "mu", "eps_gdp", "eps_tight")})
+        record["tight_accountant"] = tight_accountant([run.plan.event])[0]().name  # pld, or rdp (Skellam)
     if run.cfg.adaptive_clip:
         record.update(clip=clip, next_clip=run.release.clip)
     record.update(seconds=round(time.monotonic() - t0, 3), **({} if run.loop.stale else run.loop.after))
@@ -301,7 +289,7 @@ def _commit(run: FederationRun, rnd: int, result: RoundRecord, record: dict, cha
         status = "applied" if result.applied or result.phase == "skipped" else "withheld"
         run.ledger.settle(run.run_id, rnd, status, replied=result.replied)
     run.out.log(record)
-    run.echo(_round_line(record, run.metric, run.ledger, run.secure is not None, run.cfg.sample_rate))
+    run.echo(_round_line(record, run.metric, run.ledger, run.participation.per_client, run.cfg.sample_rate))
 
 
 def _finish(run: FederationRun) -> dict:
@@ -333,7 +321,7 @@ def _charge(run: FederationRun, rnd: int, sampled: list[int]) -> Charge:
         threat_model=plan.threat_model,
         mechanism=cfg.mechanism,
         events=run.release.events(),
-        participants=tuple(sampled) if plan.secure else (),
+        participants=tuple(sampled) if run.participation.per_client else (),
     )
 
 
@@ -372,7 +360,11 @@ def _reconcile(run: FederationRun) -> int:
 
 
 def _round_line(
-    record: dict, metric: str, ledger: Ledger | None, secure: bool = False, sample_rate: float | None = None
+    record: dict,
+    metric: str,
+    ledger: Ledger | None,
+    per_client: bool = False,
+    sample_rate: float | None = None,
 ) -> str:
     """Round ``record``'s console line. A skipped round says that nothing was trained and why
     (nobody sampled at ``sample_rate`` from the nodes online, or, under secure aggregation, fewer
@@ -397,7 +389,7 @@ def _round_line(
         )
     if ledger and "eps_tight" in record:
         what_if = f" (WHAT-IF: for {ledger.population})" if ledger.validity else ""
-        if secure:  # per client, Skellam noise: RDP alone (the CLT mu-GDP is no bound for it)
+        if per_client:  # each client's own charges (secure aggregation's Skellam noise: RDP alone)
             line += f", client-level eps (worst client) rdp {record['eps_tight']:.3g}"
         else:
             line += f", client-level eps{what_if} {round_epsilons(record['eps_gdp'], record['eps_tight'])}"

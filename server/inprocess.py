@@ -58,7 +58,9 @@ class InProcessGrid(Grid):
         self._run = Run.create_empty(run_id)
         # the operator's step, done before the first message (nothing is written before the run's
         # checks): every node gets an identity key, and every node the roster of them all
-        keys = Path(state_root or Path(tempfile.gettempdir()) / f"fedlora-nodes-{uuid.uuid4().hex}")
+        # without a state root: a temporary folder, removed with this grid (or at exit)
+        self._scratch = None if state_root else tempfile.TemporaryDirectory(prefix="fedlora-nodes-")
+        keys = Path(state_root or self._scratch.name)
         self._identities = ([keys / f"node-{k}" / "identity" for k in range(num_nodes)], keys / "roster.pub")
         self.contexts = {
             FIRST_NODE_ID + k: Context(

@@ -25,6 +25,7 @@ from common.privacy.accountants import Event, SkellamEvent
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import calibrate_sigma, events_epsilon
 from common.privacy.ledger import Ledger
+from common.privacy.participation import CappedCohorts, Participation, PoissonSampling
 from common.privacy.report import apart
 from common.privacy.secure_plan import SecurePlan, run_secure_plan
 from common.privacy.threat import THREATS, Guarantee, ThreatModel
@@ -126,6 +127,16 @@ class NoisePlan:
         return self.update_sigma * self.cohort_scale
 
     @property
+    def participation(self) -> Participation:
+        """Who takes part in a round (common/privacy/participation.py): secure aggregation's capped
+        cohorts (every node, each by its own coin, with hidden participation), else Poisson sampling
+        at the run's rate."""
+        if self.secure:
+            s = self.secure
+            return CappedCohorts(s.cohort, s.participations, s.min_survivors, s.sample_rate)
+        return PoissonSampling(self.sample_rate)
+
+    @property
     def participation_cap(self) -> int:
         """The rounds one client may take part in (secure aggregation's cap); 0: no cap."""
         return self.secure.participations if self.secure else 0
@@ -139,6 +150,22 @@ class NoisePlan:
         clipping, scaled in a what-if run); at least the planned one once replied ≥ m."""
         return self.threat.released_sigma(self.server_sigma, replied, self.shares(sampled))
 
+    def spent_line(self, head: str, clip: str, totals: dict) -> str:
+        """The privacy statement's client-level line for a plan with its own accountant (secure
+        aggregation's Skellam noise: RDP, per client, the CLT μ-GDP no bound for it); empty: the
+        Gaussian ledger's (common/privacy/statement.py ``client_level``). ``head``: the line's
+        opening; ``clip``: how C is set; ``totals``: the ledger's report."""
+        if not self.secure:
+            return ""
+        s = self.secure
+        return (
+            f"{head} for the fewest survivors m = {s.min_survivors} (a round with r > m survivors "
+            f"carries sigma x sqrt(r/m), the ledger's), {clip}, at most {s.participations} rounds "
+            f"per client at p = {self.p:g}): epsilon {totals['eps_tight']:.4g} "
+            f"({totals.get('tight_accountant', 'rdp')}, the worst client's{_below_target(self, totals)})"
+            f" at delta {self.delta:g}"
+        )
+
     def planned_epsilon(self, rounds: int) -> float:
         """The larger ε of :data:`BUDGET_ACCOUNTANTS` after the prior events and ``rounds`` rounds,
         capped by the target (the server stops before exceeding it)."""
@@ -147,6 +174,25 @@ class NoisePlan:
         events = [*self.prior, replace(self.event, count=rounds)]
         eps = max(events_epsilon(name, events, self.delta) for name in self.budget_accountants)
         return min(eps, self.target_epsilon) if self.target_epsilon > 0 else eps
+
+
+def _below_target(plan: NoisePlan, totals: dict) -> str:
+    """Why a secure run's worst client spent less than the target (empty when it did not): rounds
+    with more survivors than m (the ledger's σ above the plan's), or fewer participations than the
+    cap."""
+    assert plan.secure is not None
+    eps, target = totals["eps_tight"], plan.target_epsilon
+    if target <= 0 or f"{eps:.4g}" == f"{target:.4g}":
+        return ""
+    why = []
+    realised = max((r["sigma"] for r in totals.get("rounds", ())), default=plan.sigma)
+    if realised > plan.sigma * (1 + 1e-9):
+        m = plan.secure.min_survivors
+        why.append(f"rounds had more survivors than m = {m}, so more noise (sigma up to {realised:.4g})")
+    most = totals.get("most_participations")
+    if most is not None and most < plan.secure.participations:
+        why.append(f"the worst client took part in {most} of at most {plan.secure.participations} rounds")
+    return f"; below the target {target:g}: {' and '.join(why)}" if why else ""
 
 
 def has_statistics_round(cfg: RunConfig) -> bool:
@@ -192,7 +238,17 @@ def plan_noise(cfg: RunConfig, dim: int = 0) -> NoisePlan | None:
     prior = statistics_events(cfg)
     sigma, calibrated = cfg.noise_multiplier, False
     if cfg.clip_only:
-        return NoisePlan(0.0, p, cfg.clip, cfg.threat_model, 0.0, cfg.delta, False, cfg.min_replies)
+        return NoisePlan(
+            0.0,
+            p,
+            cfg.clip,
+            cfg.threat_model,
+            0.0,
+            cfg.delta,
+            False,
+            cfg.min_replies,
+            sample_rate=cfg.sample_rate,
+        )
     if sigma == 0:
         try:
             sigma = max(

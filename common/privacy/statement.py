@@ -34,25 +34,6 @@ def round_epsilons(eps_gdp: float, eps_tight: float) -> str:
     return f"gdp {eps_gdp:.3g} (CLT approximation, above the pld bound {eps_tight:.3g}; the budget holds to the larger)"
 
 
-def _below_target(plan: NoisePlan, totals: dict) -> str:
-    """Why a secure run's worst client spent less than the target (empty when it did not): rounds
-    with more survivors than m (the ledger's σ above the plan's), or fewer participations than the
-    cap."""
-    assert plan.secure is not None
-    eps, target = totals["eps_tight"], plan.target_epsilon
-    if target <= 0 or f"{eps:.4g}" == f"{target:.4g}":
-        return ""
-    why = []
-    realised = max((r["sigma"] for r in totals.get("rounds", ())), default=plan.sigma)
-    if realised > plan.sigma * (1 + 1e-9):
-        m = plan.secure.min_survivors
-        why.append(f"rounds had more survivors than m = {m}, so more noise (sigma up to {realised:.4g})")
-    most = totals.get("most_participations")
-    if most is not None and most < plan.secure.participations:
-        why.append(f"the worst client took part in {most} of at most {plan.secure.participations} rounds")
-    return f"; below the target {target:g}: {' and '.join(why)}" if why else ""
-
-
 def client_level(plan: NoisePlan | None, totals: dict | None) -> str:
     """The client-level guarantee in one line; ``totals``: the ledger's report (ε spent)."""
     if plan is not None and not plan.private:
@@ -62,16 +43,7 @@ def client_level(plan: NoisePlan | None, totals: dict | None) -> str:
     g = plan.guarantee
     clip = f"adaptive C from {plan.clip:g}" if plan.count_std else f"C {plan.clip:g}"
     head = f"client-level ({plan.threat_model} noise, sigma {plan.sigma:.4g}{' calibrated' if plan.calibrated else ''}"
-    if plan.secure:  # Skellam noise: RDP is its accountant (the CLT mu-GDP is no bound for it)
-        line = (
-            f"{head} for the fewest survivors m = {plan.secure.min_survivors} (a round with r > m survivors "
-            f"carries sigma x sqrt(r/m), the ledger's), {clip}, at most {plan.secure.participations} rounds "
-            f"per client at p = {plan.p:g}): epsilon {totals['eps_tight']:.4g} "
-            f"({totals.get('tight_accountant', 'rdp')}, the worst client's{_below_target(plan, totals)})"
-        )
-        line += f" at delta {plan.delta:g}"
-    else:
-        line = f"{head}, {clip}): {both_epsilons(totals, plan.delta)}"
+    line = plan.spent_line(head, clip, totals) or f"{head}, {clip}): {both_epsilons(totals, plan.delta)}"
     line += f"; {g.adjacency}; against {g.observer}"
     return what_if_label(what_if(plan)) + line
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from common.config import RunConfig
@@ -145,10 +146,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _secagg_min_replies(cfg: RunConfig, canaries: int) -> int:
+    """SecAgg+'s min-replies m for an audit arm: its shares are sized for m, 9/10 of the cohort the
+    plan counts over the federation (canaries included; under hidden participation all of its
+    clients), so a full cohort carries 10/9 of the noise the plan needs."""
+    from common.privacy.secure_plan import cohort_bound
+    from server.audit.client import federation
+
+    cohort = cohort_bound(federation(cfg, canaries))
+    return max(cfg.secagg_neighbours // 2 + 1, cohort * 9 // 10)
+
+
+#: transport name -> an audit arm's min-replies through it (the others keep the preset's)
+_MIN_REPLIES: dict[str, Callable[[RunConfig, int], int]] = {"secagg+": _secagg_min_replies}
+
+
 def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
     """Each arm's config (its real clients), checked first, all of them, as the federation it runs:
     the canary slots are clients of it like any other (server/audit/client.py ``federation``)."""
-    from common.privacy.secure_plan import cohort_bound
     from server.audit.client import federation
 
     base = {**(QUICK if args.quick else {}), "clip": args.clip, "seed": args.seed}
@@ -156,12 +171,8 @@ def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig
     configs = []
     for arm in arms:
         cfg = preset(args.preset, **{**base, **CLIENT_ARMS[arm]})
-        if THREATS[cfg.threat_model].summed_securely:
-            # the shares are sized for min-replies m: 9/10 of the cohort the plan counts over the
-            # federation (canaries included; under hidden participation all of its clients), so a
-            # full cohort carries 10/9 of the noise the plan needs
-            cohort = cohort_bound(federation(cfg, args.canaries))
-            cfg = cfg.replace(min_replies=max(cfg.secagg_neighbours // 2 + 1, cohort * 9 // 10))
+        if sized := _MIN_REPLIES.get(THREATS[cfg.threat_model].transport.name):
+            cfg = cfg.replace(min_replies=sized(cfg, args.canaries))
         federation(cfg, args.canaries).check()
         configs.append(cfg)
     return configs

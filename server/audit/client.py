@@ -24,7 +24,7 @@ An excluded canary reproduces the neighbouring relation that claim is accounted 
   timeout). The server rejects it like any reply that fails validation (server/round.py: recorded
   in the round's ``rejected`` and never summed). For the observer the claim is against (everyone
   but the trusted server: the global adapter) this is absence: sampling is Poisson, each node
-  independently (server/sampling.py), so the slot changes no other client's sample; the server
+  independently (common/privacy/participation.py), so the slot changes no other client's sample; the server
   clips and sums only the usable replies, adds its N(0, σ²C²) once, and divides by the constant
   p·N (common/privacy/mechanism.py ``GaussianSum``), never by the count of replies; adaptive clipping
   counts only usable replies' bits against the same constant p·N; a round is applied iff the
@@ -52,10 +52,9 @@ from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
 from safetensors.torch import load_file
 
-from client.app import release_reply
+from client.app import release_reply, takes_part
 from client.increment import increment as local_increment
 from client.node.shard import node_shard
-from client.secure import takes_part
 from common.config import RunConfig, from_flat
 from common.models import AdapterState, adapter_size
 from common.privacy.audit import MIN_CANARIES, summarize

@@ -251,16 +251,15 @@ def test_audit_client_excluded_canary_releases_a_zero_increment_under_zero_out(t
 @pytest.mark.parametrize("coin", [True, False])
 def test_audit_client_hidden_canaries_flip_the_coin_real_clients_flip(tmp_path, monkeypatch, coin):
     """Under hidden participation an included canary contributes only when its own coin comes up, as a
-    real client does (client/secure.py takes_part); an excluded one always sends zero. With every
+    real client does (client/app.py takes_part); an excluded one always sends zero. With every
     coin up, the nonzero encodings are the 2 real clients' and the included canaries'; with every
     coin down, all 12 are zero."""
-    from client import secure
     from common.presets import preset
-    from common.privacy import discrete
+    from common.privacy import discrete, participation
     from server.audit.client import audit_run
     from tests.harness import TINY
 
-    monkeypatch.setattr(secure, "contributes", lambda rate: coin)
+    monkeypatch.setattr(participation, "contributes", lambda rate: coin)
     sent = []
     real_encode = discrete.encode
     monkeypatch.setattr(discrete, "encode", lambda x, *a: sent.append(bool(x.any())) or real_encode(x, *a))

@@ -154,7 +154,8 @@ def test_deploy_finishes_with_the_survivors_when_a_supernode_dies(tmp_path):
 @pytest.mark.parametrize(
     "threat, rate",
     [
-        ("secure-aggregation", 1.0),
+        # ~3 minutes each (a SuperNode's death is seen after two missed 30-s heartbeats): make test-all
+        pytest.param("secure-aggregation", 1.0, marks=pytest.mark.slow),
         pytest.param("secure-aggregation-hidden", 0.5, marks=pytest.mark.slow),  # each node's own coin
     ],
 )

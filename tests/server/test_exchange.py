@@ -72,3 +72,20 @@ def test_a_lost_node_is_a_dropout_of_its_round_not_a_rejection_from_node_1(caplo
         _, record = run_round(ctx, 3, [7, 9, 11], state)
     assert (record.replied, record.dropouts, record.rejected) == (2, [9], [])
     assert "node 9 unreachable" in caplog.text and "node 1" not in caplog.text
+
+
+def test_an_in_process_grid_removes_its_temporary_identities_when_it_is_gone():
+    """Without a state root, the nodes' identity keys and roster live in a temporary folder of the
+    grid's own, removed with the grid (not one more ``fedlora-nodes-*`` left in /tmp per run)."""
+    import gc
+    from pathlib import Path
+
+    from server.inprocess import FIRST_NODE_ID, InProcessGrid
+
+    grid = InProcessGrid(lambda msg, ctx: msg, 2, {})
+    grid.provision()
+    key = Path(str(grid.contexts[FIRST_NODE_ID].node_config["identity-key"]))
+    assert key.is_file() and key.parents[1].name.startswith("fedlora-nodes-")
+    del grid
+    gc.collect()
+    assert not key.parents[1].exists()

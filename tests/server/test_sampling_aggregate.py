@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from common.privacy.participation import balanced_sample, eligible, poisson_sample
 from server.aggregate import apply_increment, weighted_mean
-from server.sampling import balanced_sample, eligible, poisson_sample
 
 
 def test_poisson_inclusion_rate_matches_p():

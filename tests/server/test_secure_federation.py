@@ -19,6 +19,7 @@ from client import app as app_module
 from client import secure
 from common.config import to_flat
 from common.presets import preset
+from common.privacy import participation
 from common.privacy.accountants import RdpAccountant, SkellamEvent
 from common.privacy.ledger import Ledger
 from common.secagg import wire as sw
@@ -198,7 +199,7 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     from common.privacy import discrete
 
     coins = iter([True, False, False, True, False, False] * 2)
-    monkeypatch.setattr(secure, "contributes", lambda rate: rate == 0.5 and next(coins))
+    monkeypatch.setattr(participation, "contributes", lambda rate: rate == 0.5 and next(coins))
     trained, loaded, zeros = [], [], []
     real_steps, real_shard, real_encode = app_module._train_steps, app_module._shard, discrete.encode
     monkeypatch.setattr(discrete, "encode", lambda x, *a: zeros.append(not x.any()) or real_encode(x, *a))
@@ -310,7 +311,7 @@ def test_a_classifier_of_reply_time_and_size_guesses_the_hidden_coin_no_better_t
     rng = np.random.default_rng(0)
     coins = [bool(c) for c in rng.permutation([0, 1] * (PROBE_ROUNDS // 2))]
     feed = iter(coins)
-    monkeypatch.setattr(secure, "contributes", lambda rate: next(feed))
+    monkeypatch.setattr(participation, "contributes", lambda rate: next(feed))
     client, grid, train_message = _hidden_node(tmp_path, PROBE_ROUNDS)
     node = min(grid.contexts)
     times, sizes = [], set()

@@ -429,12 +429,12 @@ def _eps_by_round(path: Path) -> list[dict]:
     if not path.exists():
         return []
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    return [  # a secure-aggregation round (its ``secure`` field) is accounted by RDP, the others by PLD
+    return [  # each round's tight accountant as the run named it (RDP for Skellam noise, else PLD)
         {
             "round": r["round"],
             "eps_gdp": r["eps_gdp"],
             "eps_tight": r["eps_tight"],
-            "tight": "RDP" if "secure" in r else "PLD",
+            "tight": r.get("tight_accountant", "pld").upper(),
         }
         for r in lines
         if "eps_tight" in r

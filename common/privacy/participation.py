@@ -1,0 +1,189 @@
+"""Who takes part in a round, as a fact the privacy plan declares (common/privacy/plan.py
+``NoisePlan.participation``), read by the server's sampler and stop rule (server/federation.py) and by
+a node deciding whether it contributes (client/app.py):
+
+- :class:`PoissonSampling`: each online node is sampled with probability p, independently (the
+  amplification the accountants take); the plain exchange and central, local or distributed noise.
+- :class:`CappedCohorts`: a fixed cohort of the nodes under a participation cap, never fewer than the
+  fewest survivors the noise is sized for (secure aggregation: each participation is charged to the
+  node at p = 1); with hidden participation the cohort is every online node, and each contributes
+  its update by its own coin at p from OS entropy.
+
+Every draw that protects privacy comes from OS entropy (:func:`os_sampler`, :func:`contributes`),
+never from the run's published seed, and is never stored.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from common.privacy.ledger import Ledger
+
+
+def os_sampler() -> np.random.Generator:
+    """A fresh generator seeded from OS entropy (never from the run's seed, never checkpointed)."""
+    return np.random.default_rng(secrets.randbits(128))
+
+
+def contributes(rate: float) -> bool:
+    """A coin that comes up with probability ``rate`` (to 2^-53), from OS entropy: whether a node
+    contributes its update to a round under hidden participation. Never seeded, never stored, never
+    sent: the server must not learn it."""
+    return secrets.randbelow(2**53) < round(rate * 2**53)
+
+
+def poisson_sample(node_ids: Sequence[int], rate: float, rng: np.random.Generator) -> list[int]:
+    """Each node is included with probability ``rate``; the result may be empty."""
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"sample rate must be in (0, 1], got {rate}")
+    keep = rng.random(len(node_ids)) < rate
+    return [n for n, k in zip(node_ids, keep, strict=True) if k]
+
+
+def eligible(node_ids: Sequence[int], taken: Mapping[int, int], cap: int) -> list[int]:
+    """The nodes that have taken part fewer than ``cap`` times (``taken``: node id -> participations),
+    the rest having spent their per-client budget."""
+    return [n for n in node_ids if taken.get(n, 0) < cap]
+
+
+def balanced_sample(
+    node_ids: Sequence[int], taken: Mapping[int, int], size: int, rng: np.random.Generator
+) -> list[int]:
+    """A fixed cohort: ``size`` of ``node_ids`` (all of them when fewer), sorted, filled from the nodes
+    that have taken part least (``taken``), chosen uniformly at random within the last tier that does
+    not fit whole. With a cap of c participations, N nodes and cohorts of K, every node's cap is used
+    before any node's last participation and c·N/K rounds run (a uniform draw leaves fewer than K
+    under the cap near the end). Against the server each participation is charged at p = 1 whoever
+    is drawn, so the order costs nothing."""
+    if len(node_ids) <= size:
+        return sorted(node_ids)
+    tiers: dict[int, list[int]] = {}
+    for n in node_ids:
+        tiers.setdefault(taken.get(n, 0), []).append(n)
+    chosen: list[int] = []
+    for count in sorted(tiers):
+        tier, room = tiers[count], size - len(chosen)
+        if len(tier) <= room:
+            chosen += tier
+        else:
+            chosen += [int(n) for n in rng.choice(tier, size=room, replace=False)]
+        if len(chosen) == size:
+            break
+    return sorted(chosen)
+
+
+class Participation(Protocol):
+    """Who takes part in a round. ``per_client``: each round's charge names its participants (the
+    ledger counts them per client); ``charges_empty``: a round that samples nobody is charged all the
+    same (whom a hidden sampler picks, nobody included, is secret)."""
+
+    per_client: bool
+    charges_empty: bool
+
+    def taken(self, ledger: Ledger | None) -> dict[int, int]:
+        """Node id -> the rounds it has taken part in, as far as this rule counts them."""
+        ...
+
+    def online(self, nodes: Sequence[int], taken: Mapping[int, int]) -> list[int]:
+        """The ``nodes`` online that may still take part."""
+        ...
+
+    def stop_reason(self, online: Sequence[int], budget: Callable[[], str | None]) -> str | None:
+        """Why no further round can run with the ``online`` nodes this rule allows, or None: the run's
+        ``budget`` stop (common/privacy/plan.py ``budget_stop``: one more round's charge to every
+        client), or, under a per-client cap, the cap itself (what bounds each client's ε)."""
+        ...
+
+    def sample(
+        self, online: Sequence[int], taken: Mapping[int, int], rng: np.random.Generator
+    ) -> tuple[list[int], int]:
+        """``(sampled, drawn)``: the round's nodes (empty: nothing is sent) and how many were drawn
+        (more than ``sampled`` when a draw too small to be released is dropped whole)."""
+        ...
+
+    def contributes(self) -> bool:
+        """A node's own decision to contribute its update this round (else a zero update)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PoissonSampling:
+    """Each online node independently with probability ``rate`` (Poisson sampling)."""
+
+    rate: float
+    per_client: bool = False
+    charges_empty: bool = True
+
+    def taken(self, ledger: Ledger | None) -> dict[int, int]:
+        return {}
+
+    def online(self, nodes: Sequence[int], taken: Mapping[int, int]) -> list[int]:
+        return list(nodes)
+
+    def stop_reason(self, online: Sequence[int], budget: Callable[[], str | None]) -> str | None:
+        return budget()
+
+    def sample(
+        self, online: Sequence[int], taken: Mapping[int, int], rng: np.random.Generator
+    ) -> tuple[list[int], int]:
+        sampled = poisson_sample(online, self.rate, rng)
+        return sampled, len(sampled)
+
+    def contributes(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class CappedCohorts:
+    """A cohort of ``cohort`` nodes a round, each node in at most ``cap`` rounds, never fewer than
+    ``least`` (the fewest survivors the noise is sized for): a smaller draw sends nothing. Each node
+    drawn contributes its update by its own coin at ``rate`` (:func:`contributes`; below 1: hidden
+    participation, the server sees who was contacted, not who contributed)."""
+
+    cohort: int
+    cap: int
+    least: int
+    rate: float = 1.0
+    per_client: bool = True
+    charges_empty: bool = False
+
+    def taken(self, ledger: Ledger | None) -> dict[int, int]:
+        return ledger.participations() if ledger is not None else {}
+
+    def online(self, nodes: Sequence[int], taken: Mapping[int, int]) -> list[int]:
+        return eligible(nodes, taken, self.cap)
+
+    def stop_reason(self, online: Sequence[int], budget: Callable[[], str | None]) -> str | None:
+        if len(online) >= self.least:  # (each is under the cap; the unmask gate checks their ε)
+            return None
+        return (
+            f"client-level budget reached: {len(online)} clients online are under the participation cap of "
+            f"{self.cap}, fewer than min-replies {self.least}"
+        )
+
+    def sample(
+        self, online: Sequence[int], taken: Mapping[int, int], rng: np.random.Generator
+    ) -> tuple[list[int], int]:
+        drawn = balanced_sample(online, taken, self.cohort, rng)
+        return (drawn if len(drawn) >= self.least else []), len(drawn)
+
+    def contributes(self) -> bool:
+        return contributes(self.rate)
+
+
+__all__ = [
+    "CappedCohorts",
+    "Participation",
+    "PoissonSampling",
+    "balanced_sample",
+    "contributes",
+    "eligible",
+    "os_sampler",
+    "poisson_sample",
+]
