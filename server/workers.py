@@ -28,6 +28,7 @@ import queue
 import signal
 import struct
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +45,7 @@ from flwr.common.serde import (
 
 from common import timing
 from common.errors import FedloraError
-from server.inprocess import InProcessGrid, load_component
+from server.inprocess import InProcessGrid, clients_bar, load_component
 
 log = logging.getLogger("fedlora.workers")
 
@@ -106,10 +107,12 @@ class WorkerPoolGrid(InProcessGrid):
             message = message_to_proto(delivered).SerializeToString()
             self._tasks.put(_HEADER.pack(seq, node, 0, len(state)) + state + message)
         replies = {}
-        while len(replies) < len(sent):
-            seq, reply, state = self._receive()
-            replies[seq] = reply
-            self.contexts[sent[seq].metadata.dst_node_id].state = state
+        with clients_bar(list(sent.values())) as progress:
+            while len(replies) < len(sent):
+                seq, reply, state = self._receive()
+                replies[seq] = reply
+                self.contexts[sent[seq].metadata.dst_node_id].state = state
+                progress.update(1)
         for seq in sorted(sent):  # the order the messages were sent in
             reply = replies[seq]
             if reply.has_error() and self.raise_errors:
@@ -194,7 +197,8 @@ def _serve(
         node: Context(run_id=run_id, node_id=node, node_config=cfg, state=RecordDict(), run_config=run_config)
         for node, cfg in nodes.items()
     }
-    while (data := _next(tasks, parent)) != _STOP:
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="orphan-watch").start()
+    while (data := tasks.get()) != _STOP:
         seq, node, _, state_size = _HEADER.unpack_from(data)
         contexts[node].state = _state_from(data[_HEADER.size : _HEADER.size + state_size])
         msg = message_from_proto(ProtoMessage.FromString(data[_HEADER.size + state_size :]))
@@ -219,16 +223,15 @@ def _state_from(data: bytes) -> RecordDict:
     return recorddict_from_proto(ProtoRecordDict.FromString(data)) if data else RecordDict()
 
 
-def _next(tasks, parent: int) -> bytes:
-    """The next task; once the server's process is gone (killed: no stop will come), exit at once:
-    a normal exit would wait for the reply queue's feeder thread, which no reader will ever drain.
+def _exit_with(parent: int, every: float = 1.0) -> None:
+    """Exit this worker at once when ``parent`` (the server's process) is gone: killed, it sends no
+    stop, and it may have died half-way through writing a task, which would leave the worker
+    blocked for ever reading the rest of it (the worker holds the pipe's write end too: no EOF). A
+    normal exit would also wait for the reply queue's feeder thread, which no reader will drain.
     Everything a worker must keep (its nodes' ledgers) is committed to disk before a reply is sent."""
-    while True:
-        try:
-            return tasks.get(timeout=2.0)
-        except queue.Empty:
-            if os.getppid() != parent:
-                os._exit(0)
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(0)
 
 
 __all__ = ["WorkerPoolGrid", "available_cores", "resolve_workers"]

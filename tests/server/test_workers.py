@@ -113,6 +113,43 @@ def test_workers_exit_when_the_server_process_is_killed():
     assert not any(_alive(p) for p in pids)
 
 
+def test_workers_exit_when_the_server_is_killed_half_way_through_sending_a_task():
+    """SIGKILL while the task queue's feeder thread is writing a 64 MB task (the workers stopped, so
+    the pipe fills after 64 KB): a worker then reads half a message that will never end (it holds
+    the pipe's write end too, so no EOF comes), and exits all the same (a watch on its parent,
+    apart from the read)."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from server.workers import WorkerPoolGrid\n"
+        "if __name__ == '__main__':\n"
+        "    grid = WorkerPoolGrid('client.app:app', 2, {}, 2)\n"
+        "    print(' '.join(str(p.pid) for p in grid._procs), flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "    grid._tasks.put(b'x' * (64 << 20))\n"
+        "    time.sleep(1.0)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    pipe = subprocess.PIPE
+    server = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=pipe, stdout=pipe, text=True)
+    pids = [int(x) for x in server.stdout.readline().split()]
+    assert len(pids) == 2
+    time.sleep(3.0)  # the workers are up and waiting for a task
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    server.stdin.write("go\n")
+    server.stdin.flush()
+    server.wait()
+    for p in pids:
+        os.kill(p, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.5)
+    left = [p for p in pids if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
