@@ -503,6 +503,12 @@ class RunConfig:
     # -- run
     out_dir: str = option("", "run directory (default runs/<time>-<model>-<dataset>)", RUN)
     resume: bool = option(False, "continue the run in --out from its checkpoint and ledger", RUN)
+    tensorboard: bool = option(
+        False,
+        "also log each round's metrics, loss and epsilon as TensorBoard event files in <out>/tensorboard "
+        "(tensorboard --logdir runs; needs the tensorboard package: pip install 'fedlora-dp[tensorboard]')",
+        RUN,
+    )
 
     @property
     def release_kind(self) -> str:

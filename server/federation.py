@@ -36,6 +36,7 @@ from common.privacy.participation import Participation, PoissonSampling, os_samp
 from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, what_if
 from common.privacy.report import write_report
 from common.privacy.statement import round_epsilons, statement
+from common.progress import eta_line
 from server import checkpoint
 from server.checkpoint import LoopState
 from server.evaluation import Evaluator
@@ -147,8 +148,11 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
     """Run (or, with ``cfg.resume``, continue) ``cfg.rounds`` rounds; returns the summary dict."""
     run = _setup(grid, cfg, run_dir, echo)
     for rnd in tqdm(range(run.first, cfg.rounds + 1), desc="rounds", disable=None):
+        t0 = time.monotonic()
         if not _round(run, rnd):
             break  # the budget stopped the run
+        if rnd == run.first and rnd < cfg.rounds:  # the first estimate of the time left, measured
+            run.echo(eta_line(1, time.monotonic() - t0, cfg.rounds - rnd))
     return _finish(run)
 
 
@@ -418,12 +422,14 @@ def _summary(run: FederationRun) -> dict:
         "before": loop.before,
         "after": loop.after,
         "eval_examples": len(evaluator.examples),
+        "eval_texts": len(evaluator.split.test),  # (a language model's texts are cut into more blocks)
         "bytes_down_per_round": loop.bytes_down / max(loop.completed, 1),
         "bytes_up_per_round": loop.bytes_up / max(loop.completed, 1),
         **statement(cfg, run.plan, ledger.report() if ledger else None),
         "wall_time_s": round(time.monotonic() - run.start, 1),
         "adapter": str(out.adapter_path),
         "metrics_file": str(out.metrics_path),
+        "curves": str(out.draw_curves(evaluator.task.metric, run.plan.target_epsilon if run.plan else 0.0)),
     }
     if ledger:
         report_json, report_png = write_report(ledger, out.path)

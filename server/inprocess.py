@@ -19,14 +19,32 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+from tqdm.auto import tqdm
 
 from common.privacy.ledger import LEDGER_SYNC
+from common.progress import bar
 from common.secagg import identity
 
 log = logging.getLogger("fedlora.inprocess")
 
 SERVER_NODE_ID = 0
 FIRST_NODE_ID = 1001
+
+
+def clients_bar(messages: list[Message]) -> tqdm:
+    """The terminal's bar of one exchange's clients (common/progress.py), named by its round and
+    message type: ``round 3 train``."""
+    head = messages[0].metadata if messages else None
+    desc = f"round {head.group_id} {head.message_type}" if head else "clients"
+    return bar(len(messages), desc, "client")
+
+
+def tqdm_clients(messages: list[Message]) -> Iterable[Message]:
+    """``messages``, each counted on :func:`clients_bar` once its node has answered."""
+    with clients_bar(messages) as progress:
+        for msg in messages:
+            yield msg
+            progress.update(1)
 
 
 def load_component(ref: str) -> Callable:
@@ -124,8 +142,8 @@ class InProcessGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         self.provision()
-        ids = []
-        for msg in messages:
+        ids, messages = [], list(messages)
+        for msg in tqdm_clients(messages):
             msg_id, delivered = self.address(msg)
             ids.append(msg_id)
             if delivered is None:

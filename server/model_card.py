@@ -133,18 +133,18 @@ def _loading(
     with the class names as ``id2label``/``label2id`` when they are known, else ``num_labels``)."""
     if num_labels is None:
         auto = "AutoModelForCausalLM"
-        load = [f'base = {auto}.from_pretrained("{base_id}")']
+        load = [f"base = {auto}.from_pretrained(base_id)"]
     elif len(label_names) == num_labels:
         auto = "AutoModelForSequenceClassification"
         load = [
             f"id2label = {dict(enumerate(label_names))!r}",
             f"base = {auto}.from_pretrained(",
-            f'    "{base_id}", id2label=id2label, label2id={{name: i for i, name in id2label.items()}}',
+            "    base_id, id2label=id2label, label2id={name: i for i, name in id2label.items()}",
             ")",
         ]
     else:
         auto = "AutoModelForSequenceClassification"
-        load = [f'base = {auto}.from_pretrained("{base_id}", num_labels={num_labels})']
+        load = [f"base = {auto}.from_pretrained(base_id, num_labels={num_labels})"]
     lines = [
         "With fedlora-dp installed (resolves the base model offline when it is a packaged one):",
         "",
@@ -153,11 +153,15 @@ def _loading(
         'model, tokenizer = load_adapter("path/to/adapter")',
         "```",
         "",
-        "With PEFT alone:",
+        "With PEFT alone (the Hub id needs the network once; offline, give the base's local directory"
+        " instead, e.g. fedlora-dp's packaged copy as below):",
         "",
         "```python",
         "from peft import PeftModel",
         f"from transformers import {auto}",
+        f'base_id = "{base_id}"',
+        "# offline: import common.models.registry; "
+        "base_id = str(common.models.registry.resolve_model(base_id).locate())",
         *load,
         'model = PeftModel.from_pretrained(base, "path/to/adapter")',
         "```",

@@ -18,13 +18,14 @@ from common.models import AdapterState, ModelBundle, load_adapter_state
 from common.models.portable import save_adapter
 from common.privacy.ledger import Ledger
 from server.checkpoint import CHECKPOINT_FILE
+from server.curves import Board, check_tensorboard, draw_curves
 
 NODE_LEDGER = "sample-ledger.sqlite"  # client/node/state.py (the server does not import the client)
 
 
-#: options that do not change what a run computes: where it is stored, whether it resumes, and how
-#: many processes train its clients (server/workers.py)
-NOT_IDENTITY = ("out_dir", "resume", "workers")
+#: options that do not change what a run computes: where it is stored, whether it resumes, how many
+#: processes train its clients (server/workers.py) and whether TensorBoard gets its metrics too
+NOT_IDENTITY = ("out_dir", "resume", "workers", "tensorboard")
 
 
 def _node_index(ledger_path: Path) -> int:
@@ -51,6 +52,9 @@ class RunDir:
 
     def __init__(self, path: Path, cfg: RunConfig) -> None:
         self.path, self.cfg = path, cfg
+        if cfg.tensorboard and (why := check_tensorboard()):
+            raise FedloraError(why)
+        self._board: Board | None = None
         self.run_id = fingerprint(cfg)  # a resumed run: its stored configuration's, below
         self.metrics_path = path / "metrics.jsonl"
         self.ledger_path = path / "ledger.sqlite"
@@ -86,11 +90,23 @@ class RunDir:
             self._write_json("config.json", asdict(self.cfg))
 
     def log(self, record: dict) -> None:
-        """Append one JSON line and fsync it (a crash loses at most the line being written)."""
+        """Append one JSON line and fsync it (a crash loses at most the line being written); with
+        ``--tensorboard`` its numbers go to ``tensorboard/`` too (server/curves.py)."""
         with open(self.metrics_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+        if self.cfg.tensorboard:
+            self._board = self._board or Board(self.path / "tensorboard")
+            self._board.log(record)
+
+    def draw_curves(self, metric: str, target_epsilon: float) -> Path:
+        """``curves.png``: the held-out ``metric``, the train loss and ε by round, from every metrics
+        line (a resumed run's included); closes the TensorBoard writer, if any (the run is over)."""
+        if self._board is not None:
+            self._board.close()
+            self._board = None
+        return draw_curves(self.metrics_path, self.path / "curves.png", metric, target_epsilon)
 
     def records(self) -> list[dict]:
         """The metrics lines written so far (a torn last line from a crash is skipped)."""

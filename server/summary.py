@@ -98,6 +98,15 @@ def _data_line(s: dict) -> list[str]:
     return [f"  data (nodes)       {' | '.join(parts)}"]
 
 
+def _held_out(s: dict) -> str:
+    """What the held-out metric was computed over: its examples, or a language model's texts and the
+    blocks of ``--max-length`` tokens they were cut into."""
+    texts, examples = s.get("eval_texts", s["eval_examples"]), s["eval_examples"]
+    if texts == examples:
+        return f"{examples} examples"
+    return f"{texts} held-out texts, cut into {examples} blocks of at most --max-length tokens"
+
+
 def format_summary(s: dict) -> str:
     """Readable end-of-run summary."""
     metric = s["metric"]
@@ -124,7 +133,7 @@ def format_summary(s: dict) -> str:
             else []
         ),
         f"  held-out {metric:<9} {s['before'][metric]:.4f} before -> {s['after'][metric]:.4f} after"
-        f"  ({s['eval_examples']} examples)",
+        f"  ({_held_out(s)})",
         f"  bytes per round    {s['bytes_down_per_round'] / 1e6:.2f} MB down, "
         f"{s['bytes_up_per_round'] / 1e6:.2f} MB up (mean over completed rounds)",
         f"  client privacy     {s['privacy']}",
@@ -143,6 +152,7 @@ def format_summary(s: dict) -> str:
         *([f"  privacy report     {', '.join(s['privacy_report'])}"] if s.get("privacy_report") else []),
         f"  wall time          {s['wall_time_s']:.1f} s",
         f"  adapter            {s['adapter']}",
-        f"  metrics            {s['metrics_file']}",
+        f"  metrics            {s['metrics_file']}"
+        + (f" (curves: {s['curves']})" if s.get("curves") else ""),
     ]
     return "\n".join(lines)

@@ -32,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from common.data.corpora import DATASETS, Corpus
-from common.data.owner import json_lines
+from common.data.owner import json_lines, read_text
 from common.errors import FedloraError
 
 SUFFIXES = (".csv", ".jsonl", ".parquet", ".txt")  # .txt: one text per non-blank line (language modelling)
@@ -283,10 +283,7 @@ def _read(path: Path, shown: str, skip: bool) -> _Rows:
     if suffix == ".csv":
         return _csv_rows(path, shown, skip)
     if suffix == ".txt":  # plain text: each non-blank line is a text of the column "text", no label
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise FedloraError(f"cannot read data file {path}: {exc}") from None
+        lines = read_text(path).splitlines()
         return _Rows([(f"{shown}:{n}", {"text": t.strip()}) for n, t in enumerate(lines, 1) if t.strip()])
     if suffix == ".jsonl":
         rows = []
@@ -313,10 +310,7 @@ def _csv_rows(path: Path, shown: str, skip: bool) -> _Rows:
     well-formed quoting (Python's ``csv`` in strict mode: an unterminated quote is an error, not a
     field that runs to the end of the file). A bad row is refused with its line, or with ``skip``
     recorded, and reading resumes at the line after the one it starts on."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FedloraError(f"cannot read data file {path}: {exc}") from None
+    text = read_text(path, "utf-8-sig")
     lines = io.StringIO(text, newline="").readlines()  # the lines csv sees (\n, \r\n or \r)
     read, header = _Rows([]), None
     position = 0  # lines consumed

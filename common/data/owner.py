@@ -93,15 +93,25 @@ def read_jsonl(path: str | os.PathLike, label_names: Sequence[str] = ()) -> Owne
     return owner_data(texts, labels, label_names, source=str(path))
 
 
+def read_text(path: Path, encoding: str = "utf-8") -> str:
+    """The text of data file ``path``; one line when it cannot be read, and when it is not UTF-8,
+    where and what to do (a spreadsheet's "CSV UTF-8" export, or any editor's save as UTF-8)."""
+    try:
+        return path.read_text(encoding=encoding)
+    except UnicodeDecodeError as exc:
+        raise FedloraError(
+            f"{path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r}): re-save it "
+            'as UTF-8 (a spreadsheet: "CSV UTF-8"; an editor: encoding UTF-8)'
+        ) from None
+    except OSError as exc:
+        raise FedloraError(f"cannot read data file {path}: {exc}") from None
+
+
 def json_lines(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
     """``(where, value)`` for each non-blank line of the JSONL file ``path``, ``where`` being
     ``path:line``; an unreadable file or a line that is not JSON is a one-line error."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FedloraError(f"cannot read data file {path}: {exc}") from None
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:

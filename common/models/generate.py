@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from common.errors import FedloraError
+from common.progress import bar
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
 
+class _Counted:
+    """A logits processor that changes nothing and counts each generated token on ``progress``."""
+
+    def __init__(self, progress) -> None:
+        self.progress = progress
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.progress.update(1)
+        return scores
+
+
 def generate(
     model,
     tokenizer,
@@ -39,14 +52,17 @@ def generate(
 ) -> str:
     """The continuation of ``prompt`` (without the prompt): greedy when ``temperature`` is 0, else
     nucleus sampling seeded by ``seed``."""
+    from transformers import LogitsProcessorList
+
     inputs = tokenizer(prompt, return_tensors="pt").to(next(model.parameters()).device)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {}
     torch.manual_seed(seed)
-    with torch.no_grad():
+    with torch.no_grad(), bar(max_new_tokens, "generating", "token") as progress:
         out = model.generate(
             **inputs,
             max_new_tokens=max_new_tokens,
             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+            logits_processor=LogitsProcessorList([_Counted(progress)]),
             **({"do_sample": False} | sampling),
         )
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -69,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from common.models.portable import load_adapter
 
     _check(args)
+    if sys.stderr.isatty():  # loading a base model takes a while: say what is happening
+        print(f"loading {args.adapter} on its base model ...", file=sys.stderr)
     model, tokenizer = load_adapter(args.adapter)
     if "CausalLM" not in type(model.get_base_model()).__name__:
         raise FedloraError(f"{args.adapter}: the base model is not a causal LM; nothing to generate")

@@ -94,6 +94,16 @@ def chunks(items: Sequence, size: int) -> Iterator[Sequence]:
         yield items[start : start + size]
 
 
+def eval_batches(examples: Sequence, size: int) -> Iterator[Sequence]:
+    """:func:`chunks` of the held-out ``examples``, counted on the terminal's "evaluating" bar."""
+    from common.progress import bar
+
+    with bar(len(examples), "evaluating", "example") as progress:
+        for part in chunks(examples, size):
+            yield part
+            progress.update(len(part))
+
+
 def classification_metrics(preds: Tensor, gold: Tensor, nll: float, classes: int) -> dict[str, float]:
     """``accuracy``, mean ``loss`` (``nll`` summed), ``top_class_share`` (the most predicted class's
     share of predictions: 1.0 is a one-class predictor) and, for two classes, ``positive_rate``

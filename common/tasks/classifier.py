@@ -8,7 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.tasks.base import Batch, chunks, classification_metrics, evaluation, logits_of, token_batch
+from common.tasks.base import (
+    Batch,
+    classification_metrics,
+    eval_batches,
+    evaluation,
+    logits_of,
+    token_batch,
+)
 
 
 class ClassifierTask:
@@ -35,7 +42,7 @@ class ClassifierTask:
         self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
     ) -> dict[str, float]:
         preds, gold, nll = [], [], 0.0
-        for part in chunks(examples, batch_size):
+        for part in eval_batches(examples, batch_size):
             batch = self.collate(part, device)
             logits = logits_of(model, batch)
             preds.append(logits.argmax(1))

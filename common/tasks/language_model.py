@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from common.tasks.base import Batch, chunks, evaluation, logits_of, token_batch
+from common.tasks.base import Batch, eval_batches, evaluation, logits_of, token_batch
 from common.tasks.verbalizer import token_nll
 
 
@@ -47,7 +47,7 @@ class LanguageModelTask:
         self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
     ) -> dict[str, float]:
         total, tokens = 0.0, 0
-        for part in chunks(examples, batch_size):
+        for part in eval_batches(examples, batch_size):
             batch = self.collate(part, device)
             n_tok = (batch["target"][:, 1:] != -100).sum(1)
             total += float((self.per_example_loss(model, batch) * n_tok).sum())

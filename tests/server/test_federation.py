@@ -1,6 +1,9 @@
 """One in-process federation end to end (real ServerApp and ClientApp), and its failure paths."""
 
+import io
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def minilm_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run") / "r"
-    simulate(preset("minilm-rt", **TINY).check(), run_dir)
+    simulate(preset("minilm-rt", **TINY, tensorboard=True).check(), run_dir)
     return run_dir
 
 
@@ -41,6 +44,23 @@ def test_one_round_end_to_end(minilm_run):
     summary = json.loads((minilm_run / "summary.json").read_text())
     assert summary["rounds_completed"] == 1 and summary["after"]["accuracy"] == r1["accuracy"]
     assert (minilm_run / "adapter" / "adapter_config.json").exists()
+
+
+def test_a_run_draws_its_curves_and_logs_each_round_to_tensorboard(minilm_run):
+    """``curves.png`` beside the metrics (named in the summary), and with ``--tensorboard`` the
+    held-out accuracy of rounds 0 and 1 as TensorBoard reads it back."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    summary = json.loads((minilm_run / "summary.json").read_text())
+    assert (
+        Path(summary["curves"]) == minilm_run / "curves.png"
+        and (minilm_run / "curves.png").stat().st_size > 0
+    )
+    events = EventAccumulator(str(minilm_run / "tensorboard"))
+    events.Reload()
+    accuracy = [(e.step, e.value) for e in events.Scalars("heldout/accuracy")]
+    assert [step for step, _ in accuracy] == [0, 1]
+    assert accuracy[1][1] == pytest.approx(records(minilm_run)[1]["accuracy"])
 
 
 def test_saved_adapter_loads_with_peft_and_differs_from_init(minilm_run):
@@ -239,3 +259,30 @@ def test_a_cross_silo_summary_reports_each_nodes_sample_level_epsilon(tmp_path, 
         ledger.close()
     assert summary["privacy"].startswith("none") and summary["sample_privacy"].startswith("sample-level")
     assert "node 3" in capsys.readouterr().out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_sees_each_rounds_clients_the_evaluation_and_a_time_estimate(
+    tmp_path, monkeypatch, capsys
+):
+    """On a terminal: a bar per round's clients (``round 1 train``, 2 of 2, with its rate) and per
+    evaluation, and after round 1 an estimate of the time left; off a terminal (CI, a pipe, a log)
+    no bar at all, the estimate all the same."""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    simulate(preset("minilm-rt", **{**TINY, "rounds": 2}).check(), tmp_path / "tty")
+    shown = terminal.getvalue()
+    assert "round 1 train" in shown and "2/2" in shown and "client/s" in shown
+    assert "round 2 train" in shown and "evaluating" in shown
+    assert re.search(
+        r"about \d+ s for the 1 round left \(\d+\.\d s a round so far\)", capsys.readouterr().out
+    )
+    monkeypatch.undo()
+    simulate(preset("minilm-rt", **{**TINY, "rounds": 2}).check(), tmp_path / "log")
+    captured = capsys.readouterr()
+    assert "round 1 train" not in captured.err and "evaluating" not in captured.err
+    assert "for the 1 round left" in captured.out
