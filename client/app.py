@@ -18,7 +18,7 @@ from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard, partition_of
 from client.node.state import LEDGER_FILE, encoder_cache_dir, held_ledger
-from client.transport import CLIENT_TRANSPORTS, ClientTransport, Reply, client_transport
+from client.transport import CLIENT_TRANSPORTS, Reply, client_transport
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size, adapter_state
@@ -116,8 +116,8 @@ def train(msg: Message, context: Context) -> Message:
     if releases is not None:  # committed before the release leaves
         releases.check(ins.round, released[0], releases.future(ins.round, cap))
         releases.charge(ins.round, *released, noise.threat_model)
-    out = _reply_of(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
-    return Message(_reply(transport, prepared, ins, cfg, context, out), reply_to=msg)
+    out = reply_of(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
+    return Message(release_reply(ins, cfg, context, out, prepared), reply_to=msg)
 
 
 for _transport in CLIENT_TRANSPORTS.values():  # the further stages of a transport's round (SecAgg+'s)
@@ -187,42 +187,20 @@ def _owner(cfg: RunConfig, pid: int, parts: int) -> str:
 
 
 def release_reply(
-    increment: AdapterState,
-    ins: TrainInstruction,
-    cfg: RunConfig,
-    device: torch.device,
-    context: Context,
-    examples: int,
-    metrics: dict,
+    ins: TrainInstruction, cfg: RunConfig, context: Context, out: Reply, prepared: object = None
 ) -> RecordDict:
-    """The train reply for ``increment`` through the run's transport (client/transport.py), the
-    round checked first: the run's client-level release applied (clip, noise share, encoding), or
-    under SecAgg+ only the node's signed keys (its encoded update kept for the protocol)."""
+    """The train reply carrying ``out`` (:func:`reply_of`) through the run's transport
+    (client/transport.py): the run's client-level release applied (clip, noise share, encoding), or
+    under SecAgg+ only the node's signed keys (its encoded update kept for the protocol).
+    ``prepared``: the transport's checks of this round, made before training (made here if None)."""
     transport = client_transport(cfg)
-    prepared = transport.prepare(ins, cfg, context)
-    return _reply(
-        transport,
-        prepared,
-        ins,
-        cfg,
-        context,
-        _reply_of(increment, ins, cfg, device, context, examples, metrics),
-    )
-
-
-def _reply(
-    transport: ClientTransport,
-    prepared: object,
-    ins: TrainInstruction,
-    cfg: RunConfig,
-    context: Context,
-    out: Reply,
-) -> RecordDict:
+    if prepared is None:
+        prepared = transport.prepare(ins, cfg, context)
     with phase("encode"):
         return transport.reply(prepared, ins, cfg, context, out)
 
 
-def _reply_of(
+def reply_of(
     increment: AdapterState,
     ins: TrainInstruction,
     cfg: RunConfig,

@@ -52,7 +52,7 @@ from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
 from safetensors.torch import load_file
 
-from client.app import release_reply, takes_part
+from client.app import release_reply, reply_of, takes_part
 from client.increment import increment as local_increment
 from client.node.shard import node_shard
 from common.config import RunConfig, from_flat
@@ -122,7 +122,8 @@ class Canaries:
             else:  # zero-out: the client's update replaced by zero, its participation unchanged
                 sent = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in sorted(template.items())}
             examples = len(node_shard(dict(ctx.node_config), cfg)[2].examples) if not cfg.private else 0
-            reply = release_reply(sent, ins, cfg, torch.device("cpu"), ctx, examples, {})
+            out = reply_of(sent, ins, cfg, torch.device("cpu"), ctx, examples, {})
+            reply = release_reply(ins, cfg, ctx, out)
             return Message(reply, reply_to=msg)
 
         return handle

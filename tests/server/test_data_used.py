@@ -14,7 +14,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
-from client.app import release_reply
+from client.app import release_reply, reply_of
 from common.errors import FedloraError
 from common.presets import preset
 from common.wire import DATA_SOURCE, TrainInstruction, data_source, parse_train_reply, train_reply
@@ -57,7 +57,8 @@ def test_the_train_reply_says_where_the_data_came_from_and_never_the_path(node_c
     state = {k: torch.full(s, 0.5) for k, s in SHAPES.items()}
     ins = TrainInstruction(3, {k: torch.zeros(s) for k, s in SHAPES.items()})
     context = Context(1, 1001, node_config, RecordDict(), {})
-    content = release_reply(state, ins, cfg, torch.device("cpu"), context, 10, {"train-loss": 0.5})
+    out = reply_of(state, ins, cfg, torch.device("cpu"), context, 10, {"train-loss": 0.5})
+    content = release_reply(ins, cfg, context, out)
     assert content["meta"][DATA_SOURCE] == source
     msg = _reply(content)
     increment, weight, _ = parse_train_reply(msg, 3, SHAPES, EXPECTED)
