@@ -16,6 +16,9 @@
 #                            in OpenSSH private-key format, for
 #                            flower-supernode --auth-supernode-private-key supernode-K.key
 #   supernode-K.pub          its OpenSSH public key, for `flwr supernode register supernode-K.pub <conn>`
+#   roster.pub               every supernode-K.pub, one per line: the federation's roster for secure
+#                            aggregation (node config secagg-roster; each node signs with its
+#                            supernode-K.key as identity-key: common/secagg/identity.py)
 #
 # Private keys are mode 0600, the rest 0644. The Flower images run as uid 49999: --owner 49999
 # hands the SuperLink and SuperNode private keys to that user (needs root, e.g. via sudo), or run
@@ -94,6 +97,7 @@ targets=(ca.key ca.crt server.key server.pem)
 for ((k = 1; k <= nodes; k++)); do
     targets+=("supernode-$k.key" "supernode-$k.pub")
 done
+[[ $nodes -gt 0 ]] && targets+=(roster.pub)
 if [[ $force -eq 0 ]]; then
     existing=()
     for f in "${targets[@]}"; do
@@ -179,6 +183,13 @@ EOF
     fi
 done
 
+# --- the secure-aggregation roster: every node's public key, in node order ----------------------
+if [[ $nodes -gt 0 ]]; then
+    for ((k = 1; k <= nodes; k++)); do
+        cat "$tmp/supernode-$k.pub"
+    done >"$tmp/roster.pub"
+fi
+
 # --- permissions, ownership, move into place ---------------------------------------------------
 for f in "${targets[@]}"; do
     case "$f" in
@@ -200,5 +211,6 @@ if [[ $nodes -gt 0 ]]; then
     echo "and $nodes SuperNode key pairs (supernode-1..$nodes .key/.pub, ECDSA P-384, OpenSSH format)."
     echo "Register them once the SuperLink runs with --enable-supernode-auth, e.g.:"
     echo "  flwr supernode register $out/supernode-1.pub <connection>"
+    echo "roster.pub lists them all: the secure-aggregation roster (node config secagg-roster)."
 fi
 echo "Keep ca.key offline; only ca.crt is needed by nodes and the flwr CLI."

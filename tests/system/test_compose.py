@@ -194,6 +194,11 @@ def test_tls_override(configs, tmp_path):
         needed[ca], needed[key] = "supernode CA", f"supernode-{k} key"
         keys.add(key)
         assert all(target.endswith(":ro") for target in node["volumes"] if "/certs/" in target)
+        # secure aggregation: the node config's identity and roster, where its ClientApp reads them
+        config = dict(kv.split("=", 1) for kv in opt(ncmd, "--node-config").split())
+        app_mounts = mounts(services[f"superexec-clientapp-{k}"])
+        assert app_mounts[config["identity-key"].strip("'")] == key, "the identity is the node's own key"
+        needed[app_mounts[config["secagg-roster"].strip("'")]] = "roster"
     assert len(keys) == NODES, "each SuperNode needs its own key"
 
     # Every certificate file the override mounts is one that generate_certs.sh writes.
@@ -238,7 +243,7 @@ def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
 
 def expected_files(n: int) -> set[str]:
     nodes = {f"supernode-{k}.{ext}" for k in range(1, n + 1) for ext in ("key", "pub")}
-    return {"ca.key", "ca.crt", "server.key", "server.pem", *nodes}
+    return {"ca.key", "ca.crt", "server.key", "server.pem", *nodes, *(["roster.pub"] if n else [])}
 
 
 @pytest.mark.parametrize("keygen", ["auto", "python"])
@@ -277,6 +282,11 @@ def test_generate_certs(tmp_path, keygen):
         pub = serialization.load_ssh_public_key((out / f"supernode-{k}.pub").read_bytes())
         assert pub.public_numbers() == key.public_key().public_numbers()
         assert try_load_public_key(out / f"supernode-{k}.pub")
+    # the secure-aggregation roster: both nodes' keys, read as a node reads it
+    from common.secagg import identity
+
+    roster = identity.load_roster(str(out / "roster.pub"))
+    assert roster == {identity.load_identity(str(out / f"supernode-{k}.key")).public for k in (1, 2)}
 
 
 def test_generate_certs_refuses_to_overwrite(tmp_path):
