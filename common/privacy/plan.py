@@ -283,7 +283,10 @@ def _secure_noise(cfg: RunConfig, dim: int) -> NoisePlan:
     the target over the participation cap."""
     if dim < 1:
         raise FedloraError("a secure-aggregation plan needs the adapter's size (its coordinates)")
-    secure = run_secure_plan(cfg, dim)
+    try:
+        secure = run_secure_plan(cfg, dim)
+    except ValueError as exc:  # the accountant's: no variance reaches the target
+        raise FedloraError(f"cannot plan the secure-aggregation noise: {exc}") from None
     return NoisePlan(
         secure.sigma,
         secure.sample_rate,

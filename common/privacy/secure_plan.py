@@ -31,6 +31,7 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy import discrete
 from common.privacy.skellam import integer_sensitivities, rounding_norm_bound, skellam_epsilon, skellam_mu
+from common.privacy.skellam_sampler import MAX_TABLE_VARIANCE
 from common.privacy.threat import THREATS
 
 #: sC = SCALE_FACTOR·√D: rounding inflates the norm by ~1/(8·factor²), 0.5 % at 5
@@ -223,6 +224,11 @@ def participation_cap(cfg: RunConfig) -> int:
     return min(cfg.rounds, math.ceil(cfg.rounds * cohort_bound(cfg) / cfg.num_clients))
 
 
+#: the most Skellam tables (each of variance at most MAX_TABLE_VARIANCE) a share may sum per
+#: coordinate: ~1 s of one core per round at MiniLM's 77,824 words (realistic plans need 1 to 7)
+MAX_SHARE_PARTS = 1024
+
+
 @lru_cache(maxsize=8)
 def run_secure_plan(cfg: RunConfig, dim: int) -> SecurePlan:
     """The secure plan of a run (``--threat-model secure-aggregation``) for an adapter of ``dim``
@@ -232,7 +238,7 @@ def run_secure_plan(cfg: RunConfig, dim: int) -> SecurePlan:
     it from the run config alone, so a node needs nothing from the server to check it."""
     hidden, cohort = hides_participation(cfg), cohort_bound(cfg)
     rate = cfg.sample_rate if hidden else 1.0
-    return plan_secure(
+    plan = plan_secure(
         SecureTarget(cfg.target_epsilon, cfg.delta, participation_cap(cfg), rate),
         dim,
         cfg.clip,
@@ -241,6 +247,15 @@ def run_secure_plan(cfg: RunConfig, dim: int) -> SecurePlan:
         cfg.secagg_bits,
         contributor_bound(cohort, rate) if hidden else 0,
     )
+    parts = math.ceil(plan.share_variance / MAX_TABLE_VARIANCE)
+    if parts > MAX_SHARE_PARTS:
+        raise FedloraError(
+            f"--threat-model {cfg.threat_model}: each client's Skellam share (variance "
+            f"{plan.share_variance:.3g} integer units) would take {parts:,} table draws a coordinate, "
+            f"over {MAX_SHARE_PARTS:,} (sigma {plan.sigma:.3g}: noise that swamps any update); raise "
+            "--target-epsilon or --min-replies, or lower --max-participations"
+        )
+    return plan
 
 
 def contributor_bound(clients: int, rate: float) -> int:

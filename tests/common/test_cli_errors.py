@@ -16,6 +16,9 @@ FAST = ["--preset", "minilm-rt", "--rounds", "1", "--eval-examples", "8"]
 # Refused input: --workers 1, as the default (a worker process per core) starts them before the
 # ServerApp checks the input, ~10 s a test on 2 cores; the console-script test keeps the default.
 REFUSED = [*FAST, "--workers", "1"]
+#: secure aggregation over 100-client cohorts of the 1,000-client preset (min-replies a majority)
+SECURE = ["--preset", "minilm-rt-xdev", "--mechanism", "dp-fedavg", "--clip", "0.5"]
+SECURE += ["--threat-model", "secure-aggregation", "--min-replies", "51"]
 
 
 @pytest.mark.parametrize(
@@ -51,6 +54,15 @@ REFUSED = [*FAST, "--workers", "1"]
                 "2",
             ],
             "--noise-cohort 2 is below the simulated cohort",
+        ),
+        # a secure plan no accountant can meet, and one whose shares could not be drawn in time
+        (
+            [*SECURE, "--target-epsilon", "0.01", "--max-participations", "30"],
+            "cannot plan the secure-aggregation noise: no noise variance reaches epsilon 0.01",
+        ),
+        (
+            [*SECURE, "--target-epsilon", "0.03", "--max-participations", "100", "--rounds", "100"],
+            "table draws a coordinate, over 1,024 (sigma",
         ),
     ],
 )
