@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     base = rows[0]
     for row in rows:
         row["client_s_ratio"] = round(row["client_s"] / base["client_s"], 3)
-        row["speedup"] = round(base["client_s"] / row["client_s"], 2)
+        row["speedup"] = speedup(row, rows)
         row["gflops"] = round(flops / row["client_s"] / 1e9, 1)
         row["peak_fraction"] = round(row["gflops"] / (peaks[row["precision"]] * max(1, row["workers"])), 3)
         if row["peak_rss_mb"] is not None and base["peak_rss_mb"] is not None:
@@ -256,10 +256,26 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             print(
                 f"{r['population']:>6} {r['backend']:>9} {r['precision']:>9} {r['workers']:>7} "
-                f"{r['round_s']:>8} {r['client_s']:>9} {r['speedup']:>7} {r['gflops']:>8} "
+                f"{r['round_s']:>8} {r['client_s']:>9} {r['speedup'] or 'n/a':>7} {r['gflops']:>8} "
                 f"{r['peak_fraction']:>7} {r['peak_rss_mb'] or 'n/a':>12} {r.get('vs_ray', ''):>7}"
             )
     return 0
+
+
+def speedup(row: dict, rows: list[dict]) -> float | None:
+    """``row``'s per-client speedup over the sequential reference of its own population: the
+    in-process, fp32, one-worker row of the same N (None when that row was not measured). A ratio
+    across populations would mix the engine's gain with the population's own per-client cost."""
+    reference = next(
+        (
+            r
+            for r in rows
+            if (r["backend"], r["precision"], r["workers"], r["population"])
+            == ("inprocess", "fp32", 1, row["population"])
+        ),
+        None,
+    )
+    return round(reference["client_s"] / row["client_s"], 2) if reference else None
 
 
 def _versus_ray(rows: list[dict]) -> None:

@@ -319,3 +319,22 @@ def test_mean_pooling_reads_the_real_tokens_only():
     assert torch.allclose(batch, (states * mask).sum(1) / mask.sum(1), atol=1e-5)
     with pytest.raises(FedloraError, match="--pooling mean is for encoder classifiers"):
         Evaluator(preset("smollm2-rt", **TINY, pooling="mean").check())
+
+
+def test_bench_scale_speedup_is_against_the_sequential_fp32_row_of_the_same_population():
+    """Issue 50: 2.5x at equal population read 3.5x when divided by the 10-node row. Every speedup
+    divides by the in-process, fp32, one-worker row of its own N; without that row, none."""
+    from server.bench.scale import speedup
+
+    def row(n, precision, workers, client_s):
+        return dict(
+            population=n, backend="inprocess", precision=precision, workers=workers, client_s=client_s
+        )
+
+    rows = [
+        row(10, "fp32", 1, 0.100),
+        row(100, "fp32", 1, 0.140),
+        row(100, "bf16", 2, 0.056),
+        row(200, "bf16", 2, 0.05),
+    ]
+    assert [speedup(r, rows) for r in rows] == [1.0, 1.0, 2.5, None]
