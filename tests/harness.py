@@ -11,6 +11,7 @@ import torch
 from flwr.app import Context, Message, RecordDict
 
 from common.config import RunConfig, to_flat
+from common.privacy.ledger import Charge
 from server.inprocess import InProcessGrid, load_component
 from server.simulate import CLIENT_APP, SERVER_APP
 
@@ -92,3 +93,21 @@ def card_summary(**data) -> dict:
 
 
 __all__ = ["TINY", "LmTask", "card_summary", "federate", "message_identity", "records", "serve"]
+
+
+def ledger_charge(rnd: int, sigma: float = 1.2, p: float = 0.5, run: str = "r1", **kw) -> Charge:
+    """A client-level ledger charge of round ``rnd`` (central noise, dp-fedavg, 3 sampled) with
+    ``kw`` changed."""
+    values = dict(
+        run=run,
+        round=rnd,
+        sigma=sigma,
+        p=p,
+        count=1,
+        sample_rate=p,
+        sampled=3,
+        clip=1.0,
+        threat_model="central",
+        mechanism="dp-fedavg",
+    )
+    return Charge(**{**values, **kw})

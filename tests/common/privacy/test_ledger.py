@@ -13,26 +13,14 @@ from opacus.accountants.analysis.gdp import compute_eps_poisson
 
 from common.errors import FedloraError
 from common.privacy.accountants import Event
-from common.privacy.ledger import Charge, Ledger
+from common.privacy.ledger import Ledger
 from tests.conftest import run_cli
+from tests.harness import ledger_charge
 
 DELTA = 1e-5
 
 
-def _charge(rnd, sigma=1.2, p=0.5, run="r1", **kw):
-    values = dict(
-        run=run,
-        round=rnd,
-        sigma=sigma,
-        p=p,
-        count=1,
-        sample_rate=p,
-        sampled=3,
-        clip=1.0,
-        threat_model="central",
-        mechanism="dp-fedavg",
-    )
-    return Charge(**{**values, **kw})
+_charge = ledger_charge
 
 
 def _digest(path):

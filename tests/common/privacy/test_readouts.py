@@ -10,11 +10,12 @@ import pytest
 
 from common.config import RunConfig
 from common.presets import preset
-from common.privacy.ledger import Charge, Ledger
+from common.privacy.ledger import Ledger
 from common.privacy.plan import plan_noise
 from common.privacy.statement import client_level
 from server.federation import _round_line
 from tests.conftest import run_cli
+from tests.harness import ledger_charge
 
 DELTA = 1e-5
 
@@ -22,20 +23,7 @@ DELTA = 1e-5
 def _ledger(path, sigma, p, rounds):
     ledger = Ledger.create(path, "client-level", "r1", DELTA)
     for rnd in range(1, rounds + 1):
-        ledger.charge(
-            Charge(
-                run="r1",
-                round=rnd,
-                sigma=sigma,
-                p=p,
-                count=1,
-                sample_rate=p,
-                sampled=3,
-                clip=1.0,
-                threat_model="central" if p < 1 else "local",
-                mechanism="dp-fedavg",
-            )
-        )
+        ledger.charge(ledger_charge(rnd, sigma, p, threat_model="central" if p < 1 else "local"))
     return ledger
 
 
