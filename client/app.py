@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -18,7 +19,7 @@ from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard, partition_of
 from client.node.state import LEDGER_FILE, encoder_cache_dir, held_ledger
-from client.transport import CLIENT_TRANSPORTS, Reply, client_transport
+from client.transport import CLIENT_TRANSPORTS, ClientTransport, Reply, client_transport
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size, adapter_state
@@ -84,40 +85,105 @@ def gradstats(msg: Message, context: Context) -> Message:
     return Message(reply, reply_to=msg)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
+@dataclass
+class Admitted:
+    """A train message admitted by this node (:func:`admit`): everything checked before any training.
+
+    ins / cfg: the round's instruction and the run config; pid / parts: the node's partition;
+    noise: the run's client-level plan (None: no release); transport / prepared: the reply's
+    transport and its checks of this round; released: the noised release's (event, clip) the node
+    charges, None when nothing private is released; releases: the node's release ledger (None with
+    nothing to charge); cap: the participation cap (0: none); contributes: this node's coin (hidden
+    participation; otherwise True); shard: its data and model with the global adapter loaded;
+    plan: its sample-level DP plan (None without a sample-level optimizer)."""
+
+    ins: TrainInstruction
+    cfg: RunConfig
+    pid: int
+    parts: int
+    noise: NoisePlan | None
+    transport: ClientTransport
+    prepared: object
+    released: tuple[Event, float] | None
+    releases: ReleaseLedger | None
+    cap: int
+    contributes: bool
+    shard: Shard
+    plan: SamplePlan | None
+
+    def check_budget(self) -> None:
+        """The node's release ledger: this round's charge and every later one the run may make fit."""
+        if self.releases is not None:
+            self.releases.check(
+                self.ins.round, self.released[0], self.releases.future(self.ins.round, self.cap)
+            )
+
+
+def admit(msg: Message, context: Context) -> Admitted:
+    """Admission of a train message, before any training: the run's config against the node's
+    policy, the round against the node's own plan (noise, transport, the participation coin), its
+    data and model loaded, its release ledger checked (a one-line refusal otherwise)."""
     ins = TrainInstruction.from_record(msg.content)
     cfg, pid, parts = _run(context, ins.global_state)
-    kind, release = cfg.optimizer_kind, cfg.release_kind
     noise = plan_noise(cfg, adapter_size(ins.global_state))
     transport = client_transport(cfg)
-    prepared = transport.prepare(ins, cfg, context)  # checked before any training
-    released = None  # a noised client-level release: (event, clip), checked before any training
-    if release != "none":
+    prepared = transport.prepare(ins, cfg, context)
+    released = None  # a noised client-level release: (event, clip)
+    if cfg.release_kind != "none":
         clip = mechanism_for(noise, cfg).round_clip(ins.clip)  # the server's C under adaptive clipping
         _check_noise(noise, cfg.min_replies, ins.noise_std, clip)
         if noise is not None and noise.private:
             released = release_event(noise, ins.noise_std, clip), clip
-    cap = noise.participation_cap if noise is not None else 0
     # hidden participation: this node's own coin, which neither the reply's timing nor its size may
     # show: every node loads its data and trains whatever the coin says (constant work)
     contributes = takes_part(noise)
     shard = _shard(context, cfg, ins.global_state)
-    plan = _sample_plan(cfg, len(shard.examples)) if kind != "none" else None
-    releases = _releases(context, cfg, pid, parts) if released else None
-    if releases is not None:
-        releases.check(ins.round, released[0], releases.future(ins.round, cap))
-    metrics = _train_steps(context, cfg, ins, pid, parts, shard, plan)
-    if cfg.private:
-        metrics = {}  # neither the loss nor counts of (Poisson-sampled) examples are private
-    increment = contribution(
-        local_increment(adapter_state(shard.bundle.model), ins.global_state, cfg.increment_form), contributes
+    plan = _sample_plan(cfg, len(shard.examples)) if cfg.optimizer_kind != "none" else None
+    admitted = Admitted(
+        ins,
+        cfg,
+        pid,
+        parts,
+        noise,
+        transport,
+        prepared,
+        released,
+        _releases(context, cfg, pid, parts) if released else None,
+        noise.participation_cap if noise is not None else 0,
+        contributes,
+        shard,
+        plan,
     )
-    if releases is not None:  # committed before the release leaves
-        releases.check(ins.round, released[0], releases.future(ins.round, cap))
-        releases.charge(ins.round, *released, noise.threat_model)
-    out = reply_of(increment, ins, cfg, shard.bundle.device, context, len(shard.examples), metrics)
-    return Message(release_reply(ins, cfg, context, out, prepared), reply_to=msg)
+    admitted.check_budget()
+    return admitted
+
+
+def train_admitted(a: Admitted, context: Context) -> tuple[AdapterState, dict]:
+    """The round's local steps on an admitted message: ``(increment, metrics)``, the increment the
+    adapter's change (times 0 when the node's coin did not come up), the metrics empty in a private
+    run (neither the loss nor counts of Poisson-sampled examples are private)."""
+    metrics = _train_steps(context, a.cfg, a.ins, a.pid, a.parts, a.shard, a.plan)
+    increment = local_increment(adapter_state(a.shard.bundle.model), a.ins.global_state, a.cfg.increment_form)
+    return contribution(increment, a.contributes), ({} if a.cfg.private else metrics)
+
+
+def release_admitted(a: Admitted, context: Context, increment: AdapterState, metrics: dict) -> RecordDict:
+    """The reply of an admitted message: the node's release ledger charged (committed before the
+    release leaves), then the release through the run's transport."""
+    if a.releases is not None:
+        a.check_budget()
+        a.releases.charge(a.ins.round, *a.released, a.noise.threat_model)
+    out = reply_of(increment, a.ins, a.cfg, a.shard.bundle.device, context, len(a.shard.examples), metrics)
+    return release_reply(a.ins, a.cfg, context, out, a.prepared)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """A round's train message: admitted (:func:`admit`), trained (:func:`train_admitted`) and
+    released (:func:`release_admitted`): the three steps a batched engine would run for a cohort."""
+    admitted = admit(msg, context)
+    increment, metrics = train_admitted(admitted, context)
+    return Message(release_admitted(admitted, context, increment, metrics), reply_to=msg)
 
 
 for _transport in CLIENT_TRANSPORTS.values():  # the further stages of a transport's round (SecAgg+'s)
