@@ -19,7 +19,7 @@ from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard, partition_of
 from client.node.state import LEDGER_FILE, encoder_cache_dir, held_ledger
-from client.transport import CLIENT_TRANSPORTS, ClientTransport, Reply, client_transport
+from client.transport import CLIENT_TRANSPORTS, Reply, client_transport
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size, adapter_state
@@ -90,8 +90,8 @@ class Admitted:
     """A train message admitted by this node (:func:`admit`): everything checked before any training.
 
     ins / cfg: the round's instruction and the run config; pid / parts: the node's partition;
-    noise: the run's client-level plan (None: no release); transport / prepared: the reply's
-    transport and its checks of this round; released: the noised release's (event, clip) the node
+    noise: the run's client-level plan (None: no release); prepared: the run's transport's checks
+    of this round (client/transport.py ``prepare``); released: the noised release's (event, clip) the node
     charges, None when nothing private is released; releases: the node's release ledger (None with
     nothing to charge); cap: the participation cap (0: none); contributes: this node's coin (hidden
     participation; otherwise True); shard: its data and model with the global adapter loaded;
@@ -102,7 +102,6 @@ class Admitted:
     pid: int
     parts: int
     noise: NoisePlan | None
-    transport: ClientTransport
     prepared: object
     released: tuple[Event, float] | None
     releases: ReleaseLedger | None
@@ -126,8 +125,7 @@ def admit(msg: Message, context: Context) -> Admitted:
     ins = TrainInstruction.from_record(msg.content)
     cfg, pid, parts = _run(context, ins.global_state)
     noise = plan_noise(cfg, adapter_size(ins.global_state))
-    transport = client_transport(cfg)
-    prepared = transport.prepare(ins, cfg, context)
+    prepared = client_transport(cfg).prepare(ins, cfg, context)
     released = None  # a noised client-level release: (event, clip)
     if cfg.release_kind != "none":
         clip = mechanism_for(noise, cfg).round_clip(ins.clip)  # the server's C under adaptive clipping
@@ -145,7 +143,6 @@ def admit(msg: Message, context: Context) -> Admitted:
         pid,
         parts,
         noise,
-        transport,
         prepared,
         released,
         _releases(context, cfg, pid, parts) if released else None,

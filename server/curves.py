@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
+
+from common.privacy.report import pyplot, save_png
 
 #: metrics-line key -> TensorBoard tag, for the scalars of every round that has them
 SCALARS: dict[str, str] = {
@@ -52,13 +53,8 @@ def draw_curves(metrics: Path, path: Path, metric: str, target_epsilon: float = 
     (private runs send none: the panel says so) and the client-level ε after each round (tight
     accountant and the CLT μ-GDP approximation; none for a non-private run), with the budget
     ``target_epsilon`` when there is one."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = read_rounds(metrics)
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), dpi=110)
+    fig, axes = pyplot().subplots(1, 3, figsize=(12, 3.4), dpi=110)
     panels = (
         (axes[0], [(metric, f"held-out {metric}")], f"held-out {metric}", "no evaluation yet"),
         (
@@ -93,12 +89,7 @@ def draw_curves(metrics: Path, path: Path, metric: str, target_epsilon: float = 
             target_epsilon, color="grey", linestyle="--", linewidth=1, label=f"budget ε = {target_epsilon:g}"
         )
         axes[2].legend(fontsize=7)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return save_png(fig, path)
 
 
 #: numeric metrics-line keys that are neither :data:`SCALARS` nor a held-out metric

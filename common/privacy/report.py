@@ -39,13 +39,30 @@ def title(report: dict) -> str:
     return f"WHAT-IF, {text}\nfor {report.get('population', '')}" if report.get("what_if") else text
 
 
-def plot(report: dict, path: Path) -> None:
-    """ε_gdp and ε_tight after each charged round (∞ values are left out of the plot)."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed), imported when first drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_png(fig, path: Path) -> Path:
+    """Lay out ``fig`` and write it to ``path`` as a PNG, atomically (a reader never sees half a
+    file), then close it."""
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png")
+    pyplot().close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def plot(report: dict, path: Path) -> None:
+    """ε_gdp and ε_tight after each charged round (∞ values are left out of the plot)."""
+    plt = pyplot()
     rows = report["rounds"]
     x = [r["round"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
@@ -60,8 +77,4 @@ def plot(report: dict, path: Path) -> None:
     ax.set_title(title(report), fontsize=8 if report.get("what_if") else 10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_png(fig, path)

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from common.progress import bar
+
 Batch = dict[str, Tensor | list]  # tensors, plus token lists where a task needs them
 
 
@@ -96,8 +98,6 @@ def chunks(items: Sequence, size: int) -> Iterator[Sequence]:
 
 def eval_batches(examples: Sequence, size: int) -> Iterator[Sequence]:
     """:func:`chunks` of the held-out ``examples``, counted on the terminal's "evaluating" bar."""
-    from common.progress import bar
-
     with bar(len(examples), "evaluating", "example") as progress:
         for part in chunks(examples, size):
             yield part
