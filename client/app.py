@@ -11,6 +11,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from autoencoder.layout import is_factor
+from client.cohort import Member
 from client.dp.sample_plan import SamplePlan, plan_sample_noise
 from client.drencoder.gradstats import local_stats, privatise
 from client.increment import increment as local_increment
@@ -68,7 +69,7 @@ def gradstats(msg: Message, context: Context) -> Message:
     shard = _shard(context, cfg, query.global_state)
     stats = local_stats(
         shard.trainee,
-        StepSchedule.of(cfg, int(np.random.SeedSequence([cfg.seed, 0, pid]).generate_state(1)[0])),
+        StepSchedule.of(cfg, local_seed(cfg, 0, pid)),
         factors=[k for k in query.global_state if is_factor(k)],
         granularity=cfg.stats_granularity,
         form=cfg.increment_form,
@@ -156,12 +157,36 @@ def admit(msg: Message, context: Context) -> Admitted:
 
 
 def train_admitted(a: Admitted, context: Context) -> tuple[AdapterState, dict]:
-    """The round's local steps on an admitted message: ``(increment, metrics)``, the increment the
-    adapter's change (times 0 when the node's coin did not come up), the metrics empty in a private
-    run (neither the loss nor counts of Poisson-sampled examples are private)."""
+    """The round's local steps on an admitted message: ``(increment, metrics)`` (:func:`trained`)."""
     metrics = _train_steps(context, a.cfg, a.ins, a.pid, a.parts, a.shard, a.plan)
-    increment = local_increment(adapter_state(a.shard.bundle.model), a.ins.global_state, a.cfg.increment_form)
+    return trained(a, adapter_state(a.shard.bundle.model), metrics)
+
+
+def trained(a: Admitted, local: AdapterState, metrics: dict) -> tuple[AdapterState, dict]:
+    """``(increment, metrics)`` of an admitted message whose local steps ended at ``local``: the
+    increment the adapter's change (times 0 when the node's coin did not come up), the metrics
+    empty in a private run (neither the loss nor counts of Poisson-sampled examples are private)."""
+    increment = local_increment(local, a.ins.global_state, a.cfg.increment_form)
     return contribution(increment, a.contributes), ({} if a.cfg.private else metrics)
+
+
+def batchable(a: Admitted) -> bool:
+    """Whether an admitted message's local steps can run in a cohort (client/cohort.py): its
+    optimizer is non-private (a sample-level DP optimizer runs one client at a time)."""
+    return a.plan is None
+
+
+def cohort_member(a: Admitted) -> Member:
+    """An admitted message's local steps as a member of a cohort: its examples, the schedule
+    :func:`_train_steps` would run, from the round's global adapter."""
+    return Member(
+        a.shard.examples, StepSchedule.of(a.cfg, local_seed(a.cfg, a.ins.round, a.pid)), a.ins.global_state
+    )
+
+
+def local_seed(cfg: RunConfig, rnd: int, pid: int) -> int:
+    """The seed of partition ``pid``'s local batches in round ``rnd`` (round 0: the statistics round)."""
+    return int(np.random.SeedSequence([cfg.seed, rnd, pid]).generate_state(1)[0])
 
 
 def release_admitted(a: Admitted, context: Context, increment: AdapterState, metrics: dict) -> RecordDict:
@@ -228,7 +253,7 @@ def _train_steps(
             shard.trainee,
             cfg,
             plan,
-            seed=int(np.random.SeedSequence([cfg.seed, ins.round, pid]).generate_state(1)[0]),
+            seed=local_seed(cfg, ins.round, pid),
             desc=f"client {pid} round {ins.round}",
         )
     if ledger is not None:

@@ -26,6 +26,8 @@ MECHANISMS: dict[str, tuple[str, str]] = {
     **{name: (name, "none") for name, spec in LOCAL_OPTIMIZERS.items() if spec.private},
     "dr-encoder": ("none", "dr-encoder"),
 }
+#: how a simulation trains a round's clients (client/cohort.py)
+ENGINES = ("auto", "sequential", "batched")
 #: the frozen base model's precision (common/models/precision.py)
 PRECISIONS = ("auto", "fp32", "bf16")
 #: client-level release kinds (common/privacy/mechanism.py ``register_release`` adds one at run time)
@@ -263,6 +265,20 @@ class RunConfig:
         "core, 1 = in the server's process (a simulation setting: results do not depend on it)",
         LOCAL,
         rule=NON_NEGATIVE,
+    )
+    engine: str = option(
+        "auto",
+        "how fedlora simulate trains a round's clients: sequential (one after another), batched (a "
+        "cohort in one forward/backward, client/cohort.py; clients with a sample-level DP optimizer "
+        "still run one by one) or auto (batched on CUDA, sequential on the CPU); a simulation setting",
+        LOCAL,
+        choices=ENGINES,
+    )
+    cohort_rows: int = option(
+        256,
+        "examples in one forward of the batched engine (chunks of clients that fit the device's memory)",
+        LOCAL,
+        rule=AT_LEAST_ONE,
     )
     precision: str = option(
         "auto",

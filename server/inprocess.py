@@ -27,6 +27,9 @@ from common.secagg import identity
 
 log = logging.getLogger("fedlora.inprocess")
 
+#: (a round's train messages, their nodes' contexts) -> each node's reply or what it raised
+CohortHandler = Callable[[list[Message], list[Context]], list[Message | Exception]]
+
 SERVER_NODE_ID = 0
 FIRST_NODE_ID = 1001
 
@@ -64,14 +67,17 @@ class InProcessGrid(Grid):
         run_id: int = 1,
         raise_errors: bool = True,
         state_root: Path | None = None,
+        cohort: CohortHandler | None = None,
     ) -> None:
-        """``state_root``: node k keeps its state (sample-level ledger) and its identity key (secure
+        """``cohort``: trains a round's train messages together (the batched engine), else each
+        message goes to ``client_app``. ``state_root``: node k keeps its state (sample-level ledger) and its identity key (secure
         aggregation, common/secagg/identity.py) in ``state_root/node-k``, beside the roster of every
         node's public key (``state_root/roster.pub``; a temporary folder without ``state_root``); the
         encoders the nodes receive are cached once, in ``state_root/shared``. The nodes' ledgers
         commit at ``ledger-sync = normal`` (client/node/state.py): they survive a crash of this
         process but not of the machine (the server's own ledger commits at ``full``)."""
         self.client_app = client_app
+        self.cohort = cohort
         self.raise_errors = raise_errors
         self._run = Run.create_empty(run_id)
         # the operator's step, done before the first message (nothing is written before the run's
@@ -141,29 +147,50 @@ class InProcessGrid(Grid):
             self._identities = None
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Deliver ``messages``: one by one to the ClientApp, or, with a ``cohort`` handler, a
+        round's train messages to it in one call (client/cohort_round.py)."""
         self.provision()
-        ids, messages = [], list(messages)
-        for msg in tqdm_clients(messages):
+        ids, pending = [], []
+        for msg in messages:
             msg_id, delivered = self.address(msg)
             ids.append(msg_id)
-            if delivered is None:
-                continue
-            node = delivered.metadata.dst_node_id
-            try:
-                reply = self.client_app(delivered, self.contexts[node])
-                reply = (
-                    Message(copy.deepcopy(reply.content), reply_to=delivered)
-                    if reply.has_content()
-                    else reply
-                )
-            except Exception as exc:
-                if self.raise_errors:
-                    raise
-                log.warning("node %d failed: %s", node, exc, exc_info=True)
-                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=delivered)
+            if delivered is not None:
+                pending.append((msg_id, delivered))
+        delivered = [d for _, d in pending]
+        if (
+            self.cohort is not None
+            and delivered
+            and all(d.metadata.message_type == "train" for d in delivered)
+        ):
+            with clients_bar(delivered) as progress:
+                outcomes = self.cohort(delivered, [self.contexts[d.metadata.dst_node_id] for d in delivered])
+                progress.update(len(delivered))
+        else:
+            outcomes = (self._call(d) for d in tqdm_clients(delivered))
+        for (msg_id, msg), outcome in zip(pending, outcomes, strict=True):
+            reply = self._reply(msg, outcome)
             reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
             self._replies[msg_id] = reply
         return ids
+
+    def _call(self, msg: Message) -> Message | Exception:
+        """The ClientApp's reply to ``msg``, or what it raised."""
+        try:
+            return self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+        except Exception as exc:
+            return exc
+
+    def _reply(self, msg: Message, outcome: Message | Exception) -> Message:
+        """The reply the server receives: its own copy of the content, or, for a node that raised,
+        the error Flower answers (raised here with ``raise_errors``)."""
+        if isinstance(outcome, Exception):
+            if self.raise_errors:
+                raise outcome
+            log.warning("node %d failed: %s", msg.metadata.dst_node_id, outcome, exc_info=outcome)
+            return Message(Error(code=0, reason=f"{type(outcome).__name__}: {outcome}"), reply_to=msg)
+        if outcome.has_content():
+            return Message(copy.deepcopy(outcome.content), reply_to=msg)
+        return outcome
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]

@@ -11,6 +11,7 @@ from pathlib import Path
 from flwr.app import Context, Message, RecordDict
 
 from common.config import RunConfig, to_flat
+from common.device import resolve_device
 from common.errors import FedloraError
 from common.options import add_config_arguments as add_options
 from common.options import config_values
@@ -24,6 +25,15 @@ from server.workers import WorkerPoolGrid, resolve_workers
 
 CLIENT_APP = "client.app:app"  # as in pyproject.toml [tool.flwr.app.components]
 SERVER_APP = "server.app:app"
+COHORT = "client.cohort_round:train_round"  # the batched engine's handler of a round's train messages
+
+
+def engine_of(cfg: RunConfig) -> str:
+    """``cfg.engine``, ``auto`` resolved: ``batched`` on CUDA, ``sequential`` on the CPU (where the
+    bench measured the batched engine no faster per client at equal workers: docs/performance.md)."""
+    if cfg.engine != "auto":
+        return cfg.engine
+    return "batched" if resolve_device(cfg.device).type == "cuda" else "sequential"
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +81,8 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     keeps its state (its sample-level ledger) in ``<run dir>/nodes/node-k``.
 
     Clients run in ``cfg.workers`` processes (server/workers.py; 1: in this process, and always with
-    ``wrap``, which receives every message to a node with the real ClientApp). The summary gets
+    ``wrap``, which receives every message to a node with the real ClientApp), or, with the batched
+    engine (:func:`engine_of`), a round's clients as cohorts in this process (client/cohort.py). The summary gets
     ``time_split_s``: seconds of the phases that ran in this process (common/timing.py: local
     training and the clients' release only when the clients run here, the server's decode and
     aggregate, evaluation).
@@ -82,13 +93,17 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     open_split(cfg)
     run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
     flat = to_flat(cfg.replace(out_dir=str(run_dir)))
-    workers = 1 if wrap is not None else min(resolve_workers(cfg.workers), cfg.num_clients)
-    if workers > 1:  # every core trains clients (server/workers.py)
+    batched = wrap is None and engine_of(cfg) == "batched"
+    workers = (
+        1 if wrap is not None or batched else min(resolve_workers(cfg.workers, cfg.device), cfg.num_clients)
+    )
+    if workers > 1:  # every core (every GPU) trains clients (server/workers.py)
         grid = WorkerPoolGrid(CLIENT_APP, cfg.num_clients, flat, workers, state_root=run_dir / "nodes")
     else:
         app = load_component(CLIENT_APP)
         handler = app if wrap is None else (lambda msg, ctx: wrap(app, msg, ctx))
-        grid = InProcessGrid(handler, cfg.num_clients, flat, state_root=run_dir / "nodes")
+        cohort = load_component(COHORT) if batched else None
+        grid = InProcessGrid(handler, cfg.num_clients, flat, state_root=run_dir / "nodes", cohort=cohort)
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=flat)
     reset()
     try:

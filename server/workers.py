@@ -44,6 +44,7 @@ from flwr.common.serde import (
 )
 
 from common import timing
+from common.device import resolve_device
 from common.errors import FedloraError
 from server.inprocess import InProcessGrid, clients_bar, load_component
 
@@ -59,9 +60,16 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def resolve_workers(workers: int) -> int:
-    """``workers`` 0 → the cores available; otherwise as given (1: clients run in this process)."""
-    return workers or available_cores()
+def resolve_workers(workers: int, device: str = "cpu") -> int:
+    """``workers`` 0 → one per GPU on CUDA (each process holds a whole model on its device), else
+    one per available core; otherwise as given (1: clients run in this process)."""
+    if workers:
+        return workers
+    if resolve_device(device).type == "cuda":
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    return available_cores()
 
 
 class WorkerPoolGrid(InProcessGrid):
@@ -83,7 +91,7 @@ class WorkerPoolGrid(InProcessGrid):
         self._procs = [
             ctx.Process(
                 target=_serve,
-                args=(self._tasks, self._done, client_ref, nodes, dict(run_config), run_id, os.getpid()),
+                args=(self._tasks, self._done, client_ref, nodes, dict(run_config), run_id, os.getpid(), k),
                 daemon=True,
                 name=f"fedlora-worker-{k}",
             )
@@ -182,15 +190,25 @@ def _unused(msg: Message, ctx: Context) -> Message:
 
 
 def _serve(
-    tasks, done, client_ref: str, nodes: dict[int, dict], run_config: dict, run_id: int, parent: int
+    tasks,
+    done,
+    client_ref: str,
+    nodes: dict[int, dict],
+    run_config: dict,
+    run_id: int,
+    parent: int,
+    index: int = 0,
 ) -> None:
-    """A worker: one torch thread, the ClientApp, a Context per node; answers until told to stop or
-    until ``parent`` (the server's process) is gone. SIGINT is ignored: the server stops it."""
+    """Worker ``index``: one torch thread (on CUDA, GPU ``index`` of several), the ClientApp, a
+    Context per node; answers until told to stop or until ``parent`` (the server's process) is
+    gone. SIGINT is ignored: the server stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     from flwr.supercore.task_identity import TaskIdentity
 
     torch.set_num_threads(1)
+    if str(run_config.get("device", "auto")) != "cpu" and torch.cuda.is_available():
+        torch.cuda.set_device(index % torch.cuda.device_count())  # "cuda" is then this worker's GPU
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
     app = load_component(client_ref)
     contexts = {

@@ -1,0 +1,237 @@
+"""The batched cohort engine (client/cohort.py, client/cohort_round.py) against the sequential one.
+
+Equivalence is exact math, so it is checked where rounding cannot hide a bug: plain SGD in fp32 (the
+update is linear in the gradient: to 1e-6), AdamW in fp64 (Adam divides by √v, which turns fp32
+rounding of near-zero gradients into lr-sized differences: to 1e-9). The base's dropout is off
+(the cohort draws its masks over its own batch layout; see client/cohort.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import client.app as client_app
+from client.cohort import CohortUnsupported, Member, train_cohort
+from client.node.state import client_ledger
+from common.config import to_flat
+from common.models import adapter_state, load_adapter_state
+from common.models.lora import lora_layers
+from common.presets import preset
+from common.runtime import open_model, open_split
+from common.tasks.classifier import ClassifierTask
+from common.tasks.training import StepSchedule, Trainee, train_steps
+from server.inprocess import InProcessGrid, load_component
+from server.simulate import CLIENT_APP, COHORT
+from tests.conftest import randomize_lora
+from tests.harness import TINY, LmTask, records, serve
+
+#: client sizes: equal, smaller than the batch, a single example
+SIZES = (10, 10, 5, 10, 3, 1)
+
+
+@pytest.fixture()
+def no_dropout(minilm):
+    """MiniLM with every dropout off for the test (attention's reads ``nn.Dropout.p`` too)."""
+    drops = [m for m in minilm.model.modules() if isinstance(m, nn.Dropout)]
+    before = [m.p for m in drops]
+    for m in drops:
+        m.p = 0.0
+    yield minilm
+    for m, p in zip(drops, before, strict=True):
+        m.p = p
+
+
+def _reviews(task: ClassifierTask, n: int) -> list[dict]:
+    texts = [f"this film is {'good' if i % 2 else 'bad'} and" + " very" * (i % 11) for i in range(n)]
+    return task.encode(texts, [i % 2 for i in range(n)])
+
+
+def _start(model: nn.Module, seed: int = 1) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    state = adapter_state(model)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in state.items()}
+
+
+def _members(examples, start, steps: int, optimizer: str) -> list[Member]:
+    out, at = [], 0
+    for i, n in enumerate(SIZES):
+        out.append(Member(examples[at : at + n], StepSchedule(steps, 8, 1e-2, 100 + i, optimizer, 4), start))
+        at += n
+    return out
+
+
+def _sequential(model, task, members: list[Member]) -> list[tuple[dict, dict]]:
+    out = []
+    for m in members:
+        load_adapter_state(model, m.start)
+        metrics = train_steps(Trainee(model, task, m.examples, torch.device("cpu")), m.schedule)
+        out.append((adapter_state(model), metrics))
+    return out
+
+
+def _assert_same(seq, batched, start, tol: float) -> None:
+    for (s, ms), (b, mb) in zip(seq, batched, strict=True):
+        assert set(s) == set(b)
+        moved = max(float((s[k] - start[k]).abs().max()) for k in s)
+        assert moved > 100 * tol  # the clients trained
+        assert max(float((s[k] - b[k]).abs().max()) for k in s) < tol
+        assert ms["train-loss"] == pytest.approx(mb["train-loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_minilm_cohort_takes_each_clients_own_sgd_steps(no_dropout, steps):
+    """Unequal clients (one smaller than its batch, one of a single example), chunks of 4 clients
+    (rows 16, 4 rows per client): each client's adapter and loss are its sequential run's."""
+    bundle = no_dropout
+    task = ClassifierTask(bundle.tokenizer, 64)
+    start = _start(bundle.model)
+    members = _members(_reviews(task, sum(SIZES)), start, steps, "sgd")
+    seq = _sequential(bundle.model, task, members)
+    _assert_same(seq, train_cohort(bundle.model, task, bundle.device, members, rows=16), start, 1e-6)
+
+
+def test_a_cohort_takes_each_clients_own_adamw_steps_in_fp64(no_dropout):
+    bundle = no_dropout
+    task = ClassifierTask(bundle.tokenizer, 64)
+    bundle.model.double()
+    try:
+        start = _start(bundle.model)
+        members = _members(_reviews(task, sum(SIZES)), start, 3, "adamw")
+        seq = _sequential(bundle.model, task, members)
+        _assert_same(seq, train_cohort(bundle.model, task, bundle.device, members), start, 1e-9)
+    finally:
+        bundle.model.float()
+
+
+def test_a_language_model_cohort_matches_its_sequential_runs(tiny_llama):
+    """A causal LM (LoRA on q/v of a random Llama), next-token loss, unequal lengths and clients."""
+    randomize_lora(tiny_llama)
+    gen = torch.Generator().manual_seed(3)
+    examples = [
+        {"ids": torch.randint(0, 500, (int(n),), generator=gen).tolist()} for n in [9, 12, 7, 16] * 10
+    ]
+    start = adapter_state(tiny_llama)
+    members = _members(examples, start, 2, "sgd")
+    seq = _sequential(tiny_llama, LmTask(), members)
+    _assert_same(seq, train_cohort(tiny_llama, LmTask(), torch.device("cpu"), members), start, 1e-6)
+
+
+def test_a_cohort_refuses_what_it_cannot_train_as_one(no_dropout):
+    bundle = no_dropout
+    start = adapter_state(bundle.model)
+    examples = _reviews(ClassifierTask(bundle.tokenizer, 64), 4)
+    members = [
+        Member(examples, StepSchedule(2, 4, 1e-2, 0, "sgd"), start),
+        Member(examples, StepSchedule(2, 4, 1e-3, 1, "sgd"), start),  # another learning rate
+    ]
+    with pytest.raises(CohortUnsupported, match="share steps, lr"):
+        train_cohort(bundle.model, ClassifierTask(bundle.tokenizer, 64), bundle.device, members)
+    assert lora_layers(bundle.model)  # and the model is untouched: its layers' own forward again
+    assert all("forward" not in vars(layer) for layer in lora_layers(bundle.model).values())
+
+
+# -- through the real ServerApp and ClientApp: the same increments handed to each transport, the same ledgers
+
+NODES = 5
+
+
+#: the ClientApp's release step, as imported (each run records through its own wrapper of it)
+RELEASE = client_app.release_reply
+
+
+def _federation(tmp_path, batched: bool, monkeypatch, failing: int | None = None, **change):
+    """Run a federation sequentially or batched (fp32 base, SGD steps, every dropout off); returns
+    (every increment a node handed its transport, by (round, node), the config, the run's folder).
+    ``failing``: that node's shard is refused (its data path is not absolute)."""
+    sent: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+
+    def recording(ins, cfg, context, out, prepared=None):
+        sent[(ins.round, context.node_id)] = {k: v.clone() for k, v in out.increment.items()}
+        return RELEASE(ins, cfg, context, out, prepared)
+
+    monkeypatch.setattr(client_app, "release_reply", recording)
+    run = tmp_path / ("batched" if batched else "sequential")
+    values = {
+        **TINY,
+        "num_clients": NODES,
+        "rounds": 2,
+        "sample_rate": 1.0,
+        "precision": "fp32",
+        "client_optimizer": "sgd",
+        "lr": 0.05,
+        "out_dir": str(run / "run"),
+    }
+    cfg = preset("minilm-rt", **{**values, **change}).check()
+    for module in open_model(cfg, open_split(cfg)).model.modules():  # the run's (cached) model
+        if isinstance(module, nn.Dropout):
+            monkeypatch.setattr(module, "p", 0.0)
+    grid = InProcessGrid(
+        load_component(CLIENT_APP),
+        cfg.num_clients,
+        to_flat(cfg),
+        raise_errors=failing is None,
+        state_root=run / "nodes",
+        cohort=load_component(COHORT) if batched else None,
+    )
+    if failing is not None:
+        grid.contexts[1001 + failing].node_config["data-path"] = "not/absolute.jsonl"
+    serve(grid, cfg)
+    return sent, cfg, run
+
+
+THREAT_RUNS = {
+    "fedavg": dict(mechanism="fedavg"),
+    "central": dict(mechanism="dp-fedavg", threat_model="central", noise_multiplier=1.0, clip=0.5),
+    "local": dict(mechanism="dp-fedavg", threat_model="local", noise_multiplier=1.0, clip=0.5),
+    "distributed": dict(
+        mechanism="dp-fedavg", threat_model="distributed", noise_multiplier=1.0, clip=0.5, min_replies=3
+    ),
+    "secure": dict(
+        mechanism="dp-fedavg",
+        threat_model="secure-aggregation",
+        target_epsilon=8.0,
+        clip=0.5,
+        min_replies=3,
+        secagg_neighbours=4,
+        max_participations=2,
+    ),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", sorted(THREAT_RUNS))
+def test_a_batched_round_hands_each_transport_the_sequential_increment(
+    tmp_path, monkeypatch, no_dropout, name
+):
+    """Every node's increment (what its transport then clips, noises or encodes: the first round's
+    under noise, whose draws make the next round start elsewhere), the node's release ledger and a
+    non-private run's metrics are the sequential engine's."""
+    runs = [_federation(tmp_path, batched, monkeypatch, **THREAT_RUNS[name]) for batched in (False, True)]
+    (seq, cfg, seq_dir), (bat, _, bat_dir) = runs
+    assert sorted(seq) == sorted(bat) and len(seq) == NODES * cfg.rounds
+    for key in [k for k in seq if not cfg.private or k[0] == 1]:  # noise makes later rounds' starts differ
+        moved = max(float(seq[key][k].abs().max()) for k in seq[key])
+        assert moved > 1e-3 and max(float((seq[key][k] - bat[key][k]).abs().max()) for k in seq[key]) < 1e-6
+    for k in range(NODES):
+        owner = f"rotten-tomatoes/{k}-of-{NODES}"
+        rows = [client_ledger(d / "nodes" / f"node-{k}", owner, cfg.delta).rows() for d in (seq_dir, bat_dir)]
+        assert rows[0] or not cfg.private
+        drop = ("time", "run")
+        assert [{c: v for c, v in r.items() if c not in drop} for r in rows[0]] == [
+            {c: v for c, v in r.items() if c not in drop} for r in rows[1]
+        ]
+    if name == "fedavg":
+        losses = [
+            [r["train_loss"] for r in records(d / "run") if r["phase"] == "train"] for d in (seq_dir, bat_dir)
+        ]
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+@pytest.mark.integration
+def test_one_failing_node_is_its_own_dropout_not_the_cohorts(tmp_path, monkeypatch):
+    sent, cfg, run = _federation(tmp_path, True, monkeypatch, failing=2, mechanism="fedavg", min_replies=2)
+    assert {node for _, node in sent} == {1001, 1002, 1004, 1005}
+    last = records(run / "run")[-1]
+    assert last["round"] == cfg.rounds
