@@ -1,13 +1,14 @@
 """A cohort of clients' local steps in one pass: K clients, one forward/backward per micro-step.
 
 The frozen base runs once over the concatenated examples of K clients; each client's own LoRA
-factors apply to its own rows only, by batched matmul over stacked factors (PEFT's
-``lora_A.weight``: ``(K, r, d_in)``, ``lora_B.weight``: ``(K, d_out, r)``), and each module with
-dense trainables (a classification head) runs once per client under ``torch.func.vmap``. Client k's
-loss is the mean of its own examples' losses, and the cohort minimises the sum of the K losses: the
-gradient of client k's parameters is exactly its own loss's (no parameter is shared, no layer mixes
-rows: LayerNorm and attention act per example), so one backward gives all K gradients. AdamW and
-SGD are elementwise, so one optimizer over the stacked parameters takes all K clients' steps.
+factors apply to its own rows only, by batched matmul over the factors gathered per row (PEFT's
+``lora_A.weight`` stacked ``(K, r, d_in)``, ``lora_B.weight`` ``(K, d_out, r)``, row n taking its
+client's), and each module with dense trainables (a classification head) runs per row under
+``torch.func.vmap`` with its client's parameters. Client k's loss is the mean of its own examples'
+losses, and the cohort minimises the sum of the K losses: the gradient of client k's parameters is
+exactly its own loss's (no parameter is shared, no layer mixes rows: LayerNorm and attention act per
+example), so one backward gives all K gradients. AdamW and SGD are elementwise, so one optimizer
+over the stacked parameters takes all K clients' steps.
 
 What is the same as K sequential runs of :func:`common.tasks.training.train_steps`: each client's
 batches (its own ``sample_batches`` stream from its own seed), its loss, its optimizer and step
@@ -15,11 +16,10 @@ count, hence its local adapter, to float rounding. What is not: the base model's
 cohort draws them over its own batch layout; the same distribution, other draws), so equivalence is
 exact with the base's dropout off, and equal in distribution with it on.
 
-Rows are laid out client-major: a micro-step carries ``R`` rows of every client (``R`` = the
-micro-batch, at most the largest client batch), a client with fewer rows left padded by copies of
-one of its own examples with weight 0 (their gradient is exactly zero), so that every LoRA input
-reshapes to ``(K, R·T, d_in)``. Clients are trained in chunks of at most ``rows // R`` clients
-(``rows``: the rows of one forward, what bounds the device's memory).
+A step's rows (every client's batch) are sorted by length, whoever's they are, and run in forwards
+of at most ``rows`` rows of the mean length (padded tokens: what bounds activation memory; sorted,
+they pad little). Clients are trained
+in chunks of ``max(1, rows // batch)`` (what bounds the stacked parameters and optimizer state).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch.func import functional_call, vmap
 
 from common.errors import FedloraError
 from common.models.lora import AdapterState, adapter_state, dense_trainables, load_adapter_state, lora_layers
-from common.tasks.base import Task, by_length, sample_batches
+from common.tasks.base import Task, example_length, sample_batches
 from common.tasks.training import StepSchedule
 
 #: rows (examples) of one cohort forward by default: what bounds its activation memory
@@ -67,7 +67,7 @@ def train_cohort(
     check_cohort(model, members)
     out: list[tuple[AdapterState, dict[str, float]]] = []
     for chunk in _chunks(members, rows):
-        out.extend(_train_chunk(model, task, device, chunk))
+        out.extend(_train_chunk(model, task, device, chunk, rows))
     return out
 
 
@@ -83,20 +83,13 @@ def check_cohort(model: nn.Module, members: Sequence[Member]) -> None:
 
 
 def _chunks(members: Sequence[Member], rows: int) -> Iterator[Sequence[Member]]:
-    per_client = _rows_per_client(members)
-    size = max(1, rows // per_client)
+    size = max(1, rows // max(min(m.schedule.batch_size, len(m.examples)) for m in members))
     for start in range(0, len(members), size):
         yield members[start : start + size]
 
 
-def _rows_per_client(members: Sequence[Member]) -> int:
-    """``R``: rows of each client in one micro-step (its micro-batch, at most the largest batch)."""
-    largest = max(min(m.schedule.batch_size, len(m.examples)) for m in members)
-    return min(members[0].schedule.microbatch, largest)
-
-
 def _train_chunk(
-    model: nn.Module, task: Task, device: torch.device, members: Sequence[Member]
+    model: nn.Module, task: Task, device: torch.device, members: Sequence[Member], rows: int
 ) -> list[tuple[AdapterState, dict[str, float]]]:
     k, s = len(members), members[0].schedule
     stacked = _stacked(model, [m.start for m in members])
@@ -110,14 +103,14 @@ def _train_chunk(
         for m in members
     ]
     torch.manual_seed(members[0].schedule.seed)  # the base's dropout (see the module's docstring)
-    per_client = _rows_per_client(members)
     losses = torch.zeros(s.steps, k)
+    owner = _Owner()
     model.train()
-    with _cohort_forward(model, stacked, k, per_client):
+    with _cohort_forward(model, stacked, owner):
         for step in range(s.steps):
             opt.zero_grad(set_to_none=True)
             batches = [next(stream) for stream in streams]
-            losses[step] = _step_backward(model, task, device, members, batches, per_client)
+            losses[step] = _step_backward(model, task, device, members, batches, owner, rows)
             opt.step()
     model.eval()
     return [(_member_state(model, stacked, i), {"train-loss": float(losses[:, i].mean())}) for i in range(k)]
@@ -127,31 +120,48 @@ def _rng(member: Member) -> np.random.Generator:
     return np.random.default_rng(member.schedule.seed)
 
 
+class _Owner:
+    """The client (0..K-1) of each row of the forward under way: ``rows``, ``(N,)`` on the device."""
+
+    rows: Tensor
+
+
 def _step_backward(
     model: nn.Module,
     task: Task,
     device: torch.device,
     members: Sequence[Member],
     batches: Sequence[np.ndarray],
-    per_client: int,
+    owner: _Owner,
+    rows: int,
 ) -> Tensor:
     """Accumulate every client's gradient of its batch's mean loss; returns those K mean losses."""
     k = len(members)
     total = torch.zeros(k, device=device)
-    ordered = [by_length(b.tolist(), m.examples) for m, b in zip(members, batches, strict=True)]
-    passes = -(-max(len(b) for b in ordered) // per_client)
-    for j in range(passes):
-        rows, weights = [], torch.zeros(k, per_client)
-        for c, (member, idx) in enumerate(zip(members, ordered, strict=True)):
-            part = idx[j * per_client : (j + 1) * per_client]
-            weights[c, : len(part)] = 1.0 / len(idx)
-            # padding rows: copies of one of the client's own examples, weight 0 (zero gradient)
-            rows.extend(member.examples[i] for i in part + [idx[0]] * (per_client - len(part)))
-        batch = task.collate(rows, device)
-        losses = task.per_example_loss(model, batch).view(k, per_client) * weights.to(device)
+    pairs = [(c, int(i)) for c, batch in enumerate(batches) for i in batch]
+    lengths = [example_length(members[c].examples[i]) for c, i in pairs]
+    order = sorted(range(len(pairs)), key=lengths.__getitem__)
+    for piece in _passes([lengths[j] for j in order], rows):
+        part = [pairs[order[j]] for j in piece]
+        clients = torch.tensor([c for c, _ in part], device=device)
+        weights = torch.tensor([1.0 / len(batches[c]) for c, _ in part], device=device)
+        owner.rows = clients
+        batch = task.collate([members[c].examples[i] for c, i in part], device)
+        losses = task.per_example_loss(model, batch) * weights
         losses.sum().backward()
-        total += losses.detach().sum(1)
+        total.index_add_(0, clients, losses.detach())
     return total.cpu()
+
+
+def _passes(lengths: Sequence[int], rows: int) -> Iterator[range]:
+    """Consecutive pieces of rows sorted by ascending ``lengths``, each padding to at most ``rows``
+    rows of the mean length (its row count times its longest row's length; a longer row alone)."""
+    budget = rows * max(1.0, sum(lengths) / max(1, len(lengths)))
+    start = 0
+    for end in range(1, len(lengths) + 1):
+        if end == len(lengths) or (end + 1 - start) * lengths[end] > budget:
+            yield range(start, end)
+            start = end
 
 
 def _stacked(model: nn.Module, starts: Sequence[AdapterState]) -> dict[str, dict[str, nn.Parameter]]:
@@ -202,17 +212,19 @@ def _member_state(model: nn.Module, stacked: dict[str, dict[str, nn.Parameter]],
 
 @contextmanager
 def _cohort_forward(
-    model: nn.Module, stacked: dict[str, dict[str, nn.Parameter]], k: int, per_client: int
+    model: nn.Module, stacked: dict[str, dict[str, nn.Parameter]], owner: _Owner
 ) -> Iterator[None]:
-    """Every trained module's forward replaced, for the block, by its cohort form over ``stacked``."""
+    """Every trained module's forward replaced, for the block, by its cohort form over ``stacked``
+    (row n with client ``owner.rows[n]``'s parameters)."""
     layers, owners = lora_layers(model), _dense_owners(model)
     patched = []
     for name, group in stacked.items():
-        module = layers.get(name) or owners[name]
         if name in layers:
-            module.forward = _lora_forward(module, group["A"], group["B"], k)
+            module = layers[name]
+            module.forward = _lora_forward(module, group["A"], group["B"], owner)
         else:
-            module.forward = _dense_forward(module, group, k)
+            module = owners[name]
+            module.forward = _dense_forward(module, group, owner)
         patched.append(module)
     try:
         yield
@@ -221,38 +233,34 @@ def _cohort_forward(
             del module.forward  # the class's own forward again
 
 
-def _lora_forward(layer: LoraLinear, a: Tensor, b: Tensor, k: int):
-    """PEFT's vanilla LoRA forward (``base(x) + lora_B(lora_A(dropout(x))) · s``) with client c's
-    factors on client c's rows: ``a``: ``(K, r, d_in)``, ``b``: ``(K, d_out, r)``; ``x``: ``(K·R, …, d_in)``."""
+def _lora_forward(layer: LoraLinear, a: Tensor, b: Tensor, owner: _Owner):
+    """PEFT's vanilla LoRA forward (``base(x) + lora_B(lora_A(dropout(x))) · s``) with each row's
+    client's factors: ``a``: ``(K, r, d_in)``, ``b``: ``(K, d_out, r)``; ``x``: ``(N, …, d_in)``."""
     base, dropout, scaling = layer.base_layer, layer.lora_dropout["default"], layer.scaling["default"]
 
     def forward(x: Tensor, *args, **kwargs) -> Tensor:
         result = base(x, *args, **kwargs)
         h = dropout(x.to(a.dtype))
-        if h.shape[0] % k:
-            raise CohortUnsupported(f"a LoRA input of {h.shape[0]} rows is not {k} clients' rows")
-        lo = torch.bmm(h.reshape(k, -1, h.shape[-1]), a.transpose(1, 2))  # (K, R·T, r)
-        up = torch.bmm(lo, b.transpose(1, 2)).reshape(*result.shape[:-1], -1)  # (K·R, …, d_out)
+        rows = owner.rows
+        lo = torch.bmm(h.reshape(len(rows), -1, h.shape[-1]), a[rows].transpose(1, 2))  # (N, T, r)
+        up = torch.bmm(lo, b[rows].transpose(1, 2)).reshape(*result.shape[:-1], -1)  # (N, …, d_out)
         return (result + up * scaling).to(result.dtype)
 
     return forward
 
 
-def _dense_forward(module: nn.Module, params: dict[str, nn.Parameter], k: int):
-    """``module``'s own forward with client c's parameters on client c's rows (``torch.func.vmap``
-    over a copy of the module: its other parameters and buffers shared)."""
+def _dense_forward(module: nn.Module, params: dict[str, nn.Parameter], owner: _Owner):
+    """``module``'s own forward with each row's client's parameters (``torch.func.vmap`` over the
+    rows, on a copy of the module: its other parameters and buffers shared)."""
     shadow = copy.deepcopy(module)
 
     def one(p: dict[str, Tensor], x: Tensor) -> Tensor:
-        return functional_call(shadow, p, (x,))
+        return functional_call(shadow, p, (x.unsqueeze(0),)).squeeze(0)
 
     batched = vmap(one, randomness="different")
 
     def forward(x: Tensor) -> Tensor:
-        if x.shape[0] % k:
-            raise CohortUnsupported(f"an input of {x.shape[0]} rows is not {k} clients' rows")
-        out = batched(dict(params), x.reshape(k, -1, *x.shape[1:]))
-        return out.reshape(-1, *out.shape[2:])
+        return batched({name: value[owner.rows] for name, value in params.items()}, x)
 
     return forward
 

@@ -56,6 +56,16 @@ def load_component(ref: str) -> Callable:
     return getattr(importlib.import_module(module), attr)
 
 
+def call_app(
+    app: Callable[[Message, Context], Message], msg: Message, context: Context
+) -> Message | Exception:
+    """The ClientApp's reply to ``msg``, or what it raised (the grid answers it as Flower does)."""
+    try:
+        return app(msg, context)
+    except Exception as exc:
+        return exc
+
+
 class InProcessGrid(Grid):
     """Delivers each pushed message to ``client_app`` synchronously and keeps the reply."""
 
@@ -166,19 +176,15 @@ class InProcessGrid(Grid):
                 outcomes = self.cohort(delivered, [self.contexts[d.metadata.dst_node_id] for d in delivered])
                 progress.update(len(delivered))
         else:
-            outcomes = (self._call(d) for d in tqdm_clients(delivered))
+            outcomes = (
+                call_app(self.client_app, d, self.contexts[d.metadata.dst_node_id])
+                for d in tqdm_clients(delivered)
+            )
         for (msg_id, msg), outcome in zip(pending, outcomes, strict=True):
             reply = self._reply(msg, outcome)
             reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
             self._replies[msg_id] = reply
         return ids
-
-    def _call(self, msg: Message) -> Message | Exception:
-        """The ClientApp's reply to ``msg``, or what it raised."""
-        try:
-            return self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
-        except Exception as exc:
-            return exc
 
     def _reply(self, msg: Message, outcome: Message | Exception) -> Message:
         """The reply the server receives: its own copy of the content, or, for a node that raised,

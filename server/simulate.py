@@ -81,8 +81,9 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     keeps its state (its sample-level ledger) in ``<run dir>/nodes/node-k``.
 
     Clients run in ``cfg.workers`` processes (server/workers.py; 1: in this process, and always with
-    ``wrap``, which receives every message to a node with the real ClientApp), or, with the batched
-    engine (:func:`engine_of`), a round's clients as cohorts in this process (client/cohort.py). The summary gets
+    ``wrap``, which receives every message to a node with the real ClientApp); with the batched
+    engine (:func:`engine_of`) each process trains its share of a round's clients as one cohort
+    (client/cohort.py). The summary gets
     ``time_split_s``: seconds of the phases that ran in this process (common/timing.py: local
     training and the clients' release only when the clients run here, the server's decode and
     aggregate, evaluation).
@@ -94,11 +95,12 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
     flat = to_flat(cfg.replace(out_dir=str(run_dir)))
     batched = wrap is None and engine_of(cfg) == "batched"
-    workers = (
-        1 if wrap is not None or batched else min(resolve_workers(cfg.workers, cfg.device), cfg.num_clients)
-    )
+    workers = 1 if wrap is not None else min(resolve_workers(cfg.workers, cfg.device), cfg.num_clients)
     if workers > 1:  # every core (every GPU) trains clients (server/workers.py)
-        grid = WorkerPoolGrid(CLIENT_APP, cfg.num_clients, flat, workers, state_root=run_dir / "nodes")
+        cohort_ref = COHORT if batched else ""
+        grid = WorkerPoolGrid(
+            CLIENT_APP, cfg.num_clients, flat, workers, state_root=run_dir / "nodes", cohort_ref=cohort_ref
+        )
     else:
         app = load_component(CLIENT_APP)
         handler = app if wrap is None else (lambda msg, ctx: wrap(app, msg, ctx))

@@ -46,7 +46,7 @@ from flwr.common.serde import (
 from common import timing
 from common.device import resolve_device
 from common.errors import FedloraError
-from server.inprocess import InProcessGrid, clients_bar, load_component
+from server.inprocess import InProcessGrid, call_app, clients_bar, load_component
 
 log = logging.getLogger("fedlora.workers")
 
@@ -83,15 +83,28 @@ class WorkerPoolGrid(InProcessGrid):
         workers: int,
         run_id: int = 1,
         state_root: Path | None = None,
+        cohort_ref: str = "",
     ) -> None:
+        """``cohort_ref``: the batched engine's handler (client/cohort_round.py): a round's train
+        messages then go to the workers as one cohort per worker, not one message per task."""
         super().__init__(_unused, num_nodes, run_config, run_id, True, state_root)
+        self._cohorts = bool(cohort_ref)
         ctx = mp.get_context("spawn")
         self._tasks, self._done = ctx.Queue(), ctx.Queue()
         nodes = {node: dict(c.node_config) for node, c in self.contexts.items()}
         self._procs = [
             ctx.Process(
                 target=_serve,
-                args=(self._tasks, self._done, client_ref, nodes, dict(run_config), run_id, os.getpid(), k),
+                args=(
+                    self._tasks,
+                    self._done,
+                    (client_ref, cohort_ref),
+                    nodes,
+                    dict(run_config),
+                    run_id,
+                    os.getpid(),
+                    k,
+                ),
                 daemon=True,
                 name=f"fedlora-worker-{k}",
             )
@@ -103,7 +116,7 @@ class WorkerPoolGrid(InProcessGrid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         self.provision()
-        ids, sent = [], {}
+        ids, sent, tasks = [], {}, []
         for seq, msg in enumerate(messages):
             msg_id, delivered = self.address(msg, copy_content=False)  # serialised below: a copy
             ids.append(msg_id)
@@ -113,7 +126,12 @@ class WorkerPoolGrid(InProcessGrid):
             sent[seq] = delivered
             state = _state_bytes(self.contexts[node].state)
             message = message_to_proto(delivered).SerializeToString()
-            self._tasks.put(_HEADER.pack(seq, node, 0, len(state)) + state + message)
+            tasks.append(_HEADER.pack(seq, node, 0, len(state)) + state + message)
+        if self._cohorts and sent and all(m.metadata.message_type == "train" for m in sent.values()):
+            share = -(-len(tasks) // len(self._procs))  # a round's train messages: one cohort per worker
+            tasks = [tasks[i : i + share] for i in range(0, len(tasks), share)]
+        for task in tasks:
+            self._tasks.put(task)
         replies = {}
         with clients_bar(list(sent.values())) as progress:
             while len(replies) < len(sent):
@@ -192,15 +210,15 @@ def _unused(msg: Message, ctx: Context) -> Message:
 def _serve(
     tasks,
     done,
-    client_ref: str,
+    refs: tuple[str, str],
     nodes: dict[int, dict],
     run_config: dict,
     run_id: int,
     parent: int,
     index: int = 0,
 ) -> None:
-    """Worker ``index``: one torch thread (on CUDA, GPU ``index`` of several), the ClientApp, a
-    Context per node; answers until told to stop or until ``parent`` (the server's process) is
+    """Worker ``index``: one torch thread (on CUDA, GPU ``index`` of several), the ClientApp and the
+    batched engine's cohort handler (``refs``; "" for none), a Context per node; answers until told to stop or until ``parent`` (the server's process) is
     gone. SIGINT is ignored: the server stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
@@ -210,26 +228,36 @@ def _serve(
     if str(run_config.get("device", "auto")) != "cpu" and torch.cuda.is_available():
         torch.cuda.set_device(index % torch.cuda.device_count())  # "cuda" is then this worker's GPU
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
-    app = load_component(client_ref)
+    app = load_component(refs[0])
+    cohort = load_component(refs[1]) if refs[1] else None
     contexts = {
         node: Context(run_id=run_id, node_id=node, node_config=cfg, state=RecordDict(), run_config=run_config)
         for node, cfg in nodes.items()
     }
     threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="orphan-watch").start()
     while (data := tasks.get()) != _STOP:
-        seq, node, _, state_size = _HEADER.unpack_from(data)
-        contexts[node].state = _state_from(data[_HEADER.size : _HEADER.size + state_size])
-        msg = message_from_proto(ProtoMessage.FromString(data[_HEADER.size + state_size :]))
+        received = [_task(one, contexts) for one in (data if isinstance(data, list) else [data])]
         timing.reset()
-        try:
-            reply = app(msg, contexts[node])
-        except Exception as exc:  # answered as Flower answers a ClientApp that raised
-            log.warning("node %d failed: %s", node, exc)
-            reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-        phases = json.dumps({k: v for k, v in timing.totals().items() if v}).encode()
-        state = _state_bytes(contexts[node].state)
-        reply_bytes = message_to_proto(reply).SerializeToString()
-        done.put(_HEADER.pack(seq, node, len(phases), len(state)) + phases + state + reply_bytes)
+        if isinstance(data, list):  # a cohort (the batched engine): one call, one outcome per node
+            outcomes = cohort([msg for _, _, msg in received], [contexts[node] for _, node, _ in received])
+        else:
+            outcomes = [call_app(app, received[0][2], contexts[received[0][1]])]
+        for (seq, node, msg), outcome in zip(received, outcomes, strict=True):
+            if isinstance(outcome, Exception):  # answered as Flower answers a ClientApp that raised
+                log.warning("node %d failed: %s", node, outcome)
+                outcome = Message(Error(code=0, reason=f"{type(outcome).__name__}: {outcome}"), reply_to=msg)
+            phases = json.dumps({k: v for k, v in timing.totals().items() if v}).encode()
+            timing.reset()  # a cohort's phases travel with its first reply
+            state = _state_bytes(contexts[node].state)
+            reply_bytes = message_to_proto(outcome).SerializeToString()
+            done.put(_HEADER.pack(seq, node, len(phases), len(state)) + phases + state + reply_bytes)
+
+
+def _task(data: bytes, contexts: dict[int, Context]) -> tuple[int, int, Message]:
+    """``(sequence number, node, message)`` of one task, the node's state restored from it."""
+    seq, node, _, state_size = _HEADER.unpack_from(data)
+    contexts[node].state = _state_from(data[_HEADER.size : _HEADER.size + state_size])
+    return seq, node, message_from_proto(ProtoMessage.FromString(data[_HEADER.size + state_size :]))
 
 
 def _state_bytes(state: RecordDict) -> bytes:

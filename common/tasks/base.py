@@ -73,7 +73,12 @@ def token_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device
 def by_length(idx: Sequence[int], examples: Sequence[dict]) -> list[int]:
     """``idx`` ordered by token count, so that consecutive micro-batches pad little (a sum over the
     batch does not depend on the order)."""
-    return sorted(idx, key=lambda i: len(examples[i].get("ids") or examples[i].get("prompt") or ()))
+    return sorted(idx, key=lambda i: example_length(examples[i]))
+
+
+def example_length(example: dict) -> int:
+    """An encoded example's token count (its ``ids``, or a verbalizer task's ``prompt``)."""
+    return len(example.get("ids") or example.get("prompt") or ())
 
 
 def logits_of(model: nn.Module, batch: Batch) -> Tensor:
