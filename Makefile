@@ -8,7 +8,7 @@ export FEDLORA_CACHE ?= $(CURDIR)/.cache
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-unit test-all lint format clean compose-install compose-check
+.PHONY: install run test test-unit test-all lint format clean compose-install compose-check bench-gpu
 
 install: $(STAMP)
 
@@ -64,6 +64,18 @@ test-unit: $(STAMP)
 
 test-all: $(STAMP) $(COMPOSE_STAMP)
 	$(PY) -m pytest -q -m ''
+
+# The GPU measurements of docs/cohort-engine.md, on any CUDA machine: outputs in runs/gpu-<date>/.
+GPU_OUT := runs/gpu-$(shell date +%Y%m%d-%H%M%S)
+GPU_SCALE = $(VENV)/bin/fedlora bench scale --device cuda --preset smollm2-shakespeare-xdev --populations 517 --cohort 64 --rounds 3 --json
+bench-gpu: $(STAMP)
+	mkdir -p $(GPU_OUT)
+	$(GPU_SCALE) --engine sequential,batched --precisions fp32,bf16 --workers 1 >$(GPU_OUT)/scale-smollm2.json
+	$(GPU_SCALE) --engine batched --precisions bf16 --workers 1 --shape llama-3.2-1b >$(GPU_OUT)/scale-llama-3.2-1b.json
+	$(GPU_SCALE) --engine batched --precisions bf16 --workers 1 --shape tinyllama-1.1b >$(GPU_OUT)/scale-tinyllama-1.1b.json
+	$(VENV)/bin/fedlora simulate --preset minilm-rt-xdev --mechanism dp-fedavg --threat-model central --target-epsilon 8 --delta 1e-6 --clip 0.5 --device cuda --out $(GPU_OUT)/minilm-dp8
+	$(VENV)/bin/fedlora simulate --preset smollm2-shakespeare-xdev --mechanism fedavg --device cuda --out $(GPU_OUT)/smollm2-fedavg
+	$(VENV)/bin/fedlora simulate --preset smollm2-shakespeare-xdev --mechanism dp-fedavg --threat-model central --clip 1.0 --adaptive-clip --target-epsilon 8 --device cuda --out $(GPU_OUT)/smollm2-dp8
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -17,9 +17,9 @@ cohort draws them over its own batch layout; the same distribution, other draws)
 exact with the base's dropout off, and equal in distribution with it on.
 
 A step's rows (every client's batch) are sorted by length, whoever's they are, and run in forwards
-of at most ``rows`` rows of the mean length (padded tokens: what bounds activation memory; sorted,
-they pad little). Clients are trained
-in chunks of ``max(1, rows // batch)`` (what bounds the stacked parameters and optimizer state).
+of at most ``tokens`` padded tokens (what bounds activation memory, a language model's logits above
+all: 49,152 fp32 per token for SmolLM2; sorted, they pad little). Clients are trained
+in chunks of at most ``clients`` (what bounds the stacked parameters and optimizer state).
 """
 
 from __future__ import annotations
@@ -40,8 +40,12 @@ from common.models.lora import AdapterState, adapter_state, dense_trainables, lo
 from common.tasks.base import Task, example_length, sample_batches
 from common.tasks.training import StepSchedule
 
-#: rows (examples) of one cohort forward by default: what bounds its activation memory
-DEFAULT_ROWS = 256
+#: padded tokens of one cohort forward, and clients trained together, by default (on the CPU, on
+#: CUDA). On the CPU, tensors over glibc's 32 MB mmap ceiling are mapped and zero-filled afresh on
+#: every allocation: two workers at ~7,700 tokens a forward spent 3x the sequential engine's system
+#: time in page faults and ran 1.3x slower per client (MiniLM, 2026-11-29); at ~2,000 they did not
+DEFAULT_TOKENS = (2048, 16384)
+DEFAULT_CLIENTS = (64, 256)
 
 
 class CohortUnsupported(FedloraError):
@@ -59,15 +63,21 @@ class Member:
 
 
 def train_cohort(
-    model: nn.Module, task: Task, device: torch.device, members: Sequence[Member], rows: int = DEFAULT_ROWS
+    model: nn.Module,
+    task: Task,
+    device: torch.device,
+    members: Sequence[Member],
+    tokens: int = DEFAULT_TOKENS[0],
+    clients: int = DEFAULT_CLIENTS[0],
 ) -> list[tuple[AdapterState, dict[str, float]]]:
-    """Every member's local steps; returns, per member in order, ``(its local adapter state, its
-    metrics)``: what :func:`common.models.adapter_state` and ``train_steps`` give after its own
-    sequential run. ``model``'s adapter is left at the last member's local state."""
+    """Every member's local steps, ``clients`` at a time in forwards of at most ``tokens`` padded
+    tokens; returns, per member in order, ``(its local adapter state, its metrics)``: what
+    :func:`common.models.adapter_state` and ``train_steps`` give after its own sequential run.
+    ``model``'s adapter is left at the last member's local state."""
     check_cohort(model, members)
     out: list[tuple[AdapterState, dict[str, float]]] = []
-    for chunk in _chunks(members, rows):
-        out.extend(_train_chunk(model, task, device, chunk, rows))
+    for start in range(0, len(members), max(1, clients)):
+        out.extend(_train_chunk(model, task, device, members[start : start + max(1, clients)], tokens))
     return out
 
 
@@ -82,14 +92,8 @@ def check_cohort(model: nn.Module, members: Sequence[Member]) -> None:
         raise CohortUnsupported("a cohort's members must share steps, lr, optimizer and micro-batch")
 
 
-def _chunks(members: Sequence[Member], rows: int) -> Iterator[Sequence[Member]]:
-    size = max(1, rows // max(min(m.schedule.batch_size, len(m.examples)) for m in members))
-    for start in range(0, len(members), size):
-        yield members[start : start + size]
-
-
 def _train_chunk(
-    model: nn.Module, task: Task, device: torch.device, members: Sequence[Member], rows: int
+    model: nn.Module, task: Task, device: torch.device, members: Sequence[Member], tokens: int
 ) -> list[tuple[AdapterState, dict[str, float]]]:
     k, s = len(members), members[0].schedule
     stacked = _stacked(model, [m.start for m in members])
@@ -110,7 +114,7 @@ def _train_chunk(
         for step in range(s.steps):
             opt.zero_grad(set_to_none=True)
             batches = [next(stream) for stream in streams]
-            losses[step] = _step_backward(model, task, device, members, batches, owner, rows)
+            losses[step] = _step_backward(model, task, device, members, batches, owner, tokens)
             opt.step()
     model.eval()
     return [(_member_state(model, stacked, i), {"train-loss": float(losses[:, i].mean())}) for i in range(k)]
@@ -133,7 +137,7 @@ def _step_backward(
     members: Sequence[Member],
     batches: Sequence[np.ndarray],
     owner: _Owner,
-    rows: int,
+    tokens: int,
 ) -> Tensor:
     """Accumulate every client's gradient of its batch's mean loss; returns those K mean losses."""
     k = len(members)
@@ -141,7 +145,7 @@ def _step_backward(
     pairs = [(c, int(i)) for c, batch in enumerate(batches) for i in batch]
     lengths = [example_length(members[c].examples[i]) for c, i in pairs]
     order = sorted(range(len(pairs)), key=lengths.__getitem__)
-    for piece in _passes([lengths[j] for j in order], rows):
+    for piece in _passes([lengths[j] for j in order], tokens):
         part = [pairs[order[j]] for j in piece]
         clients = torch.tensor([c for c, _ in part], device=device)
         weights = torch.tensor([1.0 / len(batches[c]) for c, _ in part], device=device)
@@ -153,13 +157,12 @@ def _step_backward(
     return total.cpu()
 
 
-def _passes(lengths: Sequence[int], rows: int) -> Iterator[range]:
-    """Consecutive pieces of rows sorted by ascending ``lengths``, each padding to at most ``rows``
-    rows of the mean length (its row count times its longest row's length; a longer row alone)."""
-    budget = rows * max(1.0, sum(lengths) / max(1, len(lengths)))
+def _passes(lengths: Sequence[int], tokens: int) -> Iterator[range]:
+    """Consecutive pieces of rows sorted by ascending ``lengths``, each padding to at most ``tokens``
+    (its row count times its longest row's length; a longer row alone)."""
     start = 0
     for end in range(1, len(lengths) + 1):
-        if end == len(lengths) or (end + 1 - start) * lengths[end] > budget:
+        if end == len(lengths) or (end + 1 - start) * lengths[end] > tokens:
             yield range(start, end)
             start = end
 
@@ -265,4 +268,4 @@ def _dense_forward(module: nn.Module, params: dict[str, nn.Parameter], owner: _O
     return forward
 
 
-__all__ = ["DEFAULT_ROWS", "CohortUnsupported", "Member", "check_cohort", "train_cohort"]
+__all__ = ["DEFAULT_CLIENTS", "DEFAULT_TOKENS", "CohortUnsupported", "Member", "check_cohort", "train_cohort"]

@@ -9,14 +9,18 @@ its failure is its reply, never the cohort's.
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Sequence
 
 from flwr.app import Context, Message
 
 from client.app import Admitted, admit, batchable, cohort_member, release_admitted, train_admitted, trained
-from client.cohort import CohortUnsupported, train_cohort
+from client.cohort import DEFAULT_CLIENTS, DEFAULT_TOKENS, CohortUnsupported, train_cohort
 from common.models import AdapterState
 from common.timing import phase
+
+log = logging.getLogger("fedlora.cohort")
 
 #: a node's outcome: its reply, or what it raised (the grid answers it as Flower answers a failure)
 Outcome = Message | Exception
@@ -54,6 +58,8 @@ def _train(
         if batchable(a):
             groups.setdefault(id(a.shard.bundle.model), []).append(i)
     alone = [i for i, a in admitted.items() if not batchable(a)]
+    if alone:
+        _say_sequential(admitted[alone[0]].cfg.optimizer_kind)
     for group in groups.values():
         try:
             results.update(_cohort(group, admitted))
@@ -69,11 +75,18 @@ def _train(
     return results
 
 
+@functools.cache
+def _say_sequential(optimizer: str) -> None:
+    log.warning("engine batched: %s (a sample-level DP optimizer) trains its clients one by one", optimizer)
+
+
 def _cohort(group: list[int], admitted: dict[int, Admitted]) -> dict[int, tuple[AdapterState, dict]]:
     first = admitted[group[0]]
     bundle, members = first.shard.bundle, [cohort_member(admitted[i]) for i in group]
+    cuda = bundle.device.type == "cuda"
+    tokens, clients = first.cfg.cohort_tokens or DEFAULT_TOKENS[cuda], DEFAULT_CLIENTS[cuda]
     with phase("local-training"):
-        states = train_cohort(bundle.model, first.shard.task, bundle.device, members, first.cfg.cohort_rows)
+        states = train_cohort(bundle.model, first.shard.task, bundle.device, members, tokens, clients)
     return {
         i: trained(admitted[i], state, metrics) for i, (state, metrics) in zip(group, states, strict=True)
     }

@@ -270,15 +270,18 @@ class RunConfig:
         "auto",
         "how fedlora simulate trains a round's clients: sequential (one after another), batched (a "
         "cohort in one forward/backward, client/cohort.py; clients with a sample-level DP optimizer "
-        "still run one by one) or auto (batched on CUDA, sequential on the CPU); a simulation setting",
+        "still run one by one) or auto (the one measured faster on the device: batched on CUDA and on "
+        "the CPU, docs/cohort-engine.md); a simulation setting",
         LOCAL,
         choices=ENGINES,
     )
-    cohort_rows: int = option(
-        256,
-        "examples in one forward of the batched engine (chunks of clients that fit the device's memory)",
+    cohort_tokens: int = option(
+        0,
+        "padded tokens in one forward of the batched engine: what bounds its memory (a language model's "
+        "logits above all); 0 = 16384 on CUDA, 2048 on the CPU (larger tensors there are paged in afresh "
+        "on every allocation)",
         LOCAL,
-        rule=AT_LEAST_ONE,
+        rule=NON_NEGATIVE,
     )
     precision: str = option(
         "auto",

@@ -28,12 +28,17 @@ SERVER_APP = "server.app:app"
 COHORT = "client.cohort_round:train_round"  # the batched engine's handler of a round's train messages
 
 
+#: what ``--engine auto`` runs on each device type: the engine ``fedlora bench scale --engine
+#: sequential,batched`` measured faster per client there, at every precision and worker count
+#: (docs/cohort-engine.md)
+AUTO_ENGINE = {"cuda": "batched", "cpu": "batched"}
+
+
 def engine_of(cfg: RunConfig) -> str:
-    """``cfg.engine``, ``auto`` resolved: ``batched`` on CUDA, ``sequential`` on the CPU (where the
-    bench measured the batched engine no faster per client at equal workers: docs/performance.md)."""
+    """``cfg.engine``, ``auto`` resolved by the device (:data:`AUTO_ENGINE`)."""
     if cfg.engine != "auto":
         return cfg.engine
-    return "batched" if resolve_device(cfg.device).type == "cuda" else "sequential"
+    return AUTO_ENGINE[resolve_device(cfg.device).type]
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

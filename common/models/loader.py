@@ -13,6 +13,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
+    LlamaConfig,
     PreTrainedTokenizerBase,
 )
 from transformers.utils import logging as hf_logging
@@ -89,6 +90,9 @@ def load_base(
             raise FedloraError(
                 f"--pooling {pooling} is for encoder classifiers; {spec.name} scores label words"
             )
+        if spec.shape:  # random weights of a named shape (seeded by the caller): for timing only
+            config = LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **dict(spec.shape))
+            return AutoModelForCausalLM.from_config(config, dtype=torch.float32), tokenizer, "CAUSAL_LM"
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokenizer, "CAUSAL_LM"
     base = AutoModelForSequenceClassification.from_pretrained(
         path, num_labels=num_labels, dtype=torch.float32

