@@ -4,8 +4,10 @@ Each worker is a spawned process holding its own resident model (the ClientApp's
 cache), one torch thread, and a ``Context`` for every node (the same ``node_config`` the in-process
 grid gives). A round's messages go to a shared queue; an idle worker takes the next one, runs the real
 ClientApp on it and sends the reply back; the server receives the replies in the order it sent the
-messages. Results do not depend on the number of workers: a client's local training is seeded by
-(seed, round, partition) alone, and its DP noise comes from OS entropy in any case.
+messages. Under the sequential engine results do not depend on the number of workers: a client's
+local training is seeded by (seed, round, partition) alone, and its DP noise comes from OS entropy in
+any case. Under the batched engine each worker trains its share of a round as one cohort
+(client/cohort.py), whose dropout draws and rounding depend on that share: the same distribution.
 
 Ctrl-C at a terminal signals the whole process group; the workers ignore SIGINT from their start
 (inherited across the spawn's exec, so not even their imports are interrupted): the server's process
@@ -102,8 +104,7 @@ class WorkerPoolGrid(InProcessGrid):
                     nodes,
                     dict(run_config),
                     run_id,
-                    os.getpid(),
-                    k,
+                    (os.getpid(), k),
                 ),
                 daemon=True,
                 name=f"fedlora-worker-{k}",
@@ -214,13 +215,14 @@ def _serve(
     nodes: dict[int, dict],
     run_config: dict,
     run_id: int,
-    parent: int,
-    index: int = 0,
+    worker: tuple[int, int],
 ) -> None:
-    """Worker ``index``: one torch thread (on CUDA, GPU ``index`` of several), the ClientApp and the
-    batched engine's cohort handler (``refs``; "" for none), a Context per node; answers until told to stop or until ``parent`` (the server's process) is
-    gone. SIGINT is ignored: the server stops it."""
+    """A worker, ``worker = (parent, index)``: one torch thread (on CUDA, GPU ``index`` of several),
+    the ClientApp and the batched engine's cohort handler (``refs``; "" for none), a Context per
+    node; answers until told to stop or until ``parent`` (the server's process) is gone. SIGINT is
+    ignored: the server stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent, index = worker
     import torch
     from flwr.supercore.task_identity import TaskIdentity
 

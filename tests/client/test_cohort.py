@@ -187,10 +187,15 @@ def _federation(tmp_path, batched: bool, monkeypatch, failing: int | None = None
 
 THREAT_RUNS = {
     "fedavg": dict(mechanism="fedavg"),
-    "central": dict(mechanism="dp-fedavg", threat_model="central", noise_multiplier=1.0, clip=0.5),
-    "local": dict(mechanism="dp-fedavg", threat_model="local", noise_multiplier=1.0, clip=0.5),
+    "central": dict(mechanism="dp-fedavg", threat_model="central", noise_multiplier=1.0, clip=0.5, rounds=1),
+    "local": dict(mechanism="dp-fedavg", threat_model="local", noise_multiplier=1.0, clip=0.5, rounds=1),
     "distributed": dict(
-        mechanism="dp-fedavg", threat_model="distributed", noise_multiplier=1.0, clip=0.5, min_replies=3
+        mechanism="dp-fedavg",
+        threat_model="distributed",
+        noise_multiplier=1.0,
+        clip=0.5,
+        min_replies=3,
+        rounds=1,
     ),
     "secure": dict(
         mechanism="dp-fedavg",
@@ -200,6 +205,7 @@ THREAT_RUNS = {
         min_replies=3,
         secagg_neighbours=4,
         max_participations=2,
+        rounds=1,
     ),
 }
 
@@ -209,8 +215,8 @@ THREAT_RUNS = {
 def test_a_batched_round_hands_each_transport_the_sequential_increment(
     tmp_path, monkeypatch, no_dropout, name
 ):
-    """Every node's increment (what its transport then clips, noises or encodes: the first round's
-    under noise, whose draws make the next round start elsewhere), the node's release ledger and a
+    """Every node's increment (what its transport then clips, noises or encodes; one round under
+    noise, whose draws would make the next start elsewhere), the node's release ledger and a
     non-private run's metrics are the sequential engine's."""
     runs = [_federation(tmp_path, batched, monkeypatch, **THREAT_RUNS[name]) for batched in (False, True)]
     (seq, cfg, seq_dir), (bat, _, bat_dir) = runs

@@ -323,12 +323,17 @@ def test_mean_pooling_reads_the_real_tokens_only():
 
 def test_bench_scale_speedup_is_against_the_sequential_fp32_row_of_the_same_population():
     """Issue 50: 2.5x at equal population read 3.5x when divided by the 10-node row. Every speedup
-    divides by the in-process, fp32, one-worker row of its own N; without that row, none."""
+    divides by the in-process, sequential, fp32, one-worker row of its own N; without that row, none."""
     from server.bench.scale import speedup
 
-    def row(n, precision, workers, client_s):
+    def row(n, precision, workers, client_s, engine="sequential"):
         return dict(
-            population=n, backend="inprocess", precision=precision, workers=workers, client_s=client_s
+            population=n,
+            backend="inprocess",
+            engine=engine,
+            precision=precision,
+            workers=workers,
+            client_s=client_s,
         )
 
     rows = [
@@ -336,5 +341,6 @@ def test_bench_scale_speedup_is_against_the_sequential_fp32_row_of_the_same_popu
         row(100, "fp32", 1, 0.140),
         row(100, "bf16", 2, 0.056),
         row(200, "bf16", 2, 0.05),
+        row(200, "fp32", 1, 0.05, engine="batched"),  # not the reference: another engine
     ]
-    assert [speedup(r, rows) for r in rows] == [1.0, 1.0, 2.5, None]
+    assert [speedup(r, rows) for r in rows] == [1.0, 1.0, 2.5, None, None]
