@@ -38,7 +38,7 @@ from torch.func import functional_call, vmap
 from common.errors import FedloraError
 from common.models.lora import AdapterState, adapter_state, dense_trainables, load_adapter_state, lora_layers
 from common.tasks.base import Task, example_length, sample_batches
-from common.tasks.training import StepSchedule
+from common.tasks.training import StepSchedule, step_optimizer
 
 #: padded tokens of one cohort forward, and clients trained together, by default (on the CPU, on
 #: CUDA). On the CPU, tensors over glibc's 32 MB mmap ceiling are mapped and zero-filled afresh on
@@ -83,13 +83,14 @@ def train_cohort(
 
 def check_cohort(model: nn.Module, members: Sequence[Member]) -> None:
     """Refuse (:class:`CohortUnsupported`) what one cohort cannot train: LoRA variants (DoRA), more
-    than one adapter, schedules that differ in anything but their seed and batch size."""
+    than one adapter, schedules that differ in anything but their seed, batch size and micro-batch
+    (a cohort's forwards are cut by ``tokens`` instead)."""
     for name, layer in lora_layers(model).items():
         if not isinstance(layer, LoraLinear) or layer.lora_variant or list(layer.lora_A) != ["default"]:
             raise CohortUnsupported(f"{name}: only plain single-adapter LoRA linear layers train as a cohort")
-    kinds = {(m.schedule.steps, m.schedule.lr, m.schedule.optimizer, m.schedule.microbatch) for m in members}
+    kinds = {(m.schedule.steps, m.schedule.lr, m.schedule.optimizer) for m in members}
     if len(kinds) > 1:
-        raise CohortUnsupported("a cohort's members must share steps, lr, optimizer and micro-batch")
+        raise CohortUnsupported("a cohort's members must share steps, lr and optimizer")
 
 
 def _train_chunk(
@@ -97,13 +98,14 @@ def _train_chunk(
 ) -> list[tuple[AdapterState, dict[str, float]]]:
     k, s = len(members), members[0].schedule
     stacked = _stacked(model, [m.start for m in members])
-    params = [p for group in stacked.values() for p in group.values()]
-    if s.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=s.lr)
-    else:
-        opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0)
+    opt = step_optimizer([p for group in stacked.values() for p in group.values()], s)
     streams = [
-        sample_batches(len(m.examples), min(m.schedule.batch_size, len(m.examples)), s.steps, _rng(m))
+        sample_batches(
+            len(m.examples),
+            min(m.schedule.batch_size, len(m.examples)),
+            s.steps,
+            np.random.default_rng(m.schedule.seed),
+        )
         for m in members
     ]
     torch.manual_seed(members[0].schedule.seed)  # the base's dropout (see the module's docstring)
@@ -118,10 +120,6 @@ def _train_chunk(
             opt.step()
     model.eval()
     return [(_member_state(model, stacked, i), {"train-loss": float(losses[:, i].mean())}) for i in range(k)]
-
-
-def _rng(member: Member) -> np.random.Generator:
-    return np.random.default_rng(member.schedule.seed)
 
 
 class _Owner:

@@ -270,8 +270,8 @@ class RunConfig:
         "auto",
         "how fedlora simulate trains a round's clients: sequential (one after another), batched (a "
         "cohort in one forward/backward, client/cohort.py; clients with a sample-level DP optimizer "
-        "still run one by one) or auto (the one measured faster on the device: batched on CUDA and on "
-        "the CPU, docs/cohort-engine.md); a simulation setting",
+        "still run one by one) or auto (batched on CUDA, sequential on the CPU: docs/cohort-engine.md); "
+        "a simulation setting",
         LOCAL,
         choices=ENGINES,
     )

@@ -28,10 +28,11 @@ SERVER_APP = "server.app:app"
 COHORT = "client.cohort_round:train_round"  # the batched engine's handler of a round's train messages
 
 
-#: what ``--engine auto`` runs on each device type: the engine ``fedlora bench scale --engine
-#: sequential,batched`` measured faster per client there, at every precision and worker count
-#: (docs/cohort-engine.md)
-AUTO_ENGINE = {"cuda": "batched", "cpu": "batched"}
+#: what ``--engine auto`` runs on each device type (docs/cohort-engine.md): batched on CUDA, where a
+#: cohort fills the device; sequential on the CPU, where ``fedlora bench scale --engine
+#: sequential,batched`` measured the batched engine 1.12-1.35x faster per client for MiniLM but
+#: 0.74-0.93x for SmolLM2 (a core is already busy with one client's 512 tokens)
+AUTO_ENGINE = {"cuda": "batched", "cpu": "sequential"}
 
 
 def engine_of(cfg: RunConfig) -> str:

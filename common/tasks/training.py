@@ -64,11 +64,7 @@ def train_steps(
     each step (the DR-Encoder statistics). A batch is computed in length-sorted pieces of
     ``schedule.microbatch`` examples (the same gradient as one padded batch, less padding and memory)."""
     model, examples, s = trainee.model, trainee.examples, schedule
-    params = [p for p in model.parameters() if p.requires_grad]
-    if s.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=s.lr)
-    else:
-        opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0)
+    opt = step_optimizer([p for p in model.parameters() if p.requires_grad], s)
     rng = np.random.default_rng(s.seed)
     torch.manual_seed(s.seed)
     model.train()
@@ -82,6 +78,14 @@ def train_steps(
             after_step()
     model.eval()
     return {"train-loss": float(torch.stack(losses).mean())}
+
+
+def step_optimizer(params: Sequence[torch.Tensor], schedule: StepSchedule) -> torch.optim.Optimizer:
+    """``schedule``'s update rule over ``params``: plain SGD, or AdamW from a fresh state without
+    weight decay (both elementwise: over parameters stacked for a cohort, each client's own)."""
+    if schedule.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=schedule.lr)
+    return torch.optim.AdamW(params, lr=schedule.lr, weight_decay=0.0)
 
 
 def mean_loss_backward(
@@ -98,4 +102,4 @@ def mean_loss_backward(
     return total
 
 
-__all__ = ["StepSchedule", "Trainee", "mean_loss_backward", "train_steps"]
+__all__ = ["StepSchedule", "Trainee", "mean_loss_backward", "step_optimizer", "train_steps"]

@@ -130,7 +130,7 @@ def test_a_cohort_refuses_what_it_cannot_train_as_one(no_dropout):
         Member(examples, StepSchedule(2, 4, 1e-2, 0, "sgd"), start),
         Member(examples, StepSchedule(2, 4, 1e-3, 1, "sgd"), start),  # another learning rate
     ]
-    with pytest.raises(CohortUnsupported, match="share steps, lr"):
+    with pytest.raises(CohortUnsupported, match="share steps, lr and optimizer"):
         train_cohort(bundle.model, ClassifierTask(bundle.tokenizer, 64), bundle.device, members)
     assert lora_layers(bundle.model)  # and the model is untouched: its layers' own forward again
     assert all("forward" not in vars(layer) for layer in lora_layers(bundle.model).values())
@@ -254,8 +254,8 @@ def test_auto_runs_the_engine_measured_faster_on_the_device(monkeypatch):
     from server import simulate
 
     cfg = preset("minilm-rt", device="cpu")
-    assert simulate.engine_of(cfg) == simulate.AUTO_ENGINE["cpu"]
-    assert simulate.engine_of(cfg.replace(engine="sequential")) == "sequential"
+    assert simulate.engine_of(cfg) == "sequential"
+    assert simulate.engine_of(cfg.replace(engine="batched")) == "batched"
     monkeypatch.setattr(simulate, "resolve_device", lambda name: torch.device("cuda"))
     assert simulate.engine_of(cfg.replace(device="cuda")) == "batched"
 
