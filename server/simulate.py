@@ -30,8 +30,8 @@ COHORT = "client.cohort_round:train_round"  # the batched engine's handler of a 
 
 #: what ``--engine auto`` runs on each device type (docs/cohort-engine.md): batched on CUDA, where a
 #: cohort fills the device; sequential on the CPU, where ``fedlora bench scale --engine
-#: sequential,batched`` measured the batched engine 1.12-1.35x faster per client for MiniLM but
-#: 0.74-0.93x for SmolLM2 (a core is already busy with one client's 512 tokens)
+#: sequential,batched`` measured the batched engine 1.15-1.57x faster per client for MiniLM but
+#: 0.81-0.93x for SmolLM2 (a core is already busy with one client's 512 tokens)
 AUTO_ENGINE = {"cuda": "batched", "cpu": "sequential"}
 
 
