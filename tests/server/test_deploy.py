@@ -144,6 +144,8 @@ def _check_survivors(result, victim, lines: list[str], nodes: int, rounds: int) 
         ledger.close()
 
 
+@pytest.mark.slow  # ≈ 75 s, most of it Flower's two missed 30-s heartbeats (make test-all; make test keeps
+# the killed-SuperLink and refused-SuperNode deployments)
 def test_deploy_finishes_with_the_survivors_when_a_supernode_dies(tmp_path):
     """Issue 35, short version (make test): 2 SuperNodes, 1 round, node-1 SIGKILLed after it got its
     train instruction; the SuperLink answers for it ("Node Unavailable") once its heartbeat lapses."""

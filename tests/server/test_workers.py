@@ -176,10 +176,11 @@ def test_ctrl_c_stops_the_workers_quietly_and_says_how_to_continue(tmp_path):
     ``KeyboardInterrupt`` traceback, nothing hangs, and ``fedlora`` exits 130 with one line naming
     the command that continues the run; that command does."""
     out = tmp_path / "run"
+    # rounds enough that the interrupt lands mid-run (a warm worker pool trains a tiny round in < 1 s)
     tiny = {
         "--num-clients": 2,
-        "--rounds": 1,
-        "--local-steps": 2,
+        "--rounds": 4,
+        "--local-steps": 4,
         "--batch-size": 8,
         "--engine": "sequential",
     }
@@ -211,7 +212,7 @@ def test_ctrl_c_stops_the_workers_quietly_and_says_how_to_continue(tmp_path):
     assert err.strip().splitlines()[-1] == hint, err[-3000:]
     assert run_cli([*shlex.split(hint.split("continue with: fedlora ")[1]), "--workers", "1"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rounds_completed"] == 1
+    assert summary["rounds_completed"] == 4
 
 
 def _in_group(pgid: int) -> list[int]:
