@@ -190,7 +190,17 @@ def test_ctrl_c_stops_the_workers_quietly_and_says_how_to_continue(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     pipe = subprocess.PIPE
     server = subprocess.Popen(
-        argv, cwd=ROOT, stdout=pipe, stderr=pipe, text=True, env=env, start_new_session=True
+        argv,
+        cwd=ROOT,
+        stdout=pipe,
+        stderr=pipe,
+        text=True,
+        env=env,
+        start_new_session=True,
+        # SIGINT at its default, as a terminal starts a command: an ignored SIGINT is inherited (and
+        # Python then installs no KeyboardInterrupt handler), and in the full suite this process had
+        # it ignored, so the run finished through the interrupt (exit 0)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         first = server.stdout.readline()  # round 0 is evaluated: round 1 is next (workers start or train)
