@@ -109,7 +109,7 @@ def _train_chunk(
         for m in members
     ]
     torch.manual_seed(members[0].schedule.seed)  # the base's dropout (see the module's docstring)
-    losses = torch.zeros(s.steps, k)
+    losses = torch.zeros(s.steps, k, device=device)  # read once, after the steps: no sync per step
     owner = _Owner()
     model.train()
     with _cohort_forward(model, stacked, owner):
@@ -119,7 +119,8 @@ def _train_chunk(
             losses[step] = _step_backward(model, task, device, members, batches, owner, tokens)
             opt.step()
     model.eval()
-    return [(_member_state(model, stacked, i), {"train-loss": float(losses[:, i].mean())}) for i in range(k)]
+    means = losses.mean(0).tolist()
+    return [(_member_state(model, stacked, i), {"train-loss": means[i]}) for i in range(k)]
 
 
 class _Owner:
@@ -152,7 +153,7 @@ def _step_backward(
         losses = task.per_example_loss(model, batch) * weights
         losses.sum().backward()
         total.index_add_(0, clients, losses.detach())
-    return total.cpu()
+    return total
 
 
 def _passes(lengths: Sequence[int], tokens: int) -> Iterator[range]:
@@ -187,14 +188,10 @@ def _stacked(model: nn.Module, starts: Sequence[AdapterState]) -> dict[str, dict
 
 
 def _dense_owners(model: nn.Module) -> dict[str, nn.Module]:
-    """The modules that hold dense trainables themselves (a head's Linear), by qualified name."""
-    owners = {}
-    names = set(dense_trainables(model))
-    for name, module in model.named_modules():
-        own = [f"{name}.{p}" if name else p for p, t in module.named_parameters(recurse=False)]
-        if any(n in names for n in own):
-            owners[name] = module
-    return owners
+    """The modules that hold dense trainables themselves (a head's Linear), by qualified name: each
+    trainable's parent, from the model's cached layout (no walk over its modules)."""
+    names = {name.rpartition(".")[0] for name in dense_trainables(model)}
+    return {name: model.get_submodule(name) for name in sorted(names)}
 
 
 def _member_state(model: nn.Module, stacked: dict[str, dict[str, nn.Parameter]], i: int) -> AdapterState:

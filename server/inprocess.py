@@ -66,6 +66,12 @@ def call_app(
         return exc
 
 
+def is_train_round(messages: list[Message]) -> bool:
+    """Whether ``messages`` are a round's train messages (what the batched engine takes as a cohort;
+    a transport's further stages, ``train.<stage>``, and queries go one by one)."""
+    return bool(messages) and all(m.metadata.message_type == "train" for m in messages)
+
+
 class InProcessGrid(Grid):
     """Delivers each pushed message to ``client_app`` synchronously and keeps the reply."""
 
@@ -167,11 +173,7 @@ class InProcessGrid(Grid):
             if delivered is not None:
                 pending.append((msg_id, delivered))
         delivered = [d for _, d in pending]
-        if (
-            self.cohort is not None
-            and delivered
-            and all(d.metadata.message_type == "train" for d in delivered)
-        ):
+        if self.cohort is not None and is_train_round(delivered):
             with clients_bar(delivered) as progress:
                 outcomes = self.cohort(delivered, [self.contexts[d.metadata.dst_node_id] for d in delivered])
                 progress.update(len(delivered))

@@ -48,7 +48,7 @@ from flwr.common.serde import (
 from common import timing
 from common.device import resolve_device
 from common.errors import FedloraError
-from server.inprocess import InProcessGrid, call_app, clients_bar, load_component
+from server.inprocess import InProcessGrid, call_app, clients_bar, is_train_round, load_component
 
 log = logging.getLogger("fedlora.workers")
 
@@ -128,7 +128,7 @@ class WorkerPoolGrid(InProcessGrid):
             state = _state_bytes(self.contexts[node].state)
             message = message_to_proto(delivered).SerializeToString()
             tasks.append(_HEADER.pack(seq, node, 0, len(state)) + state + message)
-        if self._cohorts and sent and all(m.metadata.message_type == "train" for m in sent.values()):
+        if self._cohorts and is_train_round(list(sent.values())):
             share = -(-len(tasks) // len(self._procs))  # a round's train messages: one cohort per worker
             tasks = [tasks[i : i + share] for i in range(0, len(tasks), share)]
         for task in tasks:
