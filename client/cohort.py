@@ -46,6 +46,10 @@ from common.tasks.training import StepSchedule, step_optimizer
 #: time in page faults and ran 1.3x slower per client (MiniLM, 2026-11-29); at ~2,000 they did not
 DEFAULT_TOKENS = (2048, 16384)
 DEFAULT_CLIENTS = (64, 256)
+#: on the CPU, the most output logits one forward may hold (2^25 fp32 numbers, 128 MB): a 2,048-token
+#: SmolLM2 forward's 100 M logits ran its log-softmax and its backward 15x slower per number than a
+#: 512-token one's (8 clients, 2 threads, 2026-11-29: batched 0.82x sequential per client; capped, 1.00x)
+CPU_LOGITS = 2**25
 
 
 class CohortUnsupported(FedloraError):
@@ -79,6 +83,16 @@ def train_cohort(
     for start in range(0, len(members), max(1, clients)):
         out.extend(_train_chunk(model, task, device, members[start : start + max(1, clients)], tokens))
     return out
+
+
+def default_tokens(model: nn.Module, device: torch.device) -> int:
+    """Padded tokens of one cohort forward by default on ``device``: :data:`DEFAULT_TOKENS`, and on the
+    CPU no more than :data:`CPU_LOGITS` output logits (a language model's head is its vocabulary wide)."""
+    if device.type == "cuda":
+        return DEFAULT_TOKENS[1]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    width = int(getattr(head, "out_features", 0) or 0)
+    return min(DEFAULT_TOKENS[0], max(1, CPU_LOGITS // width)) if width else DEFAULT_TOKENS[0]
 
 
 def check_cohort(model: nn.Module, members: Sequence[Member]) -> None:
@@ -263,4 +277,13 @@ def _dense_forward(module: nn.Module, params: dict[str, nn.Parameter], owner: _O
     return forward
 
 
-__all__ = ["DEFAULT_CLIENTS", "DEFAULT_TOKENS", "CohortUnsupported", "Member", "check_cohort", "train_cohort"]
+__all__ = [
+    "CPU_LOGITS",
+    "DEFAULT_CLIENTS",
+    "DEFAULT_TOKENS",
+    "CohortUnsupported",
+    "Member",
+    "check_cohort",
+    "default_tokens",
+    "train_cohort",
+]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from flwr.app import Context, Message
 
 from client.app import Admitted, admit, batchable, cohort_member, release_admitted, train_admitted, trained
-from client.cohort import DEFAULT_CLIENTS, DEFAULT_TOKENS, CohortUnsupported, train_cohort
+from client.cohort import DEFAULT_CLIENTS, CohortUnsupported, default_tokens, train_cohort
 from common.models import AdapterState
 from common.timing import phase
 
@@ -84,7 +84,8 @@ def _cohort(group: list[int], admitted: dict[int, Admitted]) -> dict[int, tuple[
     first = admitted[group[0]]
     bundle, members = first.shard.bundle, [cohort_member(admitted[i]) for i in group]
     cuda = bundle.device.type == "cuda"
-    tokens, clients = first.cfg.cohort_tokens or DEFAULT_TOKENS[cuda], DEFAULT_CLIENTS[cuda]
+    tokens = first.cfg.cohort_tokens or default_tokens(bundle.model, bundle.device)
+    clients = DEFAULT_CLIENTS[cuda]
     with phase("local-training"):
         states = train_cohort(bundle.model, first.shard.task, bundle.device, members, tokens, clients)
     return {

@@ -278,8 +278,8 @@ class RunConfig:
     cohort_tokens: int = option(
         0,
         "padded tokens in one forward of the batched engine: what bounds its memory (a language model's "
-        "logits above all); 0 = 16384 on CUDA, 2048 on the CPU (larger tensors there are paged in afresh "
-        "on every allocation)",
+        "logits above all); 0 = 16384 on CUDA, on the CPU 2048 and at most 2^25 logits (larger tensors "
+        "there are paged in afresh on every allocation)",
         LOCAL,
         rule=NON_NEGATIVE,
     )

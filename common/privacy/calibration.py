@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from common.privacy import gdp
 from common.privacy.accountants import Event, PldAccountant, make_accountant
 
+#: accountants whose larger ε every budget decision uses
+BUDGET_ACCOUNTANTS = ("gdp", "pld")
+
 #: PLD grid used while searching: 10x coarser, ~10x faster, still a valid (looser) upper bound.
 SEARCH_PLD_DISCRETIZATION = 1e-3
 
@@ -81,4 +84,4 @@ def calibrate_sigma(
     return sigma
 
 
-__all__ = ["calibrate_sigma", "epsilon_for", "events_epsilon"]
+__all__ = ["BUDGET_ACCOUNTANTS", "calibrate_sigma", "epsilon_for", "events_epsilon"]

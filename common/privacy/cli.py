@@ -1,6 +1,7 @@
 """``fedlora privacy epsilon|sigma``: plan a federation's noise and budget; ``epsilon --accountant
 wishart``: the Wishart-amplified ε of noise before a random projection (M2) beside the baseline;
-``secagg``: the numbers of a secure-aggregation release (common/privacy/secure_plan.py)."""
+``secagg``: the numbers of a secure-aggregation release (common/privacy/secure_plan.py); ``ftrl``: the
+noise of banded matrix-factorization DP-FTRL against DP-FedAvg's (common/privacy/ftrl_plan.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from common.errors import FedloraError
 from common.privacy import gdp
 from common.privacy.accountants import ACCOUNTANTS
 from common.privacy.calibration import calibrate_sigma, epsilon_for
+from common.privacy.ftrl_plan import compare_noise, workload_name
 from common.privacy.threat import ACTIVE_SERVER
 from common.privacy.wishart import DEFAULT_FAIL_FRAC, wishart_epsilon
 
@@ -32,7 +34,7 @@ WISHART_OPTIONS = {"rank": "--rank", "dim": "--dim", "grad_rank": "--grad-rank",
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(
-        dest="privacy_command", metavar="{epsilon,sigma,secagg,ledger}", required=True
+        dest="privacy_command", metavar="{epsilon,sigma,secagg,ftrl,ledger}", required=True
     )
     eps = sub.add_parser("epsilon", help="epsilon spent by T rounds at noise multiplier sigma")
     eps.add_argument("--noise-multiplier", type=float, required=True, metavar="S")
@@ -104,6 +106,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--participations is not used",
     )
     sec.add_argument("--json", action="store_true", help="print one JSON object")
+    ftrl = sub.add_parser(
+        "ftrl",
+        help="noise RMSE of banded MF (DP-FTRL) against DP-FedAvg, with and without amplification",
+    )
+    ftrl.add_argument("--epsilon", required=True, metavar="E[,E...]", help="client-level targets")
+    ftrl.add_argument("--rounds", type=int, required=True, metavar="T")
+    ftrl.add_argument(
+        "--sample-rate", type=float, required=True, metavar="P", help="expected cohort / population"
+    )
+    ftrl.add_argument("--delta", type=float, required=True, metavar="D")
+    ftrl.add_argument("--bands", type=int, default=0, metavar="B", help="bands = min-sep (0: floor(1/p))")
+    ftrl.add_argument("--server-optimizer", choices=("sgd", "momentum"), default="sgd")
+    ftrl.add_argument("--server-momentum", type=float, default=0.9, metavar="BETA")
+    ftrl.add_argument("--json", action="store_true", help="print one JSON object per epsilon")
     led = sub.add_parser("ledger", help="show a privacy ledger; write its report (JSON + PNG plot)")
     led.add_argument("path", type=Path, help="ledger file (a run's ledger.sqlite or a node's)")
     led.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -130,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         return _ledger(args)
     if args.privacy_command == "secagg":
         return _secagg(args)
+    if args.privacy_command == "ftrl":
+        return _ftrl(args)
     _check(args)
     if args.privacy_command == "epsilon":
         given = [flag for dest, flag in WISHART_OPTIONS.items() if getattr(args, dest) is not None]
@@ -259,6 +277,47 @@ def _secagg(args: argparse.Namespace) -> int:
             "not for runs, whose cohorts are fixed and balanced (docs/secure-aggregation.md)"
         )
     _print(result, args.json)
+    return 0
+
+
+def _ftrl(args: argparse.Namespace) -> int:
+    try:
+        targets = [float(e) for e in str(args.epsilon).split(",")]
+    except ValueError:
+        raise FedloraError(f"--epsilon takes numbers separated by commas, got '{args.epsilon}'") from None
+    for eps in targets:
+        args.epsilon = eps
+        _check(args)
+    if args.bands < 0 or args.bands > args.rounds:
+        raise FedloraError(f"--bands must be in [0, rounds], got {args.bands}")
+    work = workload_name(args.server_optimizer, args.server_momentum)
+    try:
+        rows = [
+            compare_noise(args.rounds, args.sample_rate, args.delta, e, args.bands, work) for e in targets
+        ]
+    except ValueError as exc:
+        raise FedloraError(str(exc)) from None
+    if args.json:
+        for row in rows:
+            print(json.dumps({**row, "rounds": args.rounds, "delta": args.delta, "workload": work}))
+        return 0
+    print(
+        f"noise RMSE of the model trajectory over {args.rounds} rounds, server {work}, p {args.sample_rate:g}, "
+        f"delta {args.delta:g}, {rows[0]['bands']} bands (sigma: each accountant of the ledger meets the target)"
+    )
+    print(
+        "epsilon  sigma MF  sigma FedAvg  MF / FedAvg, min-sep  MF min-sep / amplified FedAvg  MF cyclic / amplified"
+    )
+    for r in rows:
+        print(
+            f"{r['epsilon']:<8g} {r['sigma']['mf_min_sep']:<9.4g} {r['sigma']['fedavg']:<13.4g} "
+            f"{r['mf_min_sep_over_fedavg_min_sep']:<21.3f} {r['mf_min_sep_over_fedavg']:<30.3f} "
+            f"{r['mf_cyclic_over_fedavg']:.3f}"
+        )
+    print(
+        "min-sep: no client in two rounds less than the bands apart, no amplification claimed; amplified FedAvg: "
+        "Poisson sampling at p every round; cyclic: a fixed group per client, q = bands x p"
+    )
     return 0
 
 

@@ -23,15 +23,13 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy.accountants import Event, SkellamEvent
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
-from common.privacy.calibration import calibrate_sigma, events_epsilon
+from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
 from common.privacy.ledger import Ledger
 from common.privacy.participation import CappedCohorts, Participation, PoissonSampling
 from common.privacy.report import apart
 from common.privacy.secure_plan import SecurePlan, run_secure_plan
 from common.privacy.threat import THREATS, Guarantee, ThreatModel
 
-#: accountants whose larger ε every budget decision uses
-BUDGET_ACCOUNTANTS = ("gdp", "pld")
 STATS_ROUND = 0  # the DR-Encoder statistics round's row in the client-level ledger
 
 

@@ -106,9 +106,14 @@ def _logits_at(model: nn.Module, batch: Batch, positions: Tensor) -> Tensor:
 
 
 def token_nll(logits: Tensor, target: Tensor) -> Tensor:
-    """Per-example mean NLL over tokens where ``target != -100``; next-token shifted. ``(b,)``"""
-    logp = logits[:, :-1].log_softmax(-1)
-    tgt = target[:, 1:]
-    keep = tgt != -100
-    picked = logp.gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return -(picked * keep).sum(1) / keep.sum(1).clamp(min=1)
+    """Per-example mean NLL over tokens where ``target != -100``; next-token shifted. ``(b,)``
+
+    The targets shift left (the last position predicts nothing) rather than the logits: a slice of
+    ``logits`` would copy them, and its backward zero-fill a gradient of their full size (a cohort
+    forward's logits are 2,048 x 49,152 fp32 for SmolLM2: that copy and fill cost more than the
+    loss)."""
+    b, t, v = logits.shape
+    shifted = torch.cat([target[:, 1:], target.new_full((b, 1), -100)], 1)
+    nll = F.cross_entropy(logits.reshape(b * t, v), shifted.reshape(-1), ignore_index=-100, reduction="none")
+    keep = shifted != -100
+    return nll.view(b, t).sum(1) / keep.sum(1).clamp(min=1)

@@ -1,0 +1,218 @@
+"""The privacy plan of DP-FTRL with banded correlated noise: a strategy (common/privacy/factorization.py),
+the participation rule its ε rests on, σ calibrated for both, and what each round charges the ledger.
+
+Two rules, each a theorem about one release ``Cx + z`` (C unit-norm, ≤ b bands; client-level,
+add-or-remove adjacency):
+
+- ``cyclic-poisson`` (Choquette-Choo et al. 2023, Thm 4; jax_privacy ``CyclicPoissonSampling``): every
+  client has a fixed group g ∈ {0..b−1}, drawn uniformly and independently; only group t mod b is
+  eligible in round t, each member included with probability q = b·p. The run is then as private as
+  ⌈(t+1)/b⌉ Poisson-sampled Gaussians at (q, σ): the ledger charges one at every round t ≡ 0 (mod b)
+  and nothing at the others. b = 1 is DP-FedAvg exactly.
+- ``min-sep`` (no amplification; Gboard's production recipe): no client takes part in two rounds
+  less than b apart. The first t+1 rounds are one Gaussian mechanism of noise multiplier
+  σ/sens(t) (sens² from :func:`~common.privacy.factorization.prefix_sensitivities`); round t charges
+  σ/√(sens²(t) − sens²(t−1)) at p = 1, and the composition of those charges is that Gaussian (μ² adds).
+
+Rounds are 0-based here (the federation's round r is t = r − 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import numpy as np
+
+from common.privacy.accountants import Event
+from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
+from common.privacy.factorization import (
+    column_norms_squared,
+    mean_error,
+    minsep_sensitivity_squared,
+    optimize_banded,
+    workload,
+)
+
+#: the participation rules correlated noise may rest on (see the module docstring)
+RULES = ("cyclic-poisson", "min-sep")
+
+
+@dataclass(frozen=True)
+class FtrlPlan:
+    """One run's correlated-noise plan. ``sigma``: noise multiplier of z (per coordinate std σζ of
+    z_t, ζ the clip); ``rate``: the population's sampling rate p (a round's expected cohort is pN
+    under either rule); ``workload``: the server optimizer the strategy was optimized for."""
+
+    rule: str
+    coefs: tuple[float, ...]
+    sigma: float
+    rate: float
+    rounds: int
+    delta: float
+    target_epsilon: float
+    workload: str = "sgd"
+    separation: int = 0  # min-sep rounds between one client's participations (0: the bands)
+    _sens: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def bands(self) -> int:
+        return len(self.coefs)
+
+    @property
+    def min_sep(self) -> int:
+        return self.separation or self.bands
+
+    @property
+    def q(self) -> float:
+        """The within-group inclusion probability (cyclic Poisson: b·p), or 1 (min-sep)."""
+        return min(1.0, self.bands * self.rate) if self.rule == "cyclic-poisson" else 1.0
+
+    def sensitivity_squared(self, t: int) -> float:
+        """Min-sep sens² of rounds 0..t (every client at most ⌈(t+1)/b⌉ times, b apart)."""
+        if t < 0:
+            return 0.0
+        if t not in self._sens:
+            norms = column_norms_squared(np.asarray(self.coefs), t + 1)
+            self._sens[t] = minsep_sensitivity_squared(norms, self.min_sep, math.ceil((t + 1) / self.min_sep))
+        return self._sens[t]
+
+    def events(self, t: int) -> tuple[Event, ...]:
+        """What round ``t`` (0-based) charges the ledger (see the module docstring)."""
+        if self.rule == "cyclic-poisson":
+            return (Event(self.sigma, self.q, 1 if t % self.bands == 0 else 0),)
+        step = self.sensitivity_squared(t) - self.sensitivity_squared(t - 1)
+        return (
+            (Event(self.sigma / math.sqrt(step), 1.0, 1),) if step > 1e-15 else (Event(self.sigma, 1.0, 0),)
+        )
+
+    def epsilon(self, rounds: int, accountant: str = "pld") -> float:
+        """ε after ``rounds`` rounds under ``accountant``, at the plan's δ."""
+        return events_epsilon(accountant, [e for t in range(rounds) for e in self.events(t)], self.delta)
+
+    @cached_property
+    def error(self) -> float:
+        """Mean squared error of the model trajectory per unit (σζ)², prefix sums of the strategy's
+        own workload (``‖(A C⁻¹)[t, :]‖²`` averaged over the planned rounds)."""
+        return mean_error(np.asarray(self.coefs), _work(self.workload, self.rounds))
+
+    @property
+    def guarantee(self) -> str:
+        """What the ε assumes, in words (every printed ε of a correlated-noise run names it)."""
+        if self.rule == "cyclic-poisson":
+            return (
+                f"cyclic Poisson participation: each client in a fixed group of {self.bands}, eligible "
+                f"every {self.bands}th round, included with probability {self.q:g} by a secret coin"
+            )
+        return (
+            f"min-separation {self.min_sep}: no client in two rounds less than {self.min_sep} apart "
+            "(no amplification by sampling claimed)"
+        )
+
+
+def _work(kind: str, n: int) -> np.ndarray:
+    """The workload coefficients named ``sgd`` or ``momentum <β>``."""
+    name, _, beta = kind.partition(" ")
+    return workload(name, n, float(beta or 0.0))
+
+
+def _meet(plan: FtrlPlan, sigma: float, accountants: tuple[str, ...]) -> float:
+    """The smallest σ (to 0.2 %) from ``sigma`` up whose per-round charges meet the plan's target under
+    every accountant as the ledger composes them (the CLT μ-GDP counts a p = 1 round's μ² as
+    e^{1/σ_t²} − 1, above the exact 1/σ_t²)."""
+    for accountant in accountants:
+        while (
+            replace(plan, sigma=sigma, _sens=plan._sens).epsilon(plan.rounds, accountant)
+            > plan.target_epsilon
+        ):
+            sigma *= 1.002
+    return sigma
+
+
+def workload_name(server_optimizer: str, momentum: float) -> str:
+    """The linear workload a server optimizer induces (``sgd``, ``momentum <β>``); adam and yogi
+    have none: their strategy is the prefix sum's (correlated noise before them is post-processing,
+    privacy unchanged; the error cancellation is not theirs)."""
+    return f"momentum {momentum:g}" if server_optimizer == "momentum" else "sgd"
+
+
+def auto_bands(rate: float) -> int:
+    """b = ⌊1/p⌋ (at most 64): the cadence at which a pN-client cohort can cover every client once."""
+    return max(1, min(64, int(1.0 / rate + 1e-9)))
+
+
+def plan_ftrl(
+    rule: str,
+    rounds: int,
+    rate: float,
+    target_epsilon: float,
+    delta: float,
+    bands: int = 0,
+    work: str = "sgd",
+    separation: int = 0,
+    accountants: tuple[str, ...] = BUDGET_ACCOUNTANTS,
+) -> FtrlPlan:
+    """A plan whose ε after ``rounds`` meets ``target_epsilon`` under every one of ``accountants``:
+    the strategy of ``bands`` (0: :func:`auto_bands`) optimized for ``work`` over ``rounds``, σ the
+    smallest that meets it. ``separation`` (min-sep only; 0: the bands) may exceed the bands: one band
+    with a separation of b is DP-FedAvg held to the min-sep rule."""
+    if rule not in RULES:
+        raise ValueError(f"unknown participation rule '{rule}' (have: {', '.join(RULES)})")
+    bands = bands or auto_bands(rate)
+    if rule == "cyclic-poisson" and bands * rate > 1 + 1e-12:
+        raise ValueError(f"cyclic Poisson needs bands x rate <= 1, got {bands} x {rate:g}")
+    if separation and (rule != "min-sep" or separation < bands):
+        raise ValueError(f"a separation of {separation} needs the min-sep rule and at least {bands} bands")
+    coefs = tuple(float(c) for c in optimize_banded(rounds, bands, _work(work, rounds)))
+    plan = FtrlPlan(rule, coefs, 1.0, rate, rounds, delta, target_epsilon, work, separation)
+    if rule == "cyclic-poisson":
+        sigma = max(
+            calibrate_sigma(a, target_epsilon, delta, plan.q, math.ceil(rounds / bands)) for a in accountants
+        )
+    else:  # one Gaussian of multiplier σ/sens(n−1) (pld: tight for it), then what the ledger composes
+        sigma = calibrate_sigma("pld", target_epsilon, delta, 1.0, 1) * math.sqrt(
+            plan.sensitivity_squared(rounds - 1)
+        )
+        sigma = _meet(plan, sigma, accountants)
+    return replace(plan, sigma=sigma)
+
+
+def compare_noise(
+    rounds: int, rate: float, delta: float, epsilon: float, bands: int = 0, work: str = "sgd"
+) -> dict:
+    """The noise RMSE of the model trajectory (σ·√mean error, per unit ζ) of banded MF against
+    DP-FedAvg at one ε: MF under min-sep b (no amplification), DP-FedAvg held to the same rule (C = I,
+    the same separation), today's amplified DP-FedAvg (Poisson at p over every round), and MF under
+    cyclic Poisson with the same b."""
+    bands = bands or auto_bands(rate)
+    mf = plan_ftrl("min-sep", rounds, rate, epsilon, delta, bands, work)
+    same_rule = plan_ftrl("min-sep", rounds, rate, epsilon, delta, 1, work, separation=bands)
+    cyclic = plan_ftrl("cyclic-poisson", rounds, rate, epsilon, delta, bands, work)
+    amplified = plan_ftrl("cyclic-poisson", rounds, rate, epsilon, delta, 1, work)
+    rmse = {
+        name: p.sigma * math.sqrt(p.error)
+        for name, p in [
+            ("mf_min_sep", mf),
+            ("fedavg_min_sep", same_rule),
+            ("mf_cyclic", cyclic),
+            ("fedavg", amplified),
+        ]
+    }
+    return {
+        "epsilon": epsilon,
+        "bands": bands,
+        "sigma": {
+            "mf_min_sep": mf.sigma,
+            "fedavg_min_sep": same_rule.sigma,
+            "mf_cyclic": cyclic.sigma,
+            "fedavg": amplified.sigma,
+        },
+        "rmse": rmse,
+        "mf_min_sep_over_fedavg_min_sep": rmse["mf_min_sep"] / rmse["fedavg_min_sep"],
+        "mf_min_sep_over_fedavg": rmse["mf_min_sep"] / rmse["fedavg"],
+        "mf_cyclic_over_fedavg": rmse["mf_cyclic"] / rmse["fedavg"],
+    }
+
+
+__all__ = ["RULES", "FtrlPlan", "auto_bands", "compare_noise", "plan_ftrl", "workload_name"]
