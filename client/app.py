@@ -152,6 +152,8 @@ def admit(msg: Message, context: Context) -> Admitted:
         shard,
         plan,
     )
+    if admitted.releases is not None:
+        admitted.releases.check_rule(noise.participation, context.node_id, ins.round)
     admitted.check_budget()
     return admitted
 

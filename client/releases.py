@@ -15,7 +15,7 @@ import torch
 
 from autoencoder.coded import encode_update
 from client.drencoder.round_codec import round_codec
-from common.config import RunConfig
+from common.config import CORRELATED, RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.mechanism import run_mechanism
@@ -63,6 +63,7 @@ CLIENT_RELEASES: dict[str, ClientRelease] = {
     "none": release_none,
     "gaussian": release_mechanism,
     "dr-encoder": release_dr_encoder,
+    CORRELATED: release_mechanism,  # the client clips; the server adds the correlated noise
 }
 
 

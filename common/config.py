@@ -25,13 +25,18 @@ MECHANISMS: dict[str, tuple[str, str]] = {
     # each built-in DP local optimizer, without a release (common/local_optimizers.py)
     **{name: (name, "none") for name, spec in LOCAL_OPTIMIZERS.items() if spec.private},
     "dr-encoder": ("none", "dr-encoder"),
+    "dp-ftrl": ("none", "dp-ftrl"),
 }
+#: the release of correlated noise (banded matrix-factorization DP-FTRL, common/privacy/ftrl_plan.py)
+CORRELATED = "dp-ftrl"
+#: the participation rules correlated noise rests on (common/privacy/ftrl_plan.py RULES)
+PARTICIPATIONS = ("min-sep", "cyclic-poisson")
 #: how a simulation trains a round's clients (client/cohort.py)
 ENGINES = ("auto", "sequential", "batched")
 #: the frozen base model's precision (common/models/precision.py)
 PRECISIONS = ("auto", "fp32", "bf16")
 #: client-level release kinds (common/privacy/mechanism.py ``register_release`` adds one at run time)
-RELEASES = ["none", "gaussian", "dr-encoder"]
+RELEASES = ["none", "gaussian", "dr-encoder", CORRELATED]
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
 CODECS = tuple(CODEC_SPECS)  # common/codec_specs.py
 AE_SIZES = ("tiny", "tiny-64", "paper", "paper-best")
@@ -198,7 +203,8 @@ class RunConfig:
     mechanism: str = option(
         "fedavg",
         "local optimizer / release preset: fedavg (no DP), dp-fedavg (client-level Gaussian), "
-        "dr-encoder (client-level Gaussian on an autoencoder latent), prism, dp-adamw, ffa, sparta (sample-level DP)",
+        "dr-encoder (client-level Gaussian on an autoencoder latent), dp-ftrl (client-level, banded "
+        "correlated noise by the server), prism, dp-adamw, ffa, sparta (sample-level DP)",
         FEDERATION,
         choices=tuple(MECHANISMS),
     )
@@ -340,7 +346,7 @@ class RunConfig:
     # -- client-level DP
     release: str = option(
         "",
-        "client-level release: none, gaussian or dr-encoder (default: the mechanism's)",
+        "client-level release: none, gaussian, dr-encoder or dp-ftrl (default: the mechanism's)",
         CLIENT_DP,
         choices=RELEASES,
     )
@@ -365,6 +371,29 @@ class RunConfig:
     target_epsilon: float = option(
         0.0,
         "client-level budget; rounds that would exceed it are not run (0 = none)",
+        CLIENT_DP,
+        rule=NON_NEGATIVE,
+    )
+    participation: str = option(
+        "min-sep",
+        "dp-ftrl: the participation rule its epsilon rests on: min-sep (no client in two rounds less than "
+        "--bands apart, enforced by the server and by every node; no amplification claimed) or "
+        "cyclic-poisson (each client in a fixed group, eligible every --bands-th round, sampled at "
+        "bands x sample rate)",
+        CLIENT_DP,
+        choices=PARTICIPATIONS,
+    )
+    bands: int = option(
+        0,
+        "dp-ftrl: bands of the Toeplitz strategy, and the rounds between one client's participations "
+        "(0 = 1 / sample rate)",
+        CLIENT_DP,
+        rule=NON_NEGATIVE,
+    )
+    min_separation: int = option(
+        0,
+        "dp-ftrl under min-sep: rounds between one client's participations, at least --bands (0 = the "
+        "bands; --bands 1 --min-separation b is DP-FedAvg held to the same rule)",
         CLIENT_DP,
         rule=NON_NEGATIVE,
     )
@@ -695,6 +724,35 @@ class RunConfig:
             )
         if self.noise_cohort and self.clip_only:
             raise FedloraError("--noise-cohort needs noise: it cannot be combined with --clip-only")
+        if release == CORRELATED:
+            self._check_correlated()
+
+    def _check_correlated(self) -> None:
+        """dp-ftrl: the server adds the correlated noise to the sum of clipped updates (central noise
+        only: it does not combine with local, distributed or secure-aggregation noise), planned for a
+        target epsilon by the run's participation rule."""
+        flag = f"--mechanism {CORRELATED}"
+        if self.threat_model != "central":
+            raise FedloraError(
+                f"{flag} adds its noise on the server: --threat-model central (not {self.threat_model}: "
+                "correlated noise does not combine with local, distributed or secure-aggregation noise)"
+            )
+        for option_flag, on in (
+            ("--adaptive-clip", self.adaptive_clip),
+            ("--noise-cohort", self.noise_cohort > 0),
+            ("--clip-only", self.clip_only),
+            ("--noise-multiplier", self.noise_multiplier > 0),
+        ):
+            if on:
+                raise FedloraError(f"{flag} plans its noise for --target-epsilon; drop {option_flag}")
+        if self.target_epsilon <= 0:
+            raise FedloraError(f"{flag} needs --target-epsilon")
+        if self.bands > self.rounds:
+            raise FedloraError(f"--bands {self.bands} exceeds the {self.rounds} rounds")
+        if self.min_separation and self.participation != "min-sep":
+            raise FedloraError("--min-separation applies to --participation min-sep")
+        if self.min_separation and self.min_separation < self.bands:
+            raise FedloraError(f"--min-separation {self.min_separation} is below --bands {self.bands}")
 
     def _check_secure_aggregation(self) -> None:
         from common.privacy.secure_plan import run_graph  # imports the accountants (numpy, scipy)

@@ -186,7 +186,7 @@ def _setup(grid: Grid, cfg: RunConfig, run_dir: Path, echo: Callable[[str], None
     _resume_or_begin(run)
     run.first = _reconcile(run) + 1
     run.nodes = wait_for_nodes(grid, cfg.min_nodes or cfg.num_clients, cfg.round_timeout)
-    handles = RunHandles(out.path, ledger, run.run_id, out.log, echo, evaluator)
+    handles = RunHandles(out.path, ledger, run.run_id, out.log, echo, evaluator, run.first)
     run.prepared = run.release.prepare(grid, run.nodes, run.state, handles)
     run.subspace = _public_subspace(run)
     run.rng = os_sampler()  # never from cfg.seed, never checkpointed: the sample must stay secret
@@ -224,9 +224,9 @@ def _round(run: FederationRun, rnd: int) -> bool:
     when the client-level budget stops the run before it."""
     who = run.participation
     # the nodes online now: a lost node leaves, a restarted one (a new id) joins
-    taken = who.taken(run.ledger)
-    online = who.online(sorted(run.grid.get_node_ids()), taken)
-    if run.ledger and (stopped := _stop_reason(run, online)):
+    taken = who.taken(run.ledger, rnd)
+    online = who.online(sorted(run.grid.get_node_ids()), taken, rnd)
+    if run.ledger and (stopped := _stop_reason(run, online, rnd)):
         run.stopped = stopped
         run.out.log({"round": rnd, "phase": "stopped", "reason": stopped})
         run.echo(f"round {rnd}: not run: {stopped}")
@@ -261,12 +261,12 @@ def _train(run: FederationRun, rnd: int, sampled: list[int]) -> RoundRecord:
     return result
 
 
-def _stop_reason(run: FederationRun, online: list[int]) -> str | None:
+def _stop_reason(run: FederationRun, online: list[int], rnd: int) -> str | None:
     """Why the run must stop before the next round: too few ``online`` nodes left to the participation
     rule (a cap spent), or the budget, else None."""
-    return run.participation.stop_reason(
-        online, lambda: budget_stop(run.ledger, run.plan, run.release.events())
-    )
+    who = run.participation
+    nodes = tuple(online) if who.per_client else ()  # a charge that names its nodes: theirs alone
+    return who.stop_reason(online, lambda: budget_stop(run.ledger, run.plan, run.release.events(rnd), nodes))
 
 
 def _record(run: FederationRun, rnd: int, result: RoundRecord, clip: float, t0: float) -> dict:
@@ -301,6 +301,7 @@ def _finish(run: FederationRun) -> dict:
     summary written and echoed (with the adapter and its model card); returns the summary dict."""
     if run.loop.stale:  # stopped by the budget between evaluations
         run.loop.after, run.loop.stale = run.evaluator(run.state), False
+    run.release.finish()
     summary = _summary(run)
     if run.prepared:
         summary[run.release.name.replace("-", "_")] = run.prepared
@@ -324,7 +325,7 @@ def _charge(run: FederationRun, rnd: int, sampled: list[int]) -> Charge:
         clip=run.release.clip,
         threat_model=plan.threat_model,
         mechanism=cfg.mechanism,
-        events=run.release.events(),
+        events=run.release.events(rnd),
         participants=tuple(sampled) if run.participation.per_client else (),
     )
 
@@ -393,8 +394,12 @@ def _round_line(
         )
     if ledger and "eps_tight" in record:
         what_if = f" (WHAT-IF: for {ledger.population})" if ledger.validity else ""
-        if per_client:  # each client's own charges (secure aggregation's Skellam noise: RDP alone)
+        if per_client and record.get("tight_accountant") == "rdp":  # secure aggregation's Skellam noise
             line += f", client-level eps (worst client) rdp {record['eps_tight']:.3g}"
+        elif per_client:  # each client's own charges (min-separation)
+            line += (
+                f", client-level eps (worst client) {round_epsilons(record['eps_gdp'], record['eps_tight'])}"
+            )
         else:
             line += f", client-level eps{what_if} {round_epsilons(record['eps_gdp'], record['eps_tight'])}"
     return line

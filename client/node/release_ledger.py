@@ -10,7 +10,9 @@ accounted for. So before a client-level release leaves, the node
    fresh noise on the same update;
 2. refuses when its client-level history plus this release and the rounds the run still plans
    would exceed its ``client-epsilon`` (client/node/policy.py);
-3. commits the charge to ``client-ledger.sqlite`` in its state directory before replying.
+3. refuses a round the run's participation rule does not allow it (correlated noise's min-separation
+   or cyclic group: the run's ε assumes them, so the node enforces them itself);
+4. commits the charge to ``client-ledger.sqlite`` in its state directory before replying.
 
 What a release is charged as (:func:`release_event`): noise the node adds itself (``local``) is
 charged as the node added it, std / C at p = 1 (the server knows who replied), so it holds against
@@ -29,6 +31,7 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy.accountants import Event
 from common.privacy.ledger import Charge, Ledger
+from common.privacy.participation import Participation
 from common.privacy.plan import STATS_ROUND, NoisePlan
 
 
@@ -84,6 +87,16 @@ class ReleaseLedger:
                 "participation cap; not released"
             )
         return min(later, cap - 1 - taken)
+
+    def check_rule(self, rule: Participation, node: int, rnd: int) -> None:
+        """Refuse round ``rnd`` when this node taking part breaks the run's participation rule, as far
+        as the node can tell from its own releases of the run (min-separation: one within the last
+        b−1 rounds; cyclic Poisson: a round of another group)."""
+        released = [
+            r["round"] for r in self.ledger.rows() if r["run"] == self.run and r["round"] != STATS_ROUND
+        ]
+        if why := rule.refuses(node, rnd, released):
+            raise FedloraError(why)
 
     def charge(self, rnd: int, event: Event, clip: float, threat_model: str) -> None:
         """Commit round ``rnd``'s release (a concurrent duplicate fails here: refused)."""

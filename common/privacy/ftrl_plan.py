@@ -10,9 +10,11 @@ add-or-remove adjacency):
   ⌈(t+1)/b⌉ Poisson-sampled Gaussians at (q, σ): the ledger charges one at every round t ≡ 0 (mod b)
   and nothing at the others. b = 1 is DP-FedAvg exactly.
 - ``min-sep`` (no amplification; Gboard's production recipe): no client takes part in two rounds
-  less than b apart. The first t+1 rounds are one Gaussian mechanism of noise multiplier
-  σ/sens(t) (sens² from :func:`~common.privacy.factorization.prefix_sensitivities`); round t charges
-  σ/√(sens²(t) − sens²(t−1)) at p = 1, and the composition of those charges is that Gaussian (μ² adds).
+  less than b apart. Its participations' columns of C are then orthogonal, each of norm ≤ ‖c‖ = 1, so
+  a client's rounds are one Gaussian mechanism of μ² = Σ ‖C[:, j]‖² / σ² ≤ m/σ² after m of them: each
+  participation charges that client (and only it) a Gaussian of σ at p = 1, and the worst client's
+  ε is ε(Gaussian(σ/sens)) with sens² = ⌈n/b⌉ (:func:`~common.privacy.factorization.prefix_sensitivities`
+  holds the general case).
 
 Rounds are 0-based here (the federation's round r is t = r − 1).
 """
@@ -54,6 +56,7 @@ class FtrlPlan:
     target_epsilon: float
     workload: str = "sgd"
     separation: int = 0  # min-sep rounds between one client's participations (0: the bands)
+    cohort: int = 0  # min-sep: the nodes a round draws (the run's expected cohort pN)
     _sens: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -78,17 +81,38 @@ class FtrlPlan:
             self._sens[t] = minsep_sensitivity_squared(norms, self.min_sep, math.ceil((t + 1) / self.min_sep))
         return self._sens[t]
 
+    @property
+    def per_client(self) -> bool:
+        """Whether a round charges its participants alone (min-sep: the server knows who took part
+        and each participation is one column of C) or every client (cyclic Poisson: the sample is
+        secret, so every client is charged as the worst group's)."""
+        return self.rule == "min-sep"
+
     def events(self, t: int) -> tuple[Event, ...]:
-        """What round ``t`` (0-based) charges the ledger (see the module docstring)."""
+        """What round ``t`` (0-based) charges (see the module docstring): to its participants under
+        min-sep, to every client under cyclic Poisson (nothing outside group 0's rounds)."""
         if self.rule == "cyclic-poisson":
             return (Event(self.sigma, self.q, 1 if t % self.bands == 0 else 0),)
-        step = self.sensitivity_squared(t) - self.sensitivity_squared(t - 1)
-        return (
-            (Event(self.sigma / math.sqrt(step), 1.0, 1),) if step > 1e-15 else (Event(self.sigma, 1.0, 0),)
-        )
+        return (Event(self.sigma, 1.0, 1),)
+
+    @property
+    def node_event(self) -> Event:
+        """What one participation costs the node that takes part (its own release ledger): one
+        Gaussian of σ, at p = 1 under min-sep (a column of norm ≤ 1), at q under cyclic Poisson (its
+        group's rounds only, by a secret coin)."""
+        return Event(self.sigma, self.q, 1)
+
+    @property
+    def participations(self) -> int:
+        """The most rounds one client may take part in over the planned rounds."""
+        return math.ceil(self.rounds / self.min_sep)
 
     def epsilon(self, rounds: int, accountant: str = "pld") -> float:
-        """ε after ``rounds`` rounds under ``accountant``, at the plan's δ."""
+        """The worst client's ε after ``rounds`` rounds under ``accountant``, at the plan's δ."""
+        if self.per_client:
+            return events_epsilon(
+                accountant, [Event(self.sigma, 1.0, math.ceil(rounds / self.min_sep))], self.delta
+            )
         return events_epsilon(accountant, [e for t in range(rounds) for e in self.events(t)], self.delta)
 
     @cached_property
@@ -115,19 +139,6 @@ def _work(kind: str, n: int) -> np.ndarray:
     """The workload coefficients named ``sgd`` or ``momentum <β>``."""
     name, _, beta = kind.partition(" ")
     return workload(name, n, float(beta or 0.0))
-
-
-def _meet(plan: FtrlPlan, sigma: float, accountants: tuple[str, ...]) -> float:
-    """The smallest σ (to 0.2 %) from ``sigma`` up whose per-round charges meet the plan's target under
-    every accountant as the ledger composes them (the CLT μ-GDP counts a p = 1 round's μ² as
-    e^{1/σ_t²} − 1, above the exact 1/σ_t²)."""
-    for accountant in accountants:
-        while (
-            replace(plan, sigma=sigma, _sens=plan._sens).epsilon(plan.rounds, accountant)
-            > plan.target_epsilon
-        ):
-            sigma *= 1.002
-    return sigma
 
 
 def workload_name(server_optimizer: str, momentum: float) -> str:
@@ -166,15 +177,8 @@ def plan_ftrl(
         raise ValueError(f"a separation of {separation} needs the min-sep rule and at least {bands} bands")
     coefs = tuple(float(c) for c in optimize_banded(rounds, bands, _work(work, rounds)))
     plan = FtrlPlan(rule, coefs, 1.0, rate, rounds, delta, target_epsilon, work, separation)
-    if rule == "cyclic-poisson":
-        sigma = max(
-            calibrate_sigma(a, target_epsilon, delta, plan.q, math.ceil(rounds / bands)) for a in accountants
-        )
-    else:  # one Gaussian of multiplier σ/sens(n−1) (pld: tight for it), then what the ledger composes
-        sigma = calibrate_sigma("pld", target_epsilon, delta, 1.0, 1) * math.sqrt(
-            plan.sensitivity_squared(rounds - 1)
-        )
-        sigma = _meet(plan, sigma, accountants)
+    steps = math.ceil(rounds / bands) if rule == "cyclic-poisson" else plan.participations
+    sigma = max(calibrate_sigma(a, target_epsilon, delta, plan.q, steps) for a in accountants)
     return replace(plan, sigma=sigma)
 
 

@@ -271,6 +271,16 @@ class Ledger:
                 counts[node] = counts.get(node, 0) + 1
         return counts
 
+    def last_rounds(self) -> dict[int, int]:
+        """node -> the last round whose charge names it (the min-separation rule's table: written in
+        the charge's transaction, before the round's instructions go out)."""
+        rounds = {r["seq"]: r["round"] for r in self.rows()}
+        last: dict[int, int] = {}
+        for seq, nodes in self.participants().items():
+            for node in nodes:
+                last[node] = max(last.get(node, 0), rounds[seq])
+        return last
+
     def _by_charge(self) -> list[tuple[int, list[Event]]]:
         """(charge seq, its events) in order."""
         stored: dict[int, list[Event]] = {}

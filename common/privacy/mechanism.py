@@ -27,11 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from common.config import RELEASES, RunConfig
+from common.config import CORRELATED, RELEASES, RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.accountants import Event
@@ -90,14 +91,25 @@ class Mechanism(Protocol):
     def round_sum(self, sampled: int) -> RoundSum:
         """The aggregate of a round that sampled ``sampled`` clients."""
 
-    def events(self) -> tuple[Event, ...]:
-        """What one round charges the ledger (before its instructions go out)."""
+    def events(self, rnd: int) -> tuple[Event, ...]:
+        """What round ``rnd`` charges the ledger (before its instructions go out)."""
 
     def state(self) -> dict[str, float]:
         """What a checkpoint keeps between rounds (JSON numbers)."""
 
     def restore(self, state: Mapping[str, float]) -> None:
         """Continue from :meth:`state`."""
+
+    # a stateful mechanism (correlated noise, common/privacy/ftrl_mechanism.py) keeps tensor state
+    # across rounds apart from the checkpoint; the others do nothing here
+    def open_state(self, run_dir: Path, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Bind (or, resuming before round ``first``, reload) its state beside the run in ``run_dir``."""
+
+    def before_round(self, rnd: int) -> None:
+        """Bring its state to round ``rnd`` (rounds in between had no release)."""
+
+    def close_state(self) -> None:
+        """After the run: remove what it kept."""
 
 
 class GaussianSum:
@@ -198,7 +210,7 @@ class GaussianMechanism:
         total = GaussianSum(self.threat, self.plan.server_sigma, self.clip, self.expected_count)
         return _GaussianRound(self, sampled, total)
 
-    def events(self) -> tuple[Event, ...]:
+    def events(self, rnd: int) -> tuple[Event, ...]:
         return (self.plan.event,)
 
     def state(self) -> dict[str, float]:
@@ -206,6 +218,15 @@ class GaussianMechanism:
 
     def restore(self, state: Mapping[str, float]) -> None:
         self.clip = float(state.get("clip", self.plan.clip))
+
+    def open_state(self, run_dir: Path, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        pass
+
+    def before_round(self, rnd: int) -> None:
+        pass
+
+    def close_state(self) -> None:
+        pass
 
 
 class PostProcessed:
@@ -312,14 +333,23 @@ class AdaptiveClipping:
         expected = self.inner.expected_count
         self.clip = next_clip(self.clip, noised + expected / 2, expected, self.quantile, self.lr)
 
-    def events(self) -> tuple[Event, ...]:
-        return self.inner.events()
+    def events(self, rnd: int) -> tuple[Event, ...]:
+        return self.inner.events(rnd)
 
     def state(self) -> dict[str, float]:
         return self.inner.state()
 
     def restore(self, state: Mapping[str, float]) -> None:
         self.inner.restore(state)
+
+    def open_state(self, run_dir: Path, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self.inner.open_state(run_dir, first, shapes)
+
+    def before_round(self, rnd: int) -> None:
+        self.inner.before_round(rnd)
+
+    def close_state(self) -> None:
+        self.inner.close_state()
 
 
 #: builds a release's mechanism from the run's noise plan and configuration
@@ -333,8 +363,19 @@ def _gaussian(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
     return AdaptiveClipping(mechanism, cfg.target_quantile, cfg.clip_lr) if cfg.adaptive_clip else mechanism
 
 
+def _correlated(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
+    """Banded correlated noise (DP-FTRL), a stateful mechanism (common/privacy/ftrl_mechanism.py)."""
+    from common.privacy.ftrl_mechanism import BandedFtrl  # it builds on this module's Gaussian sum
+
+    return BandedFtrl(plan, cfg.expected_cohort)
+
+
 #: the mechanism of each private release kind (``dr-encoder``: the Gaussian mechanism on the latent)
-RELEASE_MECHANISMS: dict[str, MechanismFactory] = {"gaussian": _gaussian, "dr-encoder": _gaussian}
+RELEASE_MECHANISMS: dict[str, MechanismFactory] = {
+    "gaussian": _gaussian,
+    "dr-encoder": _gaussian,
+    CORRELATED: _correlated,
+}
 _BUILT_IN = frozenset(RELEASE_MECHANISMS)
 
 

@@ -4,6 +4,12 @@ a node deciding whether it contributes (client/app.py):
 
 - :class:`PoissonSampling`: each online node is sampled with probability p, independently (the
   amplification the accountants take); the plain exchange and central, local or distributed noise.
+- :class:`MinSeparation`: a cohort of about pN from the nodes that took no part in the last b−1
+  rounds (correlated noise without amplification; common/privacy/ftrl_plan.py), each participation
+  charged to its node.
+- :class:`CyclicPoisson`: each node in a fixed public group g(node) ∈ {0..b−1}; only group
+  (round − 1) mod b is eligible, each of its nodes sampled with probability q = b·p (correlated
+  noise with amplification, Choquette-Choo et al. 2023 Thm 4).
 - :class:`CappedCohorts`: a fixed cohort of the nodes under a participation cap, never fewer than the
   fewest survivors the noise is sized for (secure aggregation: each participation is charged to the
   node at p = 1); with hidden participation the cohort is every online node, and each contributes
@@ -15,6 +21,7 @@ never from the run's published seed, and is never stored.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,12 +93,13 @@ class Participation(Protocol):
     per_client: bool
     charges_empty: bool
 
-    def taken(self, ledger: Ledger | None) -> dict[int, int]:
-        """Node id -> the rounds it has taken part in, as far as this rule counts them."""
+    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
+        """Node id -> the rounds it has taken part in before round ``rnd``, as far as this rule
+        counts them."""
         ...
 
-    def online(self, nodes: Sequence[int], taken: Mapping[int, int]) -> list[int]:
-        """The ``nodes`` online that may still take part."""
+    def online(self, nodes: Sequence[int], taken: Mapping[int, int], rnd: int) -> list[int]:
+        """The ``nodes`` online that may take part in round ``rnd``."""
         ...
 
     def stop_reason(self, online: Sequence[int], budget: Callable[[], str | None]) -> str | None:
@@ -111,6 +119,11 @@ class Participation(Protocol):
         """A node's own decision to contribute its update this round (else a zero update)."""
         ...
 
+    def refuses(self, node: int, rnd: int, released: Sequence[int]) -> str:
+        """The node's own check of round ``rnd`` against the rule, given the rounds of this run it
+        has ``released`` (its release ledger): why it must not take part (empty: it may)."""
+        ...
+
 
 @dataclass(frozen=True)
 class PoissonSampling:
@@ -120,10 +133,10 @@ class PoissonSampling:
     per_client: bool = False
     charges_empty: bool = True
 
-    def taken(self, ledger: Ledger | None) -> dict[int, int]:
+    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
         return {}
 
-    def online(self, nodes: Sequence[int], taken: Mapping[int, int]) -> list[int]:
+    def online(self, nodes: Sequence[int], taken: Mapping[int, int], rnd: int) -> list[int]:
         return list(nodes)
 
     def stop_reason(self, online: Sequence[int], budget: Callable[[], str | None]) -> str | None:
@@ -137,6 +150,103 @@ class PoissonSampling:
 
     def contributes(self) -> bool:
         return True
+
+    def refuses(self, node: int, rnd: int, released: Sequence[int]) -> str:
+        return ""
+
+
+def group_of(node: int, groups: int) -> int:
+    """Node ``node``'s fixed group in {0..groups−1}: SHA-256 of its id, uniform and independent across
+    nodes, public (the cyclic-Poisson theorem holds for the worst group) and the same on the server
+    and the node after any restart."""
+    digest = hashlib.sha256(f"fedlora-cyclic-group:{node}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % groups
+
+
+@dataclass(frozen=True)
+class CyclicPoisson:
+    """Group (round − 1) mod ``groups`` alone is eligible in a round, each of its nodes sampled
+    with probability ``rate`` (q = b·p): every client can be charged as the worst group's, one
+    sampled Gaussian per cycle of ``groups`` rounds (common/privacy/ftrl_plan.py)."""
+
+    groups: int
+    rate: float
+    per_client: bool = False
+    charges_empty: bool = True
+
+    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
+        return {}
+
+    def eligible(self, node: int, rnd: int) -> bool:
+        return group_of(node, self.groups) == (rnd - 1) % self.groups
+
+    def online(self, nodes: Sequence[int], taken: Mapping[int, int], rnd: int) -> list[int]:
+        return [n for n in nodes if self.eligible(n, rnd)]
+
+    def stop_reason(self, online: Sequence[int], budget: Callable[[], str | None]) -> str | None:
+        return budget()
+
+    def sample(
+        self, online: Sequence[int], taken: Mapping[int, int], rng: np.random.Generator
+    ) -> tuple[list[int], int]:
+        sampled = poisson_sample(online, self.rate, rng) if online else []
+        return sampled, len(sampled)
+
+    def contributes(self) -> bool:
+        return True
+
+    def refuses(self, node: int, rnd: int, released: Sequence[int]) -> str:
+        if self.eligible(node, rnd):
+            return ""
+        group = group_of(node, self.groups)
+        return (
+            f"node policy: this node is in cyclic group {group} of {self.groups}; round {rnd} is group "
+            f"{(rnd - 1) % self.groups}'s (the run's epsilon assumes each client only in its group's rounds); not released"
+        )
+
+
+@dataclass(frozen=True)
+class MinSeparation:
+    """A cohort of ``cohort`` nodes a round, drawn uniformly (OS entropy) from those that took no
+    part in the last ``separation`` − 1 rounds (all of them when fewer): no node in two rounds less
+    than ``separation`` apart. Each participation is charged to its node."""
+
+    separation: int
+    cohort: int
+    per_client: bool = True
+    charges_empty: bool = False
+
+    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
+        if ledger is None:
+            return {}
+        return {n: r for n, r in ledger.last_rounds().items() if rnd - r < self.separation}
+
+    def online(self, nodes: Sequence[int], taken: Mapping[int, int], rnd: int) -> list[int]:
+        return [n for n in nodes if n not in taken]
+
+    def stop_reason(self, online: Sequence[int], budget: Callable[[], str | None]) -> str | None:
+        return budget()
+
+    def sample(
+        self, online: Sequence[int], taken: Mapping[int, int], rng: np.random.Generator
+    ) -> tuple[list[int], int]:
+        if len(online) <= self.cohort:
+            return sorted(online), len(online)
+        drawn = sorted(int(n) for n in rng.choice(list(online), size=self.cohort, replace=False))
+        return drawn, len(drawn)
+
+    def contributes(self) -> bool:
+        return True
+
+    def refuses(self, node: int, rnd: int, released: Sequence[int]) -> str:
+        close = [r for r in released if abs(rnd - r) < self.separation and r != rnd]
+        if not close:
+            return ""
+        return (
+            f"node policy: this node took part in round {max(close)}, less than the run's min-separation "
+            f"{self.separation} before round {rnd} (its epsilon assumes every two rounds at least that far "
+            "apart); not released"
+        )
 
 
 @dataclass(frozen=True)
@@ -153,10 +263,10 @@ class CappedCohorts:
     per_client: bool = True
     charges_empty: bool = False
 
-    def taken(self, ledger: Ledger | None) -> dict[int, int]:
+    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
         return ledger.participations() if ledger is not None else {}
 
-    def online(self, nodes: Sequence[int], taken: Mapping[int, int]) -> list[int]:
+    def online(self, nodes: Sequence[int], taken: Mapping[int, int], rnd: int) -> list[int]:
         return eligible(nodes, taken, self.cap)
 
     def stop_reason(self, online: Sequence[int], budget: Callable[[], str | None]) -> str | None:
@@ -176,14 +286,20 @@ class CappedCohorts:
     def contributes(self) -> bool:
         return contributes(self.rate)
 
+    def refuses(self, node: int, rnd: int, released: Sequence[int]) -> str:
+        return ""  # the cap: client/node/release_ledger.py ``future``
+
 
 __all__ = [
     "CappedCohorts",
+    "CyclicPoisson",
+    "MinSeparation",
     "Participation",
     "PoissonSampling",
     "balanced_sample",
     "contributes",
     "eligible",
+    "group_of",
     "os_sampler",
     "poisson_sample",
 ]

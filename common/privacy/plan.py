@@ -19,13 +19,20 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from common.config import RunConfig
+from common.config import CORRELATED, RunConfig
 from common.errors import FedloraError
 from common.privacy.accountants import Event, SkellamEvent
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
+from common.privacy.ftrl_plan import FtrlPlan, plan_ftrl, workload_name
 from common.privacy.ledger import Ledger
-from common.privacy.participation import CappedCohorts, Participation, PoissonSampling
+from common.privacy.participation import (
+    CappedCohorts,
+    CyclicPoisson,
+    MinSeparation,
+    Participation,
+    PoissonSampling,
+)
 from common.privacy.report import apart
 from common.privacy.secure_plan import SecurePlan, run_secure_plan
 from common.privacy.threat import THREATS, Guarantee, ThreatModel
@@ -55,6 +62,7 @@ class NoisePlan:
     secure: SecurePlan | None = (
         None  # secure aggregation: the release's numbers (σ is its Gaussian equivalent)
     )
+    ftrl: FtrlPlan | None = None  # correlated noise: the strategy and participation rule σ is for
 
     @property
     def what_if_population(self) -> float:
@@ -72,7 +80,14 @@ class NoisePlan:
         """One round's planned charge (secure aggregation: Skellam noise of μ, the fewest survivors')."""
         if self.secure:
             return SkellamEvent(self.sigma, self.p, 1, self.secure.l1, self.secure.l2)
+        if self.ftrl:
+            return self.ftrl.node_event
         return Event(self.sigma, self.p)
+
+    def round_events(self, rnd: int) -> tuple[Event, ...]:
+        """What round ``rnd`` (1-based) charges: the plan's one event, or correlated noise's event of
+        that round (cyclic Poisson charges one per cycle)."""
+        return self.ftrl.events(rnd - 1) if self.ftrl else (self.event,)
 
     @property
     def budget_accountants(self) -> tuple[str, ...]:
@@ -132,11 +147,18 @@ class NoisePlan:
         if self.secure:
             s = self.secure
             return CappedCohorts(s.cohort, s.participations, s.min_survivors, s.sample_rate)
+        if self.ftrl and self.ftrl.rule == "min-sep":
+            return MinSeparation(self.ftrl.min_sep, self.ftrl.cohort)
+        if self.ftrl:
+            return CyclicPoisson(self.ftrl.bands, self.ftrl.q)
         return PoissonSampling(self.sample_rate)
 
     @property
     def participation_cap(self) -> int:
-        """The rounds one client may take part in (secure aggregation's cap); 0: no cap."""
+        """The rounds one client may take part in (secure aggregation's cap, or what correlated noise's
+        rule allows: one in every b rounds); 0: no cap."""
+        if self.ftrl:
+            return self.ftrl.participations
         return self.secure.participations if self.secure else 0
 
     def count_stds(self, sampled: int) -> tuple[float, float]:
@@ -153,6 +175,15 @@ class NoisePlan:
         aggregation's Skellam noise: RDP, per client, the CLT μ-GDP no bound for it); empty: the
         Gaussian ledger's (common/privacy/statement.py ``client_level``). ``head``: the line's
         opening; ``clip``: how C is set; ``totals``: the ledger's report."""
+        if self.ftrl:
+            from common.privacy.statement import both_epsilons  # (the statement reads this plan)
+
+            f = self.ftrl
+            return (
+                f"{head}, {clip}, {f.bands}-band correlated noise (banded MF DP-FTRL), assuming "
+                f"{f.guarantee}): {both_epsilons(totals, self.delta)}"
+                + (" (the worst client's)" if f.per_client else "")
+            )
         if not self.secure:
             return ""
         s = self.secure
@@ -167,6 +198,9 @@ class NoisePlan:
     def planned_epsilon(self, rounds: int) -> float:
         """The larger ε of :data:`BUDGET_ACCOUNTANTS` after the prior events and ``rounds`` rounds,
         capped by the target (the server stops before exceeding it)."""
+        if self.ftrl:
+            eps = max(self.ftrl.epsilon(rounds, name) for name in self.budget_accountants)
+            return min(eps, self.target_epsilon) if self.target_epsilon > 0 else eps
         if self.secure:  # a client takes part in at most the cap of them
             rounds = min(rounds, self.secure.participations)
         events = [*self.prior, replace(self.event, count=rounds)]
@@ -232,6 +266,8 @@ def plan_noise(cfg: RunConfig, dim: int = 0) -> NoisePlan | None:
         return None
     if THREATS[cfg.threat_model].summed_securely:
         return _secure_noise(cfg, dim)
+    if cfg.release_kind == CORRELATED:
+        return _correlated_noise(cfg)
     p = cfg.sample_rate if THREATS[cfg.threat_model].guarantee.amplified else 1.0
     prior = statistics_events(cfg)
     sigma, calibrated = cfg.noise_multiplier, False
@@ -299,6 +335,37 @@ def _secure_noise(cfg: RunConfig, dim: int) -> NoisePlan:
     )
 
 
+def _correlated_noise(cfg: RunConfig) -> NoisePlan:
+    """Correlated noise's plan (common/privacy/ftrl_plan.py): the banded strategy for the server
+    optimizer's workload, σ for the run's participation rule and target ε (central noise only)."""
+    try:
+        ftrl = plan_ftrl(
+            cfg.participation,
+            cfg.rounds,
+            cfg.sample_rate,
+            cfg.target_epsilon,
+            cfg.delta,
+            cfg.bands,
+            workload_name(cfg.server_optimizer, cfg.server_momentum),
+            cfg.min_separation,
+        )
+    except ValueError as exc:
+        raise FedloraError(f"cannot plan the correlated noise: {exc}") from None
+    ftrl = replace(ftrl, cohort=max(1, round(cfg.expected_cohort)))
+    return NoisePlan(
+        ftrl.sigma,
+        ftrl.q,
+        cfg.clip,
+        cfg.threat_model,
+        cfg.target_epsilon,
+        cfg.delta,
+        True,
+        cfg.min_replies,
+        sample_rate=cfg.sample_rate,
+        ftrl=ftrl,
+    )
+
+
 def _count_std(cfg: RunConfig) -> float:
     """σ_b of adaptive clipping: the configured one, or K'/20 for the cohort the noise is sized for."""
     if not cfg.adaptive_clip:
@@ -328,12 +395,14 @@ def what_if(plan: NoisePlan) -> str:
     )
 
 
-def budget_stop(ledger: Ledger, plan: NoisePlan, events: tuple[Event, ...] = ()) -> str | None:
+def budget_stop(
+    ledger: Ledger, plan: NoisePlan, events: tuple[Event, ...] = (), nodes: tuple[int, ...] = ()
+) -> str | None:
     """Why the next round must not run (its charge, ``events``, by default the plan's one event, would
-    exceed the budget), or None."""
+    exceed the budget of any of ``nodes``, the ones it may charge; empty: every client), or None."""
     if plan.target_epsilon <= 0:
         return None
-    spent = ledger.spent(*(events or (plan.event,)))
+    spent = ledger.spent(*(events or (plan.event,)), nodes=nodes)
     worst = max(spent[k] for k in plan.budget_keys)
     if worst <= plan.target_epsilon:
         return None

@@ -7,13 +7,14 @@ from common.config import RunConfig
 from common.privacy.plan import NoisePlan
 from server.releases.base import Release, RunHandles
 from server.releases.dr_encoder import DrEncoderRelease
-from server.releases.gaussian import MechanismRelease
+from server.releases.gaussian import CorrelatedRelease, MechanismRelease
 from server.releases.none import NoRelease
 
 RELEASES: dict[str, type[Release]] = {
     NoRelease.name: NoRelease,
     MechanismRelease.name: MechanismRelease,
     DrEncoderRelease.name: DrEncoderRelease,
+    CorrelatedRelease.name: CorrelatedRelease,
 }
 
 

@@ -34,6 +34,7 @@ class RunHandles:
     log: Callable[[dict], None]
     echo: Callable[[str], None]
     evaluator: object | None = None  # the server's model and public split (a public prior needs them)
+    first: int = 1  # the first round this process runs (after the last finished one, on resume)
 
 
 class Release:
@@ -95,9 +96,12 @@ class Release:
     def answered(self, node: int, usable: bool) -> None:
         """Bookkeeping after each reply (whether ``node``'s reply was usable)."""
 
-    def events(self) -> tuple[Event, ...]:
-        """What one round charges the client-level ledger (none without a client-level release)."""
+    def events(self, rnd: int) -> tuple[Event, ...]:
+        """What round ``rnd`` charges the client-level ledger (none without a client-level release)."""
         return ()
+
+    def finish(self) -> None:
+        """After the run's last round (a stateful release removes what it kept)."""
 
     def round_sum(self, sampled: int) -> RoundSum:
         """The round's aggregate: each usable reply is added to it, then it releases the increment to

@@ -10,9 +10,10 @@ from collections.abc import Mapping, Sequence
 
 from flwr.serverapp import Grid
 
-from common.config import RunConfig
+from common.config import CORRELATED, RunConfig
 from common.models import AdapterState
 from common.privacy.accountants import Event
+from common.privacy.factorization import WORKLOADS
 from common.privacy.mechanism import RoundSum, mechanism_for
 from common.privacy.plan import NoisePlan
 from server.releases.base import Release, RunHandles
@@ -41,6 +42,7 @@ class MechanismRelease(Release):
 
     def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
         plan = self.plan
+        self.mechanism.open_state(run.run_dir, run.first, {k: tuple(t.shape) for k, t in state.items()})
         if note := plan.threat.noise_note(self.cfg.min_replies, plan.sigma):
             run.echo(note)
         if self.cfg.adaptive_clip:
@@ -66,8 +68,34 @@ class MechanismRelease(Release):
     def round_sum(self, sampled: int) -> RoundSum:
         return self.mechanism.round_sum(sampled)
 
-    def events(self) -> tuple[Event, ...]:
-        return self.mechanism.events()
+    def events(self, rnd: int) -> tuple[Event, ...]:
+        return self.mechanism.events(rnd)
+
+    def before_round(self, rnd: int, state: AdapterState) -> None:
+        self.mechanism.before_round(rnd)
+
+    def finish(self) -> None:
+        self.mechanism.close_state()
 
 
-__all__ = ["MechanismRelease"]
+class CorrelatedRelease(MechanismRelease):
+    """``dp-ftrl``: the mechanism release of banded correlated noise (common/privacy/ftrl_mechanism.py),
+    which says at start-up which strategy and participation rule its ε assumes."""
+
+    name = CORRELATED
+
+    def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
+        f, optimizer = self.plan.ftrl, self.cfg.server_optimizer
+        run.echo(
+            f"dp-ftrl: {f.bands}-band correlated noise (sigma {self.plan.sigma:.4g}, the strategy for server "
+            f"{f.workload} over {f.rounds} rounds), assuming {f.guarantee}"
+        )
+        if optimizer not in WORKLOADS:
+            run.echo(
+                f"dp-ftrl: server {optimizer} is not linear: the noise before it is post-processing (the "
+                "epsilon holds), but the strategy's cancellation is designed for server sgd or momentum"
+            )
+        return super().prepare(grid, nodes, state, run)
+
+
+__all__ = ["CorrelatedRelease", "MechanismRelease"]

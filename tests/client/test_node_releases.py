@@ -161,3 +161,55 @@ def test_simulation_nodes_keep_a_release_ledger(tmp_path):
     for k in range(cfg.num_clients):
         rows = client_ledger(tmp_path / "nodes" / f"node-{k}", f"rotten-tomatoes/{k}-of-2", cfg.delta).rows()
         assert [r["round"] for r in rows] == [1, 2] and {r["threat_model"] for r in rows} == {"local"}
+
+
+def _ftrl(**kw):
+    """dp-ftrl (central noise, planned for epsilon 8) over 6 rounds, bands 2 at p 0.5."""
+    settings = {**RUN, "mechanism": "dp-ftrl", "threat_model": "central", "target_epsilon": 8.0, "clip": 0.5}
+    return preset("minilm-rt", **{**settings, "rounds": 6, "sample_rate": 0.5, **kw}).check()
+
+
+def _central(app, cfg, node: dict, rnd: int, state) -> Message:
+    message_identity()
+    content = TrainInstruction(rnd, state, noise_std=0.0).to_record()
+    msg = Message(content, dst_node_id=1001, message_type="train", group_id=str(rnd))
+    ctx = Context(run_id=42, node_id=1001, node_config=node, state=RecordDict(), run_config=to_flat(cfg))
+    return app(msg, ctx)
+
+
+def _released(app, cfg, node, state, rounds) -> tuple[list[int], list[str]]:
+    released, refused = [], []
+    for rnd in rounds:
+        try:
+            assert not _central(app, cfg, node, rnd, state).has_error()
+            released.append(rnd)
+        except FedloraError as exc:
+            refused.append(str(exc))
+    return released, refused
+
+
+@pytest.mark.heavy
+def test_a_node_refuses_a_round_that_breaks_the_min_separation(tmp_path, own_data):
+    """Correlated noise under min-sep 2: a server asking rounds 1-5 of one node gets 1, 3 and 5; the
+    node's own ledger refuses 2 and 4 (the run's epsilon assumes every two rounds at least 2 apart)."""
+    cfg = _ftrl()
+    node = {"data-path": str(own_data), "state-dir": str(tmp_path / "st"), "trust": "server"}
+    state = node_shard(node, cfg)[2].bundle.initial
+    released, refused = _released(load_component("client.app:app"), cfg, node, state, range(1, 6))
+    assert released == [1, 3, 5]
+    assert len(refused) == 2 and all("less than the run's min-separation 2" in why for why in refused)
+    rows = client_ledger(tmp_path / "st", OWNER, cfg.delta).rows()
+    assert [r["round"] for r in rows] == [1, 3, 5] and {r["p"] for r in rows} == {1.0}
+
+
+@pytest.mark.heavy
+def test_a_node_takes_part_only_in_its_cyclic_groups_rounds(tmp_path, own_data):
+    from common.privacy.participation import group_of
+
+    cfg = _ftrl(participation="cyclic-poisson")
+    node = {"data-path": str(own_data), "state-dir": str(tmp_path / "st"), "trust": "server"}
+    state = node_shard(node, cfg)[2].bundle.initial
+    released, refused = _released(load_component("client.app:app"), cfg, node, state, range(1, 7))
+    group = group_of(1001, 2)
+    assert released == [r for r in range(1, 7) if (r - 1) % 2 == group]
+    assert len(refused) == 3 and all(f"cyclic group {group} of 2" in why for why in refused)

@@ -19,6 +19,17 @@ REFUSED = [*FAST, "--workers", "1"]
 #: secure aggregation over 100-client cohorts of the 1,000-client preset (min-replies a majority)
 SECURE = ["--preset", "minilm-rt-xdev", "--mechanism", "dp-fedavg", "--clip", "0.5"]
 SECURE += ["--threat-model", "secure-aggregation", "--min-replies", "51"]
+#: correlated noise, planned for epsilon 8 over the run's rounds
+FTRL = [
+    "--mechanism",
+    "dp-ftrl",
+    "--threat-model",
+    "central",
+    "--target-epsilon",
+    "8",
+    "--sample-rate",
+    "0.5",
+]
 
 
 @pytest.mark.parametrize(
@@ -55,6 +66,20 @@ SECURE += ["--threat-model", "secure-aggregation", "--min-replies", "51"]
             ],
             "--noise-cohort 2 is below the simulated cohort",
         ),
+        # correlated noise: central only, planned for a target, its rule's options consistent
+        ([*FTRL[:2], "--target-epsilon", "8", "--threat-model", "local"], "does not combine with local"),
+        (
+            [*FTRL, "--adaptive-clip"],
+            "--adaptive-clip supports the gaussian release",
+        ),
+        ([*FTRL, "--noise-multiplier", "1"], "drop --noise-multiplier"),
+        ([*FTRL[:4], "--noise-multiplier", "1"], "--mechanism dp-ftrl plans its noise for --target-epsilon"),
+        ([*FTRL, "--rounds", "2", "--bands", "3"], "--bands 3 exceeds the 2 rounds"),
+        (
+            [*FTRL, "--rounds", "4", "--bands", "2", "--min-separation", "1"],
+            "--min-separation 1 is below --bands 2",
+        ),
+        ([*FTRL, "--rounds", "4", "--participation", "cyclic-poisson", "--bands", "3"], "bands x rate <= 1"),
         # a secure plan no accountant can meet, and one whose shares could not be drawn in time
         (
             [*SECURE, "--target-epsilon", "0.01", "--max-participations", "30"],

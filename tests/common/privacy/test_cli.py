@@ -95,7 +95,18 @@ def test_bad_input_exit_2_one_line(args, message, capsys):
 def test_ftrl_compares_correlated_noise_with_dp_fedavg(capsys):
     """``fedlora privacy ftrl``: banded MF's noise under min-sep 10 is about half DP-FedAvg's under the
     same rule over 30 rounds (0.52 of it at epsilon 1), and the table names the rule."""
-    argv = ["privacy", "ftrl", "--epsilon", "1,8", "--rounds", "30", "--sample-rate", "0.1", "--delta", "1e-6"]
+    argv = [
+        "privacy",
+        "ftrl",
+        "--epsilon",
+        "1,8",
+        "--rounds",
+        "30",
+        "--sample-rate",
+        "0.1",
+        "--delta",
+        "1e-6",
+    ]
     assert run_cli([*argv, "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["epsilon"] for r in rows] == [1.0, 8.0] and rows[0]["bands"] == 10

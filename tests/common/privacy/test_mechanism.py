@@ -82,7 +82,7 @@ def test_every_mechanism_clips_checks_sums_charges_and_restores(threat, adaptive
         std = float((mean["w"] - plain / 10).std()) * 10
         assert std == pytest.approx(mech.plan.server_sigma * CLIP, rel=0.1)
     assert sigma == pytest.approx(mech.plan.released_sigma(sampled, 4))
-    assert mech.events() == (mech.plan.event,)
+    assert mech.events(1) == (mech.plan.event,)
     if adaptive:  # four clipped replies of ten expected: the noised fraction moved C
         assert mech.clip != CLIP
     state = mech.state()

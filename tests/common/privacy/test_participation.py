@@ -77,8 +77,8 @@ def test_capped_cohorts_send_nothing_below_the_fewest_survivors_and_stop_once_th
     assert rule.sample([1, 2], {}, rng) == ([], 2)
     assert rule.sample([1, 2, 3, 4, 5], {}, rng)[1] == 4
     taken = {1: 2, 2: 2, 3: 2, 4: 1}
-    assert rule.online([1, 2, 3, 4, 5], taken) == [4, 5]
+    assert rule.online([1, 2, 3, 4, 5], taken, 1) == [4, 5]
     assert "fewer than min-replies 3" in rule.stop_reason([4, 5], lambda: pytest.fail("asked the budget"))
     assert rule.stop_reason([4, 5, 6], lambda: "spent") is None
     assert PoissonSampling(0.5).stop_reason([1], lambda: "spent") == "spent"
-    assert PoissonSampling(0.5).taken(None) == {} and rule.taken(None) == {}
+    assert PoissonSampling(0.5).taken(None, 1) == {} and rule.taken(None, 1) == {}

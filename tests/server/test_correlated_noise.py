@@ -1,0 +1,48 @@
+"""Correlated noise (--mechanism dp-ftrl) through the real ServerApp and ClientApp: the server keeps
+the participation rule its epsilon assumes, every node's ledger agrees, the secret stream is gone
+when the run ends, and every epsilon names the rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.presets import preset
+from common.privacy.ftrl_mechanism import NOISE_FILE
+from common.privacy.ledger import Ledger
+from tests.harness import federate, records
+
+pytestmark = pytest.mark.integration
+
+RUN = dict(max_train_examples=200, eval_examples=40, local_steps=1, batch_size=8, seed=3)
+FTRL = dict(mechanism="dp-ftrl", threat_model="central", target_epsilon=8.0, clip=0.5)
+
+
+def _node_rounds(ledger: Ledger) -> dict[int, list[int]]:
+    rounds = {r["seq"]: r["round"] for r in ledger.rows()}
+    out: dict[int, list[int]] = {}
+    for seq, nodes in ledger.participants().items():
+        for node in nodes:
+            out.setdefault(node, []).append(rounds[seq])
+    return out
+
+
+def test_a_min_separation_run_keeps_its_rule_and_its_budget(tmp_path):
+    """6 nodes, 2 a round (p 0.34: 2 bands, min-sep 2), 6 rounds: every round applied, no node in two
+    rounds less than 2 apart, the worst client within epsilon 8, the stream's file removed."""
+    out = tmp_path / "run"
+    cfg = preset(
+        "minilm-rt", **RUN, **FTRL, num_clients=6, sample_rate=0.34, rounds=6, out_dir=str(out)
+    ).check()
+    federate(cfg)
+    applied = [r for r in records(out) if r.get("applied")]
+    assert [r["round"] for r in applied] == [1, 2, 3, 4, 5, 6]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "assuming min-separation 2" in summary["privacy"]
+    assert not (out / NOISE_FILE).exists()
+    ledger = Ledger.open(out / "ledger.sqlite", "client-level")
+    rounds = _node_rounds(ledger)
+    assert sum(map(len, rounds.values())) == 12
+    assert all(b - a >= 2 for rs in rounds.values() for a, b in zip(sorted(rs), sorted(rs)[1:], strict=False))
+    assert ledger.spent()["eps_tight"] <= 8.0 and max(map(len, rounds.values())) <= 3
