@@ -394,12 +394,9 @@ def _round_line(
         )
     if ledger and "eps_tight" in record:
         what_if = f" (WHAT-IF: for {ledger.population})" if ledger.validity else ""
-        if per_client and record.get("tight_accountant") == "rdp":  # secure aggregation's Skellam noise
-            line += f", client-level eps (worst client) rdp {record['eps_tight']:.3g}"
-        elif per_client:  # each client's own charges (min-separation)
-            line += (
-                f", client-level eps (worst client) {round_epsilons(record['eps_gdp'], record['eps_tight'])}"
-            )
+        if per_client:  # each client's own charges, by the plan's bound (Skellam: rdp; min-sep: pld)
+            acct = record.get("tight_accountant", "rdp")
+            line += f", client-level eps (worst client) {acct} {record['eps_tight']:.3g}"
         else:
             line += f", client-level eps{what_if} {round_epsilons(record['eps_gdp'], record['eps_tight'])}"
     return line

@@ -91,14 +91,18 @@ class NoisePlan:
 
     @property
     def budget_accountants(self) -> tuple[str, ...]:
-        """Accountants whose larger ε budget decisions use: :data:`BUDGET_ACCOUNTANTS`, or RDP alone
-        for Skellam noise (Agarwal et al.'s bound; the CLT μ-GDP is no bound for it)."""
-        return ("rdp",) if self.secure else BUDGET_ACCOUNTANTS
+        """Accountants whose larger ε budget decisions use: :data:`BUDGET_ACCOUNTANTS`, RDP alone for
+        Skellam noise (Agarwal et al.'s bound; the CLT μ-GDP is no bound for it), or the accountants
+        correlated noise's plan was calibrated with (PLD alone under min-sep)."""
+        if self.secure:
+            return ("rdp",)
+        return self.ftrl.accountants if self.ftrl else BUDGET_ACCOUNTANTS
 
     @property
     def budget_keys(self) -> tuple[str, ...]:
         """The ledger totals budget decisions compare (``eps_tight`` is the ledger's RDP for Skellam)."""
-        return ("eps_tight",) if self.secure else ("eps_gdp", "eps_tight")
+        keys = {"gdp": "eps_gdp", "pld": "eps_tight", "rdp": "eps_tight"}
+        return tuple(dict.fromkeys(keys[a] for a in self.budget_accountants))
 
     @property
     def update_sigma(self) -> float:
@@ -179,11 +183,12 @@ class NoisePlan:
             from common.privacy.statement import both_epsilons  # (the statement reads this plan)
 
             f = self.ftrl
-            return (
-                f"{head}, {clip}, {f.bands}-band correlated noise (banded MF DP-FTRL), assuming "
-                f"{f.guarantee}): {both_epsilons(totals, self.delta)}"
-                + (" (the worst client's)" if f.per_client else "")
+            spent = (
+                f"epsilon {totals['eps_tight']:.4g} (pld, the worst client's) at delta {self.delta:g}"
+                if f.per_client
+                else both_epsilons(totals, self.delta)
             )
+            return f"{head}, {clip}, {f.bands}-band correlated noise (banded MF DP-FTRL), assuming {f.guarantee}): {spent}"
         if not self.secure:
             return ""
         s = self.secure
@@ -321,9 +326,15 @@ def _secure_noise(cfg: RunConfig, dim: int) -> NoisePlan:
         secure = run_secure_plan(cfg, dim)
     except ValueError as exc:  # the accountant's: no variance reaches the target
         raise FedloraError(f"cannot plan the secure-aggregation noise: {exc}") from None
+    return _planned(cfg, secure.sigma, secure.sample_rate, secure=secure)
+
+
+def _planned(cfg: RunConfig, sigma: float, p: float, **plan: object) -> NoisePlan:
+    """A plan calibrated by construction to ``cfg``'s target (secure aggregation's, correlated
+    noise's): ``sigma`` at rate ``p``, and the mechanism's own numbers (``plan``)."""
     return NoisePlan(
-        secure.sigma,
-        secure.sample_rate,
+        sigma,
+        p,
         cfg.clip,
         cfg.threat_model,
         cfg.target_epsilon,
@@ -331,7 +342,7 @@ def _secure_noise(cfg: RunConfig, dim: int) -> NoisePlan:
         True,
         cfg.min_replies,
         sample_rate=cfg.sample_rate,
-        secure=secure,
+        **plan,
     )
 
 
@@ -352,18 +363,7 @@ def _correlated_noise(cfg: RunConfig) -> NoisePlan:
     except ValueError as exc:
         raise FedloraError(f"cannot plan the correlated noise: {exc}") from None
     ftrl = replace(ftrl, cohort=max(1, round(cfg.expected_cohort)))
-    return NoisePlan(
-        ftrl.sigma,
-        ftrl.q,
-        cfg.clip,
-        cfg.threat_model,
-        cfg.target_epsilon,
-        cfg.delta,
-        True,
-        cfg.min_replies,
-        sample_rate=cfg.sample_rate,
-        ftrl=ftrl,
-    )
+    return _planned(cfg, ftrl.sigma, ftrl.q, ftrl=ftrl)
 
 
 def _count_std(cfg: RunConfig) -> float:

@@ -54,7 +54,9 @@ def test_one_share_reveals_nothing_its_value_is_uniform():
     ]
     counts = [top.count(c) for c in range(16)]
     chi2 = sum((c - 100) ** 2 / 100 for c in counts)
-    assert chi2 < 37.7  # the 0.999 quantile of chi-square with 15 degrees of freedom
+    # the 1 − 1e-6 quantile of chi-square with 15 degrees of freedom (the shares come from OS entropy:
+    # at 0.999 one run in a thousand failed; a biased a_1 lands far above either)
+    assert chi2 < 56.5
 
 
 def test_mixed_truncated_or_oversized_are_refused():
