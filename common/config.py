@@ -732,7 +732,7 @@ class RunConfig:
         only: it does not combine with local, distributed or secure-aggregation noise), planned for a
         target epsilon by the run's participation rule."""
         flag = f"--mechanism {CORRELATED}"
-        if self.threat_model != "central":
+        if not THREATS[self.threat_model].clear_replies:  # central: the server adds the noise
             raise FedloraError(
                 f"{flag} adds its noise on the server: --threat-model central (not {self.threat_model}: "
                 "correlated noise does not combine with local, distributed or secure-aggregation noise)"

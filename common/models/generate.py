@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
     parser.add_argument("--samples", type=int, default=1, help="independent samples to print (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument(
+        "--with-base",
+        action="store_true",
+        help="also sample from the base model alone (the adapter disabled), same prompt and seed, "
+        "printed before the adapter's: what the adapter changed",
+    )
 
 
 class _Counted:
@@ -90,11 +96,18 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_adapter(args.adapter)
     if "CausalLM" not in type(model.get_base_model()).__name__:
         raise FedloraError(f"{args.adapter}: the base model is not a causal LM; nothing to generate")
-    for k in range(args.samples):
-        text = generate(
+
+    def sample(k: int) -> str:
+        return args.prompt + generate(
             model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed + k
         )
-        print(args.prompt + text)
+
+    for k in range(args.samples):
+        if args.with_base:
+            with model.disable_adapter():  # PEFT: the base model's own forward, same weights otherwise
+                base = sample(k)
+            print(f"[base, seed {args.seed + k}]\n{base}\n[adapter, seed {args.seed + k}]")
+        print(sample(k))
         if k + 1 < args.samples:
             print("---")
     return 0

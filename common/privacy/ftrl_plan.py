@@ -154,19 +154,25 @@ def auto_bands(rate: float) -> int:
     return max(1, min(64, int(1.0 / rate + 1e-9)))
 
 
+@dataclass(frozen=True)
+class Target:
+    """The client-level budget a plan meets: ε at δ."""
+
+    epsilon: float
+    delta: float
+
+
 def plan_ftrl(
     rule: str,
     rounds: int,
     rate: float,
-    target_epsilon: float,
-    delta: float,
+    target: Target,
     bands: int = 0,
     work: str = "sgd",
     separation: int = 0,
-    accountants: tuple[str, ...] = BUDGET_ACCOUNTANTS,
 ) -> FtrlPlan:
-    """A plan whose ε after ``rounds`` meets ``target_epsilon`` under every one of ``accountants``:
-    the strategy of ``bands`` (0: :func:`auto_bands`) optimized for ``work`` over ``rounds``, σ the
+    """A plan whose ε after ``rounds`` meets ``target`` under the ledger's budget accountants (PLD
+    alone under min-sep, see below): the strategy of ``bands`` (0: :func:`auto_bands`) optimized for ``work`` over ``rounds``, σ the
     smallest that meets it. ``separation`` (min-sep only; 0: the bands) may exceed the bands: one band
     with a separation of b is DP-FedAvg held to the min-sep rule."""
     if rule not in RULES:
@@ -177,8 +183,10 @@ def plan_ftrl(
     if separation and (rule != "min-sep" or separation < bands):
         raise ValueError(f"a separation of {separation} needs the min-sep rule and at least {bands} bands")
     coefs = tuple(float(c) for c in optimize_banded(rounds, bands, _work(work, rounds)))
+    target_epsilon, delta = target.epsilon, target.delta
     plan = FtrlPlan(rule, coefs, 1.0, rate, rounds, delta, target_epsilon, work, separation)
     steps = math.ceil(rounds / bands) if rule == "cyclic-poisson" else plan.participations
+    accountants = BUDGET_ACCOUNTANTS
     if rule == "min-sep":
         # a client's participations are Gaussians at p = 1, exactly (√m/σ)-GDP together: the PLD bound
         # is tight for them, and the CLT μ-GDP (a Poisson-sampling limit, e^{1/σ²} − 1 a round) does
@@ -196,10 +204,11 @@ def compare_noise(
     the same separation), today's amplified DP-FedAvg (Poisson at p over every round), and MF under
     cyclic Poisson with the same b."""
     bands = bands or auto_bands(rate)
-    mf = plan_ftrl("min-sep", rounds, rate, epsilon, delta, bands, work)
-    same_rule = plan_ftrl("min-sep", rounds, rate, epsilon, delta, 1, work, separation=bands)
-    cyclic = plan_ftrl("cyclic-poisson", rounds, rate, epsilon, delta, bands, work)
-    amplified = plan_ftrl("cyclic-poisson", rounds, rate, epsilon, delta, 1, work)
+    target = Target(epsilon, delta)
+    mf = plan_ftrl("min-sep", rounds, rate, target, bands, work)
+    same_rule = plan_ftrl("min-sep", rounds, rate, target, 1, work, separation=bands)
+    cyclic = plan_ftrl("cyclic-poisson", rounds, rate, target, bands, work)
+    amplified = plan_ftrl("cyclic-poisson", rounds, rate, target, 1, work)
     rmse = {
         name: p.sigma * math.sqrt(p.error)
         for name, p in [
@@ -225,4 +234,4 @@ def compare_noise(
     }
 
 
-__all__ = ["RULES", "FtrlPlan", "auto_bands", "compare_noise", "plan_ftrl", "workload_name"]
+__all__ = ["RULES", "FtrlPlan", "Target", "auto_bands", "compare_noise", "plan_ftrl", "workload_name"]

@@ -24,7 +24,7 @@ from common.errors import FedloraError
 from common.privacy.accountants import Event, SkellamEvent
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
-from common.privacy.ftrl_plan import FtrlPlan, plan_ftrl, workload_name
+from common.privacy.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
 from common.privacy.ledger import Ledger
 from common.privacy.participation import (
     CappedCohorts,
@@ -354,8 +354,7 @@ def _correlated_noise(cfg: RunConfig) -> NoisePlan:
             cfg.participation,
             cfg.rounds,
             cfg.sample_rate,
-            cfg.target_epsilon,
-            cfg.delta,
+            Target(cfg.target_epsilon, cfg.delta),
             cfg.bands,
             workload_name(cfg.server_optimizer, cfg.server_momentum),
             cfg.min_separation,

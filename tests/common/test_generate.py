@@ -54,6 +54,20 @@ def test_generate_prints_the_prompt_and_its_continuation(smollm2_adapter, capsys
     assert capsys.readouterr().out.count("---") == 1
 
 
+def test_with_base_prints_the_base_and_the_adapter_side_by_side(smollm2_adapter, capsys):
+    """Same prompt, same seed: the base model's text (the adapter disabled) first, then the adapter's,
+    each what generating with that model alone gives."""
+    directory, model, tokenizer = smollm2_adapter
+    args = ["generate", "--adapter", str(directory), "--prompt", PROMPT, "--max-new-tokens", "6"]
+    assert main([*args, "--seed", "4", "--with-base"]) == 0
+    printed = capsys.readouterr().out
+    with model.disable_adapter():
+        base = generate(model, tokenizer, PROMPT, 6, seed=4)
+    tuned = generate(model, tokenizer, PROMPT, 6, seed=4)
+    assert printed == f"[base, seed 4]\n{PROMPT + base}\n[adapter, seed 4]\n{PROMPT + tuned}\n"
+    assert base != tuned  # the adapter's factors move the output
+
+
 def test_plain_peft_and_transformers_generate_the_same_text(smollm2_adapter):
     directory, model, tokenizer = smollm2_adapter
     base = AutoModelForCausalLM.from_pretrained(MODELS["smollm2-135m"].locate(), dtype=torch.float32)

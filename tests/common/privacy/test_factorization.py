@@ -25,7 +25,7 @@ from common.privacy.factorization import (
 )
 
 #: jax_privacy 2.0.0 ``toeplitz.optimize_banded_toeplitz(n, bands)`` (mean error, prefix sums, unit
-#: norm), run in a throwaway environment (../shared/research/correlated_noise.md, Appendix A)
+#: norm), run once in a throwaway environment (jax is not a dependency)
 JAX_COEFS = {
     (30, 2): [0.8329, 0.5534],
     (30, 5): [0.7430, 0.4329, 0.3429, 0.2884, 0.2447],

@@ -14,7 +14,7 @@ from scipy.stats import norm
 
 from common.privacy.accountants import Event
 from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
-from common.privacy.ftrl_plan import FtrlPlan, plan_ftrl, workload_name
+from common.privacy.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
 
 
 def _dp_accounting_epsilon(sigma: float, q: float, count: int, delta: float) -> float:
@@ -38,7 +38,7 @@ def _analytic_gaussian_epsilon(sigma: float, delta: float) -> float:
 
 def test_one_band_cyclic_poisson_is_dp_fedavg():
     """b = 1: the same σ as DP-FedAvg's calibration and one Poisson-sampled Gaussian every round."""
-    plan = plan_ftrl("cyclic-poisson", 30, 0.1, 8.0, 1e-6, bands=1)
+    plan = plan_ftrl("cyclic-poisson", 30, 0.1, Target(8.0, 1e-6), bands=1)
     fedavg = max(calibrate_sigma(a, 8.0, 1e-6, 0.1, 30) for a in BUDGET_ACCOUNTANTS)
     assert plan.coefs == (1.0,) and plan.sigma == fedavg
     assert all(plan.events(t) == (Event(fedavg, 0.1, 1),) for t in range(30))
@@ -47,7 +47,7 @@ def test_one_band_cyclic_poisson_is_dp_fedavg():
 @pytest.mark.parametrize("bands", [2, 5, 10])
 def test_cyclic_poisson_charges_one_sampled_gaussian_per_cycle(bands):
     """⌈(t+1)/b⌉ events at q = b·p after every round t, and ε as dp_accounting composes them."""
-    plan = plan_ftrl("cyclic-poisson", 60, 0.1, 4.0, 1e-6, bands=bands)
+    plan = plan_ftrl("cyclic-poisson", 60, 0.1, Target(4.0, 1e-6), bands=bands)
     assert plan.q == pytest.approx(bands * 0.1)
     for t in range(60):
         assert sum(e.count for s in range(t + 1) for e in plan.events(s)) == math.ceil((t + 1) / bands)
@@ -58,13 +58,13 @@ def test_cyclic_poisson_charges_one_sampled_gaussian_per_cycle(bands):
 
 def test_cyclic_poisson_refuses_more_bands_than_the_rate_allows():
     with pytest.raises(ValueError, match="bands x rate"):
-        plan_ftrl("cyclic-poisson", 30, 0.2, 4.0, 1e-6, bands=6)
+        plan_ftrl("cyclic-poisson", 30, 0.2, Target(4.0, 1e-6), bands=6)
 
 
 def test_min_sep_charges_each_participation_and_the_worst_client_is_one_gaussian():
     """Each participation charges its client one Gaussian of σ at p = 1; the worst client's k of them
     are one Gaussian of σ/sens, sens² the min-sep sensitivity of C (k unit columns)."""
-    plan = plan_ftrl("min-sep", 40, 0.25, 3.0, 1e-6)
+    plan = plan_ftrl("min-sep", 40, 0.25, Target(3.0, 1e-6))
     assert plan.bands == 4 and plan.per_client and plan.participations == 10
     assert all(plan.events(t) == (Event(plan.sigma, 1.0, 1),) for t in range(40))
     assert plan.sensitivity_squared(39) == pytest.approx(10.0)
@@ -87,17 +87,17 @@ def test_the_workload_follows_the_server_optimizer():
     assert workload_name("sgd", 0.9) == "sgd"
     assert workload_name("momentum", 0.9) == "momentum 0.9"
     assert workload_name("adam", 0.9) == "sgd"  # post-processing: the prefix sum's strategy
-    plan = plan_ftrl("min-sep", 30, 0.1, 8.0, 1e-6, work="momentum 0.9")
-    sgd = plan_ftrl("min-sep", 30, 0.1, 8.0, 1e-6)
+    plan = plan_ftrl("min-sep", 30, 0.1, Target(8.0, 1e-6), work="momentum 0.9")
+    sgd = plan_ftrl("min-sep", 30, 0.1, Target(8.0, 1e-6))
     assert plan.coefs != sgd.coefs
     assert plan.guarantee.startswith("min-separation 10")
 
 
 def test_a_plan_refuses_an_unknown_rule():
     with pytest.raises(ValueError, match="unknown participation rule"):
-        plan_ftrl("balls-in-bins", 30, 0.1, 8.0, 1e-6)
-    assert isinstance(plan_ftrl("min-sep", 10, 0.5, 8.0, 1e-6), FtrlPlan)
-    assert np.isfinite(plan_ftrl("min-sep", 10, 0.5, 8.0, 1e-6).error)
+        plan_ftrl("balls-in-bins", 30, 0.1, Target(8.0, 1e-6))
+    assert isinstance(plan_ftrl("min-sep", 10, 0.5, Target(8.0, 1e-6)), FtrlPlan)
+    assert np.isfinite(plan_ftrl("min-sep", 10, 0.5, Target(8.0, 1e-6)).error)
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,9 @@ def test_a_plan_refuses_an_unknown_rule():
 )
 def test_cyclic_poisson_epsilon_agrees_with_jax_privacys_accountant(bands, sigma, jax):
     """jax_privacy 2.0.0 ``DpsgdTrainingAccountant`` with ``cycle_length = b`` (issue 51: ε 7.992 /
-    8.011 / 7.990 at 300 rounds, p 0.1, δ 1e-6), at the σ calibrated for ε 8 in the design note
-    (../shared/research/correlated_noise.md, Appendix B; 3 decimals, hence the tolerance)."""
-    plan = FtrlPlan("cyclic-poisson", (1.0,) + (0.0,) * (bands - 1), sigma, 0.1, 300, 1e-6, 8.0)  # events only
+    8.011 / 7.990 at 300 rounds, p 0.1, δ 1e-6), at the σ a PLD search calibrated for ε 8 (given to 3
+    decimals, hence the tolerance)."""
+    plan = FtrlPlan(
+        "cyclic-poisson", (1.0,) + (0.0,) * (bands - 1), sigma, 0.1, 300, 1e-6, 8.0
+    )  # events only
     assert plan.epsilon(300) == pytest.approx(jax, abs=0.02)
