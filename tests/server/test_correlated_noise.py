@@ -46,3 +46,23 @@ def test_a_min_separation_run_keeps_its_rule_and_its_budget(tmp_path):
     assert sum(map(len, rounds.values())) == 12
     assert all(b - a >= 2 for rs in rounds.values() for a, b in zip(sorted(rs), sorted(rs)[1:], strict=False))
     assert ledger.spent()["eps_tight"] <= 8.0 and max(map(len, rounds.values())) <= 3
+
+
+def test_a_cyclic_poisson_run_samples_only_the_rounds_group(tmp_path):
+    """6 nodes, p 0.5, 2 groups (q = 1): round r draws exactly the nodes of group (r − 1) mod 2, and the
+    ledger charges every client one sampled Gaussian per cycle (rounds 1 and 3), nothing in rounds 2, 4."""
+    from common.privacy.participation import group_of
+
+    out = tmp_path / "run"
+    cfg = preset(
+        "minilm-rt", **RUN, **FTRL, num_clients=6, sample_rate=0.5, rounds=4, participation="cyclic-poisson",
+        out_dir=str(out),
+    ).check()  # fmt: skip
+    grid = federate(cfg)
+    nodes = sorted(grid.get_node_ids())
+    lines = {r["round"]: r for r in records(out) if r.get("round")}
+    for rnd in range(1, 5):
+        group = [n for n in nodes if group_of(n, 2) == (rnd - 1) % 2]
+        assert lines[rnd]["sampled"] == len(group)
+    events = Ledger.open(out / "ledger.sqlite", "client-level").events()
+    assert [e.count for e in events] == [1, 0, 1, 0] and {e.p for e in events} == {1.0}
