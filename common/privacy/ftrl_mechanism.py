@@ -118,6 +118,8 @@ class BandedFtrl:
         line, and overwrites nothing."""
         self.store, self.shapes, restored = run_dir / NOISE_FILE, dict(shapes), self.restored
         if not self.store.exists():
+            if first > self.plan.ftrl.rounds:
+                return  # a finished run (its stream removed at the end): nothing left to draw
             if restored or first > 1:
                 raise FedloraError(
                     f"{self.store} is missing: a resumed dp-ftrl run cannot continue its noise stream "

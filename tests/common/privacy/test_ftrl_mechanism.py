@@ -107,6 +107,7 @@ def test_a_missing_or_foreign_stream_is_refused_untouched(tmp_path, seeded):
     lost.restore({"clip": 0.5, "noise_index": 2})
     with pytest.raises(FedloraError, match="is missing"):
         lost.open_state(tmp_path / "elsewhere", 3, SHAPES)
+    lost.open_state(tmp_path / "elsewhere", 13, SHAPES)  # a finished run of 12 rounds: nothing to draw
 
 
 def test_one_band_cyclic_poisson_charges_what_dp_fedavg_does():
