@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +169,9 @@ def train_local(
     kind = cfg.optimizer_kind
     plan = local_plan(cfg, model, len(train))  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(
+        json.dumps(local_record(cfg, node, validation, charge_every), indent=2) + "\n", encoding="utf-8"
+    )
     ledger = Ledger.create(out / LEDGER_FILE, "sample-level", f"{cfg.dataset}/train-local", cfg.delta)
     try:
 
@@ -219,6 +222,13 @@ def train_local(
     os.replace(out / "adapter.safetensors.tmp", out / "adapter.safetensors")
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+def local_record(cfg: RunConfig, node: int, validation: int, charge_every: int) -> dict:
+    """What a train-local run computes, as its ``config.json`` holds it: the resolved configuration
+    and train-local's own options (``fedlora bench suite --adopt`` compares it with a plan's)."""
+    values = json.loads(json.dumps(asdict(cfg)))
+    return {**values, "train_local": {"node": node, "validation": validation, "charge_every": charge_every}}
 
 
 def open_local(cfg: RunConfig) -> tuple[ModelBundle, FederatedSplit, Task]:

@@ -8,6 +8,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from common.cli import main
 from common.models.precision import resolve_precision
 from server.bench.suite.adopt import adopt, differences, plan_config
@@ -187,3 +189,20 @@ def test_a_what_if_row_says_so_and_runs_its_own_seeds():
     done = [{"run": Run("generative", "w", (), arm=arm, seed=0), "output": out, "error": None, "wall_s": 1.0}]
     (row,) = generative(done)["rows"]
     assert row["ε (PLD)"] == "8.00 (what-if)"
+
+
+@pytest.mark.heavy
+def test_a_train_local_run_made_by_hand_is_adopted_by_its_resolved_configuration(tmp_path):
+    """``train-local`` writes its resolved configuration (and its own options) to config.json: the
+    suite adopts that run for the plan's identical command, not for one with another seed."""
+    (local,) = [r for r in runs(profile("tiny")) if r.argv[0] == "train-local"]
+    made = tmp_path / "by-hand"
+    assert main([*local.command[1:], "--out", str(made)]) == 0
+    stored = json.loads((made / "config.json").read_text())
+    assert not differences(plan_config(local), stored) and stored["train_local"]["node"] == 0
+    other = Run(local.section, "other", local.argv, arm=local.arm, seed=1)
+    took = adopt([other, local], [made], tmp_path / "runs", lambda line: None)
+    assert took == [local.key]
+    record = json.loads((tmp_path / "runs" / local.key / "command.json").read_text())
+    assert record["wall_s"] == json.loads((made / "result.json").read_text())["seconds"]
+    assert (tmp_path / "runs" / local.key / "result.json").exists()

@@ -35,18 +35,41 @@ PREDATED: dict[str, object] = {
     "skip_bad_rows": False,  # issue 53: malformed rows were not checked (now refused unless skipped)
 }
 
-#: what the suite's runner copies from an adopted run (its outputs and per-round metrics)
-FILES = ("config.json", "summary.json", "metrics.jsonl", "privacy.json")
+#: what the suite's runner copies from an adopted run (its outputs and per-round metrics; ``result.json``
+#: is a ``train-local`` run's output)
+FILES = ("config.json", "summary.json", "metrics.jsonl", "privacy.json", "result.json")
+#: a finished run's output file, per command, and the key of its wall time in seconds
+OUTPUTS = {"simulate": ("summary.json", "wall_time_s"), "train-local": ("result.json", "seconds")}
+
+
+def _simulate_config(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_config_arguments(parser)
+    return json.loads(json.dumps(asdict(config_from_args(parser.parse_args(argv)))))
+
+
+def _train_local_config(argv: list[str]) -> dict:
+    from client.train_local import add_arguments, config_of, local_record  # the bench runs the real client
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return local_record(config_of(args), args.node, args.validation, args.charge_every)
+
+
+#: the resolved configuration of each adoptable command, from its options
+CONFIGS: dict[str, Callable[[list[str]], dict]] = {
+    "simulate": _simulate_config,
+    "train-local": _train_local_config,
+}
 
 
 def plan_config(run: Run) -> dict | None:
-    """The resolved configuration (JSON values) of a ``simulate`` plan run; None for other commands."""
-    if run.output != "dir" or run.argv[0] != "simulate":
+    """The resolved configuration (JSON values) of a ``simulate`` or ``train-local`` plan run, as
+    its ``config.json`` would hold it; None for other commands."""
+    if run.output != "dir" or run.argv[0] not in CONFIGS:
         return None
-    parser = argparse.ArgumentParser(add_help=False)
-    add_config_arguments(parser)
-    args = parser.parse_args(run.command[2:])  # after ``fedlora simulate``
-    return json.loads(json.dumps(asdict(config_from_args(args))))
+    return CONFIGS[run.argv[0]](run.command[2:])  # after ``fedlora <command>``
 
 
 def differences(planned: dict, stored: dict) -> list[str]:
@@ -70,9 +93,18 @@ def _resolved(config: dict) -> dict:
 
 def stored_config(directory: Path) -> dict | None:
     """The stored configuration of a finished run directory (None: unfinished or not a run)."""
-    if not (directory / "summary.json").exists() or not (directory / "config.json").exists():
+    done = any((directory / output).exists() for output, _ in OUTPUTS.values())
+    if not done or not (directory / "config.json").exists():
         return None
     return json.loads((directory / "config.json").read_text(encoding="utf-8"))
+
+
+def _wall_s(directory: Path) -> float | None:
+    """A finished run's own wall time (its summary's, or a train-local result's seconds)."""
+    for output, key in OUTPUTS.values():
+        if (directory / output).exists():
+            return json.loads((directory / output).read_text(encoding="utf-8")).get(key)
+    return None
 
 
 def adopt(
@@ -96,8 +128,7 @@ def adopt(
         for name in FILES:
             if (match / name).exists():
                 (target / name).write_bytes((match / name).read_bytes())
-        summary = json.loads((match / "summary.json").read_text(encoding="utf-8"))
-        record = {"command": run.command, "wall_s": summary.get("wall_time_s"), "adopted_from": str(match)}
+        record = {"command": run.command, "wall_s": _wall_s(match), "adopted_from": str(match)}
         (target / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
         echo(f"[suite] adopt {run.key}: {match}")
         adopted.append(run.key)
