@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[],
         metavar="RUN_DIR",
-        help="finished `fedlora simulate` run directories to take as plan runs with the same configuration "
+        help="finished `fedlora simulate` or `train-local` run directories to take as plan runs with the same configuration "
         "(made by hand on this machine; each is copied under runs/, command.json names where it came from)",
     )
     parser.add_argument(
