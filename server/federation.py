@@ -339,9 +339,11 @@ def _open_ledger(out: RunDir, cfg: RunConfig, plan: NoisePlan | None) -> Ledger 
     if cfg.resume and out.ledger_path.exists():
         return Ledger.open(out.ledger_path, "client-level", owner)
     validity, whom = what_if(plan), population(plan) if plan.noise_cohort else ""
-    return Ledger.create(
+    ledger = Ledger.create(
         out.ledger_path, "client-level", owner, cfg.delta, plan.target_epsilon, (validity, whom)
     )
+    ledger.hold_to(plan.budget_accountants)
+    return ledger
 
 
 def _reconcile(run: FederationRun) -> int:

@@ -385,6 +385,11 @@ def _ledger(args: argparse.Namespace) -> int:
         return 0
     if report["tight_accountant"] == "rdp":  # Skellam noise: the CLT mu-GDP is no bound, RDP alone holds
         spent = f"epsilon {report['epsilon']:.4g} (rdp; the CLT gdp {report['eps_gdp']:.4g} is no bound here)"
+    elif report.get("budget") == "pld":  # Gaussians at p = 1 (dp-ftrl under min-sep)
+        spent = (
+            f"epsilon {report['epsilon']:.4g} (pld, the bound the run holds to; the CLT gdp "
+            f"{report['eps_gdp']:.4g} does not apply at p = 1)"
+        )
     else:
         spent = both_epsilons(report)
     print(

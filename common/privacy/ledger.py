@@ -425,6 +425,16 @@ class Ledger:
                 [*values.values(), row["seq"]],
             )
 
+    def hold_to(self, accountants: tuple[str, ...]) -> None:
+        """Record the accountants the run's budget holds to when they are not the default pair (gdp
+        and pld): ``("pld",)`` for a plan whose releases are Gaussians at p = 1 (correlated noise
+        under min-sep), where the CLT μ-GDP does not apply. Read by :meth:`report`."""
+        if tuple(accountants) != ("gdp", "pld"):
+            with self._conn:
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('budget', ?)", (",".join(accountants),)
+                )
+
     def report(self) -> dict:
         """The ledger as one JSON-able dict: meta, rows and the current totals."""
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
@@ -432,8 +442,10 @@ class Ledger:
         last = rows[-1] if rows else {"mu": 0.0, "eps_gdp": 0.0, "eps_tight": 0.0}
         events = self.events()
         tight, tight_label = tight_accountant(events)
-        # with Skellam noise the CLT mu-GDP is no bound: the ε is the tight (RDP) one alone
-        epsilon = max(last["eps_gdp"], last["eps_tight"]) if tight is PldAccountant else last["eps_tight"]
+        # with Skellam noise the CLT mu-GDP is no bound, and a run that holds to pld alone (meta
+        # ``budget``) does not take it: the ε is then the tight one alone
+        both = tight is PldAccountant and meta.get("budget", "gdp,pld") == "gdp,pld"
+        epsilon = max(last["eps_gdp"], last["eps_tight"]) if both else last["eps_tight"]
         return {
             "ledger": str(self.path),
             **meta,

@@ -11,6 +11,7 @@ import pytest
 from common.presets import preset
 from common.privacy.ftrl_mechanism import NOISE_FILE
 from common.privacy.ledger import Ledger
+from tests.conftest import run_cli
 from tests.harness import federate, records
 
 pytestmark = pytest.mark.integration
@@ -28,7 +29,7 @@ def _node_rounds(ledger: Ledger) -> dict[int, list[int]]:
     return out
 
 
-def test_a_min_separation_run_keeps_its_rule_and_its_budget(tmp_path):
+def test_a_min_separation_run_keeps_its_rule_and_its_budget(tmp_path, capsys):
     """6 nodes, 2 a round (p 0.34: 2 bands, min-sep 2), 6 rounds: every round applied, no node in two
     rounds less than 2 apart, the worst client within epsilon 8, the stream's file removed."""
     out = tmp_path / "run"
@@ -46,6 +47,11 @@ def test_a_min_separation_run_keeps_its_rule_and_its_budget(tmp_path):
     assert sum(map(len, rounds.values())) == 12
     assert all(b - a >= 2 for rs in rounds.values() for a, b in zip(sorted(rs), sorted(rs)[1:], strict=False))
     assert ledger.spent()["eps_tight"] <= 8.0 and max(map(len, rounds.values())) <= 3
+    report = ledger.report()  # the run holds to pld alone: the CLT gdp does not apply at p = 1
+    assert report["budget"] == "pld" and report["epsilon"] == report["eps_tight"] < report["eps_gdp"]
+    capsys.readouterr()
+    assert run_cli(["privacy", "ledger", str(out / "ledger.sqlite")]) == 0
+    assert f"epsilon {report['eps_tight']:.4g} (pld, the bound the run holds to" in capsys.readouterr().out
 
 
 def test_a_cyclic_poisson_run_samples_only_the_rounds_group(tmp_path):
