@@ -196,12 +196,18 @@ class CyclicPoisson:
         return True
 
     def refuses(self, node: int, rnd: int, released: Sequence[int]) -> str:
-        if self.eligible(node, rnd):
+        """Refuses a round outside this node's group, and one of another residue than the rounds it
+        already took part in (a node whose id changed, on a restart, keeps its first group)."""
+        group, cycle = group_of(node, self.groups), (rnd - 1) % self.groups
+        other = [r for r in released if (r - 1) % self.groups != cycle]
+        if group == cycle and not other:
             return ""
-        group = group_of(node, self.groups)
+        why = f"round {rnd} is group {cycle}'s and this node is in cyclic group {group} of {self.groups}"
+        if group == cycle:  # its id's group is this round's, but its history is another group's
+            why = f"this node took part in round {max(other)}, of another cyclic group than round {rnd}'s"
         return (
-            f"node policy: this node is in cyclic group {group} of {self.groups}; round {rnd} is group "
-            f"{(rnd - 1) % self.groups}'s (the run's epsilon assumes each client only in its group's rounds); not released"
+            f"node policy: {why} (the run's epsilon assumes each client in one group's rounds only); "
+            "not released"
         )
 
 

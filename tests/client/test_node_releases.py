@@ -212,4 +212,4 @@ def test_a_node_takes_part_only_in_its_cyclic_groups_rounds(tmp_path, own_data):
     released, refused = _released(load_component("client.app:app"), cfg, node, state, range(1, 7))
     group = group_of(1001, 2)
     assert released == [r for r in range(1, 7) if (r - 1) % 2 == group]
-    assert len(refused) == 3 and all(f"cyclic group {group} of 2" in why for why in refused)
+    assert len(refused) == 3 and all(f"this node is in cyclic group {group} of 2" in why for why in refused)

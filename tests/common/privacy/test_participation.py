@@ -82,3 +82,28 @@ def test_capped_cohorts_send_nothing_below_the_fewest_survivors_and_stop_once_th
     assert rule.stop_reason([4, 5, 6], lambda: "spent") is None
     assert PoissonSampling(0.5).stop_reason([1], lambda: "spent") == "spent"
     assert PoissonSampling(0.5).taken(None, 1) == {} and rule.taken(None, 1) == {}
+
+
+def test_a_cyclic_node_keeps_to_one_group_even_if_its_id_changes():
+    """The node's own check: its group's rounds only, and never rounds of two residues (a node whose id
+    changed on a restart would otherwise take part in a second group's rounds)."""
+    from common.privacy.participation import CyclicPoisson, group_of
+
+    rule = CyclicPoisson(3, 0.3)
+    node = next(n for n in range(1000, 1100) if group_of(n, 3) == 1)  # rounds 2, 5, 8, ...
+    assert rule.refuses(node, 5, [2]) == ""
+    assert "is group 0's and this node is in cyclic group 1 of 3" in rule.refuses(node, 4, [2])
+    moved = next(n for n in range(1000, 1100) if group_of(n, 3) == 0)  # a new id in group 0
+    assert "took part in round 2, of another cyclic group than round 4's" in rule.refuses(moved, 4, [2])
+
+
+def test_min_separation_draws_the_cohort_from_the_nodes_not_in_the_last_rounds():
+    from common.privacy.participation import MinSeparation
+
+    rule = MinSeparation(3, 2)
+    taken = {1: 4, 2: 3}  # last rounds: node 1 in round 4, node 2 in round 3 (round 5: both too recent)
+    assert rule.online([1, 2, 3, 4, 5], taken, 5) == [3, 4, 5]
+    sampled, drawn = rule.sample([3, 4, 5], taken, np.random.default_rng(0))
+    assert len(sampled) == drawn == 2 and set(sampled) <= {3, 4, 5}
+    assert "took part in round 4, less than the run's min-separation 3" in rule.refuses(7, 6, [1, 4])
+    assert rule.refuses(7, 7, [1, 4]) == ""
