@@ -127,7 +127,7 @@ class FtrlPlan:
         """What the ε assumes, in words (every printed ε of a correlated-noise run names it)."""
         if self.rule == "cyclic-poisson":
             return (
-                f"cyclic Poisson participation: each client in a fixed group of {self.bands}, eligible "
+                f"cyclic Poisson participation: each client in one of {self.bands} fixed groups, eligible "
                 f"every {self.bands}th round, included with probability {self.q:g} by a secret coin"
             )
         return (
