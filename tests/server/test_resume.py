@@ -152,6 +152,7 @@ def test_a_run_stored_before_an_option_existed_resumes_at_its_default(tmp_path):
         RunDir(tmp_path, cfg.replace(resume=True, public_subspace=8))
 
 
+@pytest.mark.slow  # 34 s of real processes (make test-all): make test keeps the central SIGKILL-resume test
 def test_a_secure_aggregation_run_resumes_with_each_clients_participations(tmp_path):
     """SIGKILL during a secure-aggregation run, then --resume: every round charged once, each to the
     clients it named; the resumed server counts each client's participations from the ledger (the
