@@ -22,7 +22,7 @@ Rounds are 0-based here (the federation's round r is t = r − 1).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -30,9 +30,7 @@ import numpy as np
 from common.privacy.accountants import Event
 from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
 from common.privacy.factorization import (
-    column_norms_squared,
     mean_error,
-    minsep_sensitivity_squared,
     optimize_banded,
     workload,
 )
@@ -58,7 +56,6 @@ class FtrlPlan:
     separation: int = 0  # min-sep rounds between one client's participations (0: the bands)
     cohort: int = 0  # min-sep: the nodes a round draws (the run's expected cohort pN)
     accountants: tuple[str, ...] = BUDGET_ACCOUNTANTS  # those σ meets the target under
-    _sens: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def bands(self) -> int:
@@ -72,15 +69,6 @@ class FtrlPlan:
     def q(self) -> float:
         """The within-group inclusion probability (cyclic Poisson: b·p), or 1 (min-sep)."""
         return min(1.0, self.bands * self.rate) if self.rule == "cyclic-poisson" else 1.0
-
-    def sensitivity_squared(self, t: int) -> float:
-        """Min-sep sens² of rounds 0..t (every client at most ⌈(t+1)/b⌉ times, b apart)."""
-        if t < 0:
-            return 0.0
-        if t not in self._sens:
-            norms = column_norms_squared(np.asarray(self.coefs), t + 1)
-            self._sens[t] = minsep_sensitivity_squared(norms, self.min_sep, math.ceil((t + 1) / self.min_sep))
-        return self._sens[t]
 
     @property
     def per_client(self) -> bool:
@@ -172,8 +160,8 @@ def plan_ftrl(
     separation: int = 0,
 ) -> FtrlPlan:
     """A plan whose ε after ``rounds`` meets ``target`` under the ledger's budget accountants (PLD
-    alone under min-sep, see below): the strategy of ``bands`` (0: :func:`auto_bands`) optimized for ``work`` over ``rounds``, σ the
-    smallest that meets it. ``separation`` (min-sep only; 0: the bands) may exceed the bands: one band
+    alone under min-sep, see below): the strategy of ``bands`` (0: :func:`auto_bands`) optimized for
+    ``work`` over ``rounds``, σ the smallest that meets it. ``separation`` (min-sep only; 0: the bands) may exceed the bands: one band
     with a separation of b is DP-FedAvg held to the min-sep rule."""
     if rule not in RULES:
         raise ValueError(f"unknown participation rule '{rule}' (have: {', '.join(RULES)})")

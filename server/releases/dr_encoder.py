@@ -30,6 +30,7 @@ class DrEncoderRelease(MechanismRelease):
         """A public-prior codec (``pca``, or ``ae`` on the public prior) is refitted from the current
         global adapter every ``prior-refresh`` rounds (a new version: every node gets the new basis or
         encoder with its next instruction)."""
+        super().before_round(rnd, state)  # the mechanism's own state (a stateful one's stream)
         if self.cfg.public_prior:
             self.coder, self.fitted = refresh_public_codec(
                 self.coder, self.fitted, self.cfg, rnd, state, self.run

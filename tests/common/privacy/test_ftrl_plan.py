@@ -14,6 +14,7 @@ from scipy.stats import norm
 
 from common.privacy.accountants import Event
 from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
+from common.privacy.factorization import prefix_sensitivities
 from common.privacy.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
 
 
@@ -67,8 +68,9 @@ def test_min_sep_charges_each_participation_and_the_worst_client_is_one_gaussian
     plan = plan_ftrl("min-sep", 40, 0.25, Target(3.0, 1e-6))
     assert plan.bands == 4 and plan.per_client and plan.participations == 10
     assert all(plan.events(t) == (Event(plan.sigma, 1.0, 1),) for t in range(40))
-    assert plan.sensitivity_squared(39) == pytest.approx(10.0)
-    one = plan.sigma / math.sqrt(plan.sensitivity_squared(39))
+    sens2 = prefix_sensitivities(np.asarray(plan.coefs), 40, plan.min_sep, plan.participations)[-1]
+    assert sens2 == pytest.approx(10.0)
+    one = plan.sigma / math.sqrt(sens2)
     assert plan.epsilon(40) == pytest.approx(_analytic_gaussian_epsilon(one, 1e-6), rel=2e-3)
     assert plan.accountants == ("pld",) and plan.epsilon(40) <= 3.0
     assert plan.epsilon(40) > 2.99  # and σ is not larger than it needs
