@@ -34,7 +34,13 @@ def local_update(
     descriptor = dp_optimizer(kind)
     optimizer = descriptor.factory(lora_layers(trainee.model), lr, **descriptor.options(cfg, steps))
     dp_plan = DpSteps(
-        steps, plan.sample_rate, plan.clip, plan.sigma, cfg.microbatch_size, plan.expected_batch
+        steps,
+        plan.sample_rate,
+        plan.clip,
+        plan.sigma,
+        cfg.microbatch_size,
+        plan.expected_batch,
+        fit_memory=cfg.microbatch == 0,  # no --microbatch: on CUDA, what free memory holds
     )
     dense = DenseUpdate(lr, cfg.client_optimizer)
     return dp_train(trainee, optimizer, dp_plan, dense, blocks=blocks, desc=desc)

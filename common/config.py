@@ -318,7 +318,7 @@ class RunConfig:
     microbatch: int = option(
         0,
         "examples per forward/backward within one local step (memory; 0 = 16 for DP steps, or the "
-        "batch if smaller, and 32 for non-private ones)",
+        "batch if smaller, raised on CUDA to what free memory holds; and 32 for non-private ones)",
         SAMPLE_DP,
         rule=NON_NEGATIVE,
     )

@@ -1,9 +1,17 @@
-"""``fedlora bench prism-step``: step time, peak memory and dispatched ops of PRISM vs factor-space DP-AdamW.
+"""``fedlora bench prism-step``: step time, peak memory and dispatched ops of PRISM and factor-space
+DP-AdamW, and of the plain (non-private) step they are both measured against.
 
-Both optimizers run on one model, batch, sequence length and set of LoRA targets, through the same
-engine (client/dp/engine.py: per-example gradients, global clip, noise, step), interleaved in one
-process; each figure is the median over ``--repeats`` steps after a warm-up step each. A step here is
-one logical batch of exactly ``--batch`` examples of ``--seq`` tokens (news-articles blocks).
+All three run on one model, batch, sequence length and set of LoRA targets, interleaved in one
+process; the DP steps through the engine (client/dp/engine.py: per-example gradients, global clip,
+noise, step), the plain step as the clients' non-private recipe does it (common/tasks/training.py: the
+mean loss's gradient, AdamW on the LoRA factors). Each figure is the median over ``--repeats`` steps
+after a warm-up step each. A step is one logical batch of exactly ``--batch`` examples of ``--seq``
+tokens (news-articles blocks); ``--batch 32,128`` measures each size in turn, one JSON line each.
+
+Passes (``--microbatch``): a given size cuts every method's batch alike. By default, on CUDA the plain
+step takes its batch in one pass and a DP step sizes its passes from free device memory after the
+warm-up (client/dp/microbatch.py: one pass when the batch fits); on the CPU both take passes of 32
+examples (the plain recipe's micro-batch: a 128 × 128 SmolLM2 batch's logits alone are 3.2 GB).
 
 Memory: on CUDA the step's peak allocated bytes (``torch.cuda.max_memory_allocated``); on the CPU the
 process's peak resident set during the step (``VmHWM``, reset through ``/proc/self/clear_refs``), and
@@ -21,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +50,7 @@ from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
 from common.runtime import open_model, open_split
 from common.tasks import make_task
-from common.tasks.training import Trainee
+from common.tasks.training import Trainee, mean_loss_backward
 
 
 def _rss_kb(field: str) -> int:
@@ -104,93 +114,167 @@ def truncated(model: nn.Module, depth: int) -> nn.Module:
     return copied
 
 
-def one_step(batch: int) -> DpSteps:
-    """One DP step on the whole ``batch`` in one micro-batch (every example, clip 1, σ 1)."""
-    return DpSteps(steps=1, sample_rate=1.0, clip=1.0, noise_multiplier=1.0, microbatch=batch)
+#: the non-private step every DP step is read against
+PLAIN = "plain"
+#: methods measured, the plain step first
+METHODS = (PLAIN, "prism", "dp-adamw")
+#: examples per pass on the CPU unless told (the plain recipe's default, StepSchedule.microbatch)
+CPU_MICROBATCH = 32
+#: a DP step's first pass on CUDA before it fits its passes to free memory
+CUDA_FIRST_PASS = 64
+
+
+@dataclass(frozen=True)
+class Passes:
+    """How a step cuts its batch: ``plain`` and ``dp`` examples per pass, ``fit``: the DP step's
+    passes sized from free device memory after its first step (CUDA)."""
+
+    plain: int
+    dp: int
+    fit: bool = False
+
+    @classmethod
+    def of(cls, microbatch: int, batch: int, device: torch.device) -> Passes:
+        """``microbatch`` examples per pass for every method, or (0) the device's default."""
+        if microbatch:
+            return cls(microbatch, microbatch)
+        if device.type == "cuda":
+            return cls(batch, min(batch, CUDA_FIRST_PASS), fit=True)
+        return cls(min(batch, CPU_MICROBATCH), min(batch, CPU_MICROBATCH))
+
+
+def one_step(batch: int, passes: Passes | None = None) -> DpSteps:
+    """One DP step on the whole ``batch`` (every example, clip 1, σ 1), in passes of ``passes.dp``
+    examples (default: all in one)."""
+    size, fit = (passes.dp, passes.fit) if passes else (batch, False)
+    return DpSteps(steps=1, sample_rate=1.0, clip=1.0, noise_multiplier=1.0, microbatch=size, fit_memory=fit)
+
+
+def steppers(
+    model: nn.Module, task, examples: list[dict], cfg: RunConfig, methods: tuple[str, ...], passes: Passes
+) -> dict[str, Callable[[], object]]:
+    """One step per method on ``model`` and the whole of ``examples``, each with its own optimizer:
+    ``plain`` the non-private step, the others DP steps through the engine."""
+    device = next(model.parameters()).device
+    plan = one_step(len(examples), passes)
+    trainee, dense = Trainee(model, task, examples, device), DenseUpdate(cfg.lr)
+    rngs = (np.random.default_rng(0), torch.Generator(device=device).manual_seed(0))
+    out: dict[str, Callable[[], object]] = {}
+    for m in methods:
+        if m == PLAIN:
+            opt = torch.optim.AdamW(
+                [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, foreach=True
+            )
+
+            def plain(opt=opt):
+                opt.zero_grad(set_to_none=True)
+                mean_loss_backward(model, task, examples, range(len(examples)), device, passes.plain)
+                opt.step()
+
+            out[m] = plain
+        else:
+            dp = make_dp_optimizer(m, lora_layers(model), cfg.lr)
+            out[m] = functools.partial(dp_train, trainee, dp, plan, dense, rngs=rngs, desc=m)
+    return out
 
 
 def step_ops(
-    model: nn.Module,
-    task,
-    examples: list[dict],
-    cfg: RunConfig,
-    methods: tuple[str, ...],
-    device: torch.device,
+    model: nn.Module, task, examples: list[dict], cfg: RunConfig, methods: tuple[str, ...], passes: Passes
 ) -> dict[str, int]:
-    """Aten ops of one DP step per method on ``model`` (fresh optimizers, one warm-up step each)."""
-    plan = one_step(len(examples))
-    trainee, dense = Trainee(model, task, examples, device), DenseUpdate(cfg.lr)
+    """Aten ops of one step per method on ``model`` (fresh optimizers, one warm-up step each)."""
     out = {}
-    for m in methods:
-        opt = make_dp_optimizer(m, lora_layers(model), cfg.lr)
-
-        def step(opt=opt, m=m):
-            rngs = (np.random.default_rng(0), torch.Generator(device=device).manual_seed(0))
-            dp_train(trainee, opt, plan, dense, rngs=rngs, desc=m)
-
+    for m, step in steppers(model, task, examples, cfg, methods, passes).items():
         step()
         out[m] = count_ops(step)
     return out
 
 
 def step_costs(
-    cfg: RunConfig, methods: tuple[str, ...], batch: int, repeats: int
-) -> dict[str, dict[str, float]]:
-    """Median ``seconds``, ``peak_bytes`` and ``step_extra_bytes`` per method (one process, interleaved),
-    ``ops`` per step, and ``ops_per_layer`` (the growth per decoder layer, against half the depth)."""
+    cfg: RunConfig, methods: tuple[str, ...], batches: tuple[int, ...], repeats: int, microbatch: int = 0
+) -> Iterator[dict[str, dict[str, float]]]:
+    """Per batch size in ``batches``, in turn: median ``seconds``, ``peak_bytes`` and ``step_extra_bytes`` per
+    method (one process, interleaved), and, for the first size, ``ops`` per step and ``ops_per_layer``
+    (the growth per decoder layer, against half the depth); ops do not depend on the batch."""
     split = open_split(cfg, 1)
     bundle = open_model(cfg, split)
     model, device = bundle.model, bundle.device
     apply_lora_init(model, "balanced", cfg.seed)
     task = make_task(bundle, split.corpus, cfg.max_length, cfg.lm_blocks)
-    pool = task.encode(split.texts(split.clients[0][:64]), split.labels(split.clients[0][:64]))
-    examples = [ex for ex in pool if len(ex["ids"]) == cfg.max_length][:batch]
-    if len(examples) < batch:
-        raise RuntimeError(f"only {len(examples)} full-length blocks of {cfg.max_length} tokens")
-    plan = one_step(batch)
-    trainee, dense = Trainee(model, task, examples, device), DenseUpdate(cfg.lr)
-    opts = {m: make_dp_optimizer(m, lora_layers(model), cfg.lr) for m in methods}
-    rngs = (np.random.default_rng(0), torch.Generator(device=device).manual_seed(0))
-    samples: dict[str, dict[str, list[float]]] = {
-        m: {"seconds": [], "peak": [], "extra": []} for m in methods
-    }
-    for i in range(repeats + 1):
-        for m in methods:
-            before = _reset_peak(device)
-            start = time.perf_counter()
-            dp_train(trainee, opts[m], plan, dense, rngs=rngs, desc=m)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - start
-            peak = _peak(device)
-            if i:  # the first round is warm-up
-                samples[m]["seconds"].append(seconds)
-                samples[m]["peak"].append(peak)
-                # Linux batches RSS counters per thread (up to 64 pages each), so on the CPU a step
-                # that allocates nothing can read a few pages under ``before``: that is zero extra.
-                samples[m]["extra"].append(max(peak - before, 0))
-    ops = step_ops(model, task, examples, cfg, methods, device)
-    depth = model.config.num_hidden_layers
-    half = depth // 2
-    fewer = step_ops(truncated(model, half), task, examples, cfg, methods, device) if half else None
-    return {
-        m: {
-            "seconds": statistics.median(s["seconds"]),
-            "peak_bytes": statistics.median(s["peak"]),
-            "step_extra_bytes": statistics.median(s["extra"]),
-            "ops": ops[m],
-            "ops_per_layer": (ops[m] - fewer[m]) / (depth - half) if fewer else float("nan"),
+    need = max(batches)
+    texts = split.clients[0][: max(64, 2 * need)]
+    pool = task.encode(split.texts(texts), split.labels(texts))
+    blocks = [ex for ex in pool if len(ex["ids"]) == cfg.max_length]
+    if len(blocks) < need:
+        raise RuntimeError(f"only {len(blocks)} full-length blocks of {cfg.max_length} tokens")
+    for k, batch in enumerate(batches):
+        examples, passes = blocks[:batch], Passes.of(microbatch, batch, device)
+        steps = steppers(model, task, examples, cfg, methods, passes)
+        samples: dict[str, dict[str, list[float]]] = {
+            m: {"seconds": [], "peak": [], "extra": []} for m in methods
         }
-        for m, s in samples.items()
-    }
+        for i in range(repeats + 1):
+            for m in methods:
+                before = _reset_peak(device)
+                start = time.perf_counter()
+                steps[m]()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                seconds = time.perf_counter() - start
+                peak = _peak(device)
+                if i:  # the first round is warm-up
+                    samples[m]["seconds"].append(seconds)
+                    samples[m]["peak"].append(peak)
+                    # Linux batches RSS counters per thread (up to 64 pages each), so on the CPU a step
+                    # that allocates nothing can read a few pages under ``before``: that is zero extra.
+                    samples[m]["extra"].append(max(peak - before, 0))
+        costs = {
+            m: {
+                "seconds": statistics.median(s["seconds"]),
+                "peak_bytes": statistics.median(s["peak"]),
+                "step_extra_bytes": statistics.median(s["extra"]),
+                "passes": {"plain": passes.plain, "dp": passes.dp, "fit": passes.fit},
+            }
+            for m, s in samples.items()
+        }
+        if k == 0:
+            ops = step_ops(model, task, examples, cfg, methods, passes)
+            depth = model.config.num_hidden_layers
+            half = depth // 2
+            fewer = step_ops(truncated(model, half), task, examples, cfg, methods, passes) if half else None
+            for m in methods:
+                costs[m]["ops"] = ops[m]
+                costs[m]["ops_per_layer"] = (ops[m] - fewer[m]) / (depth - half) if fewer else float("nan")
+        yield costs
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--batch takes sizes like 32 or 32,128, not {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--batch sizes must be positive, got {text!r}")
+    return sizes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj")
     parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument(
+        "--batch",
+        type=_batches,
+        default=(8,),
+        help="examples per step; a list (32,128) measures each in turn",
+    )
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument(
+        "--microbatch",
+        type=int,
+        default=0,
+        help="examples per pass for every method (0: on CUDA one pass for the plain step and passes "
+        "fitted to free memory for the DP steps; on the CPU 32)",
+    )
     parser.add_argument(
         "--repeats", type=int, default=7, help="measured steps per method (after one warm-up)"
     )
@@ -201,6 +285,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the frozen base's precision (fp32, bf16, auto); the DP math stays fp32",
     )
     parser.add_argument("--json", action="store_true")
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def record_of(args: argparse.Namespace, batch: int, costs: dict, device: str) -> dict:
+    """One batch size's JSON record: every method's costs, PRISM against dp-adamw, and each DP step
+    against the plain step (``over_plain``: time and peak-memory ratios)."""
+    prism, base, plain = costs["prism"], costs["dp-adamw"], costs[PLAIN]
+    record = {
+        "model": args.model,
+        "targets": args.targets,
+        "rank": args.rank,
+        "batch": batch,
+        "seq": args.seq,
+        "repeats": args.repeats,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "plain": plain,
+        "prism": prism,
+        "dp_adamw": base,
+        "over_plain": {
+            key: {
+                "time": _ratio(c["seconds"], plain["seconds"]),
+                "memory": _ratio(c["peak_bytes"], plain["peak_bytes"]),
+            }
+            for key, c in (("prism", prism), ("dp_adamw", base))
+        },
+        "time_ratio": prism["seconds"] / base["seconds"],
+        "memory_ratio": prism["peak_bytes"] / base["peak_bytes"],
+        "step_extra_memory_ratio": prism["step_extra_bytes"] / max(base["step_extra_bytes"], 1),
+        "precision": args.precision,
+    }
+    if "ops" in prism:
+        record["ops_ratio"] = prism["ops"] / base["ops"]
+        record["prism_extra_ops_per_layer"] = prism["ops_per_layer"] - base["ops_per_layer"]
+        record["ops_over_plain"] = {
+            key: _ratio(c["ops"], plain["ops"]) for key, c in (("prism", prism), ("dp_adamw", base))
+        }
+    return record
+
+
+def _print(record: dict) -> None:
+    r = record
+    print(
+        f"one step, {r['model']}, r = {r['rank']}, targets {r['targets']}, batch {r['batch']} x {r['seq']} "
+        f"tokens, {r['device']}, base {r['precision']}, median of {r['repeats']}"
+    )
+    for label, key in (("plain", "plain"), ("prism", "prism"), ("dp-adamw", "dp_adamw")):
+        c = r[key]
+        ops = f"   {c['ops']:7d} ops ({c['ops_per_layer']:.0f} per layer)" if "ops" in c else ""
+        versus = r["over_plain"].get(key)
+        against = f"   {versus['time']:.2f}x time, {versus['memory']:.2f}x memory of plain" if versus else ""
+        print(
+            f"  {label:9s} {c['seconds'] * 1e3:9.1f} ms   peak {c['peak_bytes'] / 2**20:8.1f} MiB   "
+            f"step extra {c['step_extra_bytes'] / 2**20:7.1f} MiB{ops}{against}"
+        )
+    line = f"  prism / dp-adamw: time {r['time_ratio']:.3f}, memory {r['memory_ratio']:.3f}"
+    if "ops_ratio" in r:
+        line += (
+            f", ops {r['ops_ratio']:.3f}, PRISM's extra ops per layer {r['prism_extra_ops_per_layer']:.0f}"
+        )
+    print(line)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,44 +364,14 @@ def run(args: argparse.Namespace) -> int:
         partition="iid",
         lr=1e-4,
     ).check()
-    costs = step_costs(cfg, ("prism", "dp-adamw"), args.batch, args.repeats)
-    prism, base = costs["prism"], costs["dp-adamw"]
     device = resolve_device(cfg.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    record = {
-        "model": args.model,
-        "targets": args.targets,
-        "rank": args.rank,
-        "batch": args.batch,
-        "seq": args.seq,
-        "repeats": args.repeats,
-        "device": name,
-        "threads": torch.get_num_threads(),
-        "prism": prism,
-        "dp_adamw": base,
-        "time_ratio": prism["seconds"] / base["seconds"],
-        "memory_ratio": prism["peak_bytes"] / base["peak_bytes"],
-        "step_extra_memory_ratio": prism["step_extra_bytes"] / max(base["step_extra_bytes"], 1),
-        "ops_ratio": prism["ops"] / base["ops"],
-        "prism_extra_ops_per_layer": prism["ops_per_layer"] - base["ops_per_layer"],
-        "precision": args.precision,
-    }
-    if args.json:
-        print(json.dumps(record))
-        return 0
-    print(
-        f"PRISM vs dp-adamw, one DP step: {args.model}, r = {args.rank}, targets {args.targets}, "
-        f"batch {args.batch} x {args.seq} tokens, {name}, median of {args.repeats}"
-    )
-    for label, c in (("prism", prism), ("dp-adamw", base)):
-        print(
-            f"  {label:9s} {c['seconds'] * 1e3:8.1f} ms   peak {c['peak_bytes'] / 2**20:8.1f} MiB   "
-            f"step extra {c['step_extra_bytes'] / 2**20:7.1f} MiB   {c['ops']:7d} ops "
-            f"({c['ops_per_layer']:.0f} per layer)"
-        )
-    print(
-        f"time ratio {record['time_ratio']:.3f}   memory ratio {record['memory_ratio']:.3f}   "
-        f"step-extra memory ratio {record['step_extra_memory_ratio']:.3f}   ops ratio {record['ops_ratio']:.3f}   "
-        f"PRISM's extra ops per layer {record['prism_extra_ops_per_layer']:.0f}"
-    )
+    for batch, costs in zip(
+        args.batch, step_costs(cfg, METHODS, args.batch, args.repeats, args.microbatch), strict=True
+    ):
+        record = record_of(args, batch, costs, name)
+        if args.json:
+            print(json.dumps(record), flush=True)
+        else:
+            _print(record)
     return 0

@@ -24,10 +24,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from client.dp.grad_sample import GradSampler
+from client.dp.microbatch import Microbatches
 from client.dp.optimizers import LoraDpOptimizer, update_rule
 from client.dp.prism import clip_coefficients
 from common.models.lora import dense_trainables
-from common.tasks.base import by_length, chunks
 from common.tasks.training import Trainee
 
 log = logging.getLogger("fedlora.client")
@@ -38,6 +38,8 @@ class DpSteps:
     """``steps`` DP steps at Poisson rate ``sample_rate`` with per-example clip ``clip`` and noise
     multiplier ``noise_multiplier`` (noise std ``σC`` on the sum). ``expected_batch``: the divisor of
     the noised sum, q·N for the N the noise was planned for (0: q times the examples trained on).
+    ``microbatch``: examples per forward/backward; ``fit_memory``: on CUDA, raised after the first
+    to what the device's free memory holds (client/dp/microbatch.py; no effect on the CPU).
     An audit that adds canaries plans for every canary, so the divisor, like q and σ, must not
     depend on which ones were included."""
 
@@ -47,6 +49,7 @@ class DpSteps:
     noise_multiplier: float
     microbatch: int = 16
     expected_batch: float = 0.0
+    fit_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,9 @@ def dp_train(
     block = (blocks.size if blocks else 0) or plan.steps
     layer_io = getattr(optimizer, "needs_layer_io", False)  # wishart: inputs and output gradients
     trains_dense = getattr(optimizer, "trains_dense", True)
+    cuts = Microbatches(plan.microbatch, examples, device, plan.fit_memory)
     model.train()
-    with GradSampler(model) as sampler:
+    with GradSampler(model, layer_io=layer_io) as sampler:
         for step in tqdm(range(plan.steps), desc=desc, leave=False, disable=None):
             if blocks is not None and step % block == 0:
                 blocks.before(step, min(block, plan.steps - step))
@@ -138,7 +142,7 @@ def dp_train(
             selecting = getattr(optimizer, "selecting", False)
             optimizer.begin()
             dense_dp.begin()
-            for part in chunks(by_length(idx, examples), plan.microbatch):
+            for part in cuts.parts(idx):
                 batch = task.collate([examples[i] for i in part], device)
                 task.per_example_loss(model, batch).sum().backward()
                 grads = sampler.layer_io() if layer_io else sampler.factor_grads()

@@ -9,13 +9,15 @@ example once, so every example's whole contribution has norm at most C.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
-#: ``{module: (g_A: (b, m, r), g_B: (b, n, r))}``: per-example gradients in paper factors
-FactorGrads = dict[str, tuple[Tensor, Tensor]]
+#: ``{module: (g_A: (b, m, r), g_B: (b, n, r))}``: per-example gradients in paper factors (the
+#: engine passes client/dp/grad_sample.StackedGrads, which holds them stacked per shape group)
+FactorGrads = Mapping[str, tuple[Tensor, Tensor]]
 
 
 class LoraDpOptimizer(Protocol):

@@ -18,6 +18,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 from torch import Tensor
 
+from client.dp.grad_sample import shape_groups, stacked
 from client.dp.optimizers.base import FactorGrads
 
 
@@ -38,7 +39,11 @@ def update_rule(
 
 
 class FactorDp:
-    """DP-AdamW on ``lora_B`` (and ``lora_A`` unless ``freeze_a``) of every module in ``layers``."""
+    """DP-AdamW on ``lora_B`` (and ``lora_A`` unless ``freeze_a``) of every module in ``layers``.
+
+    Modules of one shape are handled as a stack (client/dp/grad_sample.py ``shape_groups``): norms,
+    clipped sums and noise are one operation per group and factor, whatever the model's depth.
+    """
 
     def __init__(
         self,
@@ -57,47 +62,72 @@ class FactorDp:
         self.weights: dict[str, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {
             k: (layer.lora_B[adapter].weight, layer.lora_A[adapter].weight) for k, layer in layers.items()
         }
+        self.groups = shape_groups(layers, adapter)
         for _, lora_a in self.weights.values():
             lora_a.requires_grad_(not freeze_a)
         params = [w for pair in self.weights.values() for w in pair if w.requires_grad]
         self.opt = update_rule(rule, params, lr, betas, weight_decay)
-        self.sums: dict[str, list[Tensor | None]] = {}
+        # per group: the clipped sums of ∂lora_B (g, m, r) and of ∂lora_A (g, r, n) (None: frozen)
+        self.sums: list[list[Tensor | None]] = []
 
     def begin(self) -> None:
-        self.sums = {
-            k: [torch.zeros_like(lora_b), None if self.freeze_a else torch.zeros_like(lora_a)]
-            for k, (lora_b, lora_a) in self.weights.items()
+        self.sums = []
+        for names in self.groups:
+            lora_b, lora_a = self.weights[names[0]]
+            opts = {"dtype": lora_b.dtype, "device": lora_b.device}
+            sum_a = None if self.freeze_a else torch.zeros(len(names), *lora_a.shape, **opts)
+            self.sums.append([torch.zeros(len(names), *lora_b.shape, **opts), sum_a])
+
+    def module_sums(self) -> dict[str, list[Tensor | None]]:
+        """``{module: [clipped sum of ∂lora_B (m, r), of ∂lora_A (r, n) or None]}`` (views)."""
+        return {
+            name: [None if acc is None else acc[i] for acc in sums]
+            for names, sums in zip(self.groups, self.sums, strict=True)
+            for i, name in enumerate(names)
         }
 
     def _peft_grads(self, name: str, gA: Tensor, gB: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Per-example ``(∂lora_B: (b, m, r), ∂lora_A: (b, r, n) or None)``."""
+        """One module's per-example ``(∂lora_B: (b, m, r), ∂lora_A: (b, r, n) or None)``."""
         root = self.roots[name]
         return root * gA, None if self.freeze_a else root * gB.mT
 
+    def clipped(self, k: int, g_a: Tensor, g_b: Tensor) -> tuple[Tensor, Tensor]:
+        """Group ``k``'s per-example paper-factor gradients ``(g, b, m, r)``, ``(g, b, n, r)`` as this
+        optimizer clips them (all of them here; SPARTA masks rows)."""
+        return g_a, g_b
+
     def sq_norms(self, grads: FactorGrads) -> Tensor:
         total = 0.0
-        for name, (gA, gB) in grads.items():
-            for g in self._peft_grads(name, gA, gB):
-                if g is not None:
-                    total = total + g.square().sum(dim=(1, 2))
+        for k, group in enumerate(stacked(grads, self.groups)):
+            g_a, g_b = self.clipped(k, group.g_a, group.g_b)
+            part = g_a.square().sum((0, 2, 3))
+            if not self.freeze_a:
+                part = part + g_b.square().sum((0, 2, 3))
+            total = total + self.roots[group.names[0]] ** 2 * part  # ‖√s·g‖² (PEFT weights)
         return total
 
     def accumulate(self, grads: FactorGrads, alpha: Tensor) -> None:
-        for name, (gA, gB) in grads.items():
-            for acc, g in zip(self.sums[name], self._peft_grads(name, gA, gB), strict=True):
-                if g is not None:
-                    acc += torch.einsum("b,b...->...", alpha.to(g.dtype), g)
+        for k, group in enumerate(stacked(grads, self.groups)):
+            g_a, g_b = self.clipped(k, group.g_a, group.g_b)
+            weight = alpha.to(g_a.dtype) * self.roots[group.names[0]]
+            acc_b, acc_a = self.sums[k]
+            acc_b += torch.einsum("b,gbmr->gmr", weight, g_a)
+            if acc_a is not None:
+                acc_a += torch.einsum("b,gbnr->grn", weight, g_b)
 
-    def noise_mask(self, name: str) -> list[Tensor | None]:
-        """Per weight of module ``name``, a 0/1 mask of the coordinates that are released (None: all)."""
+    def noise_masks(self, k: int) -> list[Tensor | None]:
+        """Per factor of group ``k``, a 0/1 mask of the coordinates that are released (None: all)."""
         return [None, None]
 
     def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
-        for name, weights in self.weights.items():
-            for w, acc, mask in zip(weights, self.sums[name], self.noise_mask(name), strict=True):
-                if acc is not None:
-                    noise = torch.randn(acc.shape, generator=generator, dtype=acc.dtype, device=acc.device)
-                    noisy = acc + noise_std * noise
-                    w.grad = (noisy if mask is None else noisy * mask) / denom
+        for k, names in enumerate(self.groups):
+            for i, (acc, mask) in enumerate(zip(self.sums[k], self.noise_masks(k), strict=True)):
+                if acc is None:
+                    continue
+                noise = torch.randn(acc.shape, generator=generator, dtype=acc.dtype, device=acc.device)
+                noisy = torch.add(acc, noise, alpha=noise_std)
+                grad = (noisy if mask is None else noisy * mask) / denom
+                for name, g in zip(names, grad.unbind(0), strict=True):
+                    self.weights[name][i].grad = g
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)

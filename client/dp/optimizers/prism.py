@@ -29,6 +29,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 from torch import Tensor
 
+from client.dp.grad_sample import shape_groups, stacked
 from client.dp.optimizers.base import FactorGrads
 from client.dp.prism import (
     AdaptiveSettings,
@@ -113,7 +114,6 @@ class PrismDp:
         self.layers, self.lr = layers, lr
         self.adaptive, self.floor_mode, self.floor_factor = adaptive, floor_mode, floor_factor
         self.rcond = rcond
-        members: dict[tuple, list[str]] = {}
         for name, layer in layers.items():
             A, B = get_factors(layer)
             if not (bool(A.abs().sum() > 0) and bool(B.abs().sum() > 0)):
@@ -125,13 +125,10 @@ class PrismDp:
                 raise FedloraError(RANK_DEFICIENT.format(what=f"module {name}"))
             for module in (layer.lora_A["default"], layer.lora_B["default"]):
                 module.weight.requires_grad_(True)  # the engine's hooks need both (FFA may have frozen one)
-            key = (A.shape, B.shape, A.dtype, A.device, layer.scaling["default"])
-            members.setdefault(key, []).append(name)
-        self.groups = [self._group(names) for names in members.values()]
+        self.groups = [self._group(names) for names in shape_groups(layers)]
         self.geo: list[Geometry] = []
         self._examples: list[Geometry] = []  # self.geo broadcastable over examples (per_example)
         self.sums: list[list[Tensor]] = []
-        self._stacked: tuple[FactorGrads, list[tuple[Tensor, Tensor]]] | None = None
 
     def _group(self, names: list[str]) -> _Group:
         group = _Group(
@@ -153,13 +150,10 @@ class PrismDp:
                         raise FedloraError(RANK_DEFICIENT.format(what=f"module {name}"))
         self._examples = [_per_example(geo) for geo in self.geo]
         self.sums = [[torch.zeros_like(geo.A), torch.zeros_like(geo.B)] for geo in self.geo]
-        self._stacked = None
 
     def _stack(self, grads: FactorGrads) -> list[tuple[Tensor, Tensor]]:
-        """Per group ``(g_A: (g, b, m, r), g_B: (g, b, n, r))``; stacked once for norms and sums."""
-        if self._stacked is None or self._stacked[0] is not grads:
-            self._stacked = (grads, _by_group(self.groups, grads))
-        return self._stacked[1]
+        """Per group ``(g_A: (g, b, m, r), g_B: (g, b, n, r))`` (the engine's stacks, as they are)."""
+        return [(g.g_a, g.g_b) for g in stacked(grads, [group.names for group in self.groups])]
 
     def sq_norms(self, grads: FactorGrads) -> Tensor:
         total = 0.0
@@ -197,7 +191,6 @@ class PrismDp:
             UA, UB, group.moments = adaptive_direction(group.moments, dA, dB, lam_a, lam_b, self.adaptive)
             UA, UB = horizontalize(geo, UA, UB)  # before the retraction
             group.write(*retract(geo.A, geo.B, UA, UB, self.lr, align=True))  # Alg. 1 line 14
-        self._stacked = None
 
     def per_module(self) -> dict[str, tuple[Geometry, Tensor, Tensor]]:
         """``{module: (its geometry, clipped sum of g_A: (m, r), of g_B: (n, r))}`` for inspection."""

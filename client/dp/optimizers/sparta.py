@@ -36,7 +36,8 @@ def check_rows(layers: dict[str, LoraLayer], keep: float, adapter: str = "defaul
 
 
 class SpartaDp(FactorDp):
-    """SPARTA row selection, then masked DP-AdamW, on ``lora_B`` and ``lora_A`` of every module."""
+    """SPARTA row selection, then masked DP-AdamW, on ``lora_B`` and ``lora_A`` of every module
+    (stacked per shape group, as :class:`FactorDp`)."""
 
     def __init__(
         self,
@@ -54,59 +55,79 @@ class SpartaDp(FactorDp):
         self.keep = keep
         self.selection = selection
         self.steps_done = 0
-        # running sum of the noisy releases, per weight: lora_B (m, r) and lora_A (r, n)
-        self.released = {k: [torch.zeros_like(b), torch.zeros_like(a)] for k, (b, a) in self.weights.items()}
-        # 0/1 masks broadcastable to the PEFT weights: lora_B (m, 1), lora_A (1, n); None while selecting
-        self.masks: dict[str, tuple[Tensor, Tensor]] | None = None
+        # per group, the running sum of the noisy releases: lora_B (g, m, r) and lora_A (g, r, n)
+        self._released = [
+            [
+                torch.zeros(len(names), *w.shape, dtype=w.dtype, device=w.device)
+                for w in self.weights[names[0]]
+            ]
+            for names in self.groups
+        ]
+        # per group, 0/1 masks broadcastable to the stacked PEFT weights: lora_B (g, m, 1), lora_A
+        # (g, 1, n); None while selecting
+        self._masks: list[tuple[Tensor, Tensor]] | None = None
 
     @property
     def selecting(self) -> bool:
         """True during the selection phase: the engine then leaves the dense trainables alone too."""
         return self.steps_done < self.selection
 
-    def _peft_grads(self, name: str, gA: Tensor, gB: Tensor) -> tuple[Tensor, Tensor | None]:
-        g_b, g_a = super()._peft_grads(name, gA, gB)
-        if self.masks is None:
-            return g_b, g_a
-        mask_b, mask_a = self.masks[name]
-        return g_b * mask_b, g_a * mask_a  # mask-then-clip: the engine clips what this returns
+    @property
+    def masks(self) -> dict[str, tuple[Tensor, Tensor]] | None:
+        """``{module: (lora_B row mask (m, 1), lora_A column mask (1, n))}``; None while selecting."""
+        return None if self._masks is None else self._per_module(self._masks)
+
+    @property
+    def released(self) -> dict[str, list[Tensor]]:
+        """``{module: [summed releases for lora_B (m, r), for lora_A (r, n)]}``."""
+        return self._per_module(self._released)
+
+    def _per_module(self, stacks) -> dict:
+        return {
+            name: type(pair)(t[i] for t in pair)
+            for names, pair in zip(self.groups, stacks, strict=True)
+            for i, name in enumerate(names)
+        }
+
+    def clipped(self, k: int, g_a: Tensor, g_b: Tensor) -> tuple[Tensor, Tensor]:
+        if self._masks is None:
+            return g_a, g_b
+        mask_b, mask_a = self._masks[k]  # mask-then-clip: the engine clips what this returns
+        return g_a * mask_b[:, None], g_b * mask_a.mT[:, None]
 
     def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
         if not self.selecting:
             super().step(noise_std, denom, generator)
             self.steps_done += 1
             return
-        for name, sums in self.sums.items():
-            for acc, running in zip(sums, self.released[name], strict=True):
+        for sums, released in zip(self.sums, self._released, strict=True):
+            for acc, running in zip(sums, released, strict=True):
                 noise = torch.randn(acc.shape, generator=generator, dtype=acc.dtype, device=acc.device)
                 running += (acc.abs() + noise_std * noise) / denom
         self.steps_done += 1
         if not self.selecting:
-            self.masks = {name: self._select(b, a) for name, (b, a) in self.released.items()}
+            self._masks = [
+                (top_rows(b.sum(2), self.keep)[..., None], top_rows(a.sum(1), self.keep)[:, None, :])
+                for b, a in self._released
+            ]
 
-    def _select(self, released_b: Tensor, released_a: Tensor) -> tuple[Tensor, Tensor]:
-        """Row masks from the summed releases: ``lora_B`` rows (m, 1) and ``lora_A`` columns (1, n)."""
-        return top_rows(released_b.sum(1), self.keep)[:, None], top_rows(released_a.sum(0), self.keep)[
-            None, :
-        ]
-
-    def noise_mask(self, name: str) -> list[Tensor | None]:
+    def noise_masks(self, k: int) -> list[Tensor | None]:
         """Noise on the kept rows only (masked coordinates never move)."""
-        return [None, None] if self.masks is None else list(self.masks[name])
+        return [None, None] if self._masks is None else list(self._masks[k])
 
     def summary(self) -> dict[str, int]:
         """Selection steps, and LoRA coordinates kept trainable of all (post-processing of DP releases)."""
         total = sum(b.numel() + a.numel() for b, a in self.weights.values())
         kept = total
-        if self.masks is not None:
-            rank = {k: b.shape[1] for k, (b, _) in self.weights.items()}
-            kept = sum(int(mb.sum() + ma.sum()) * rank[k] for k, (mb, ma) in self.masks.items())
+        if self._masks is not None:
+            rank = [self.weights[names[0]][0].shape[1] for names in self.groups]
+            kept = sum(int(mb.sum() + ma.sum()) * r for (mb, ma), r in zip(self._masks, rank, strict=True))
         return {"selection_steps": self.selection, "kept_coordinates": kept, "lora_coordinates": total}
 
 
 def top_rows(scores: Tensor, keep: float) -> Tensor:
-    """0/1 float mask of the ``kept_rows`` highest ``max(0, score)`` entries."""
-    k = kept_rows(keep, scores.numel())
-    mask = torch.zeros_like(scores)
-    mask[torch.topk(scores.clamp(min=0), k, sorted=False).indices] = 1.0
-    return mask
+    """0/1 float mask of the ``kept_rows`` highest ``max(0, score)`` entries along the last dimension
+    (``scores``: (rows,) or (g, rows), one selection per leading index)."""
+    k = kept_rows(keep, scores.shape[-1])
+    top = torch.topk(scores.clamp(min=0), k, dim=-1, sorted=False).indices
+    return torch.zeros_like(scores).scatter_(-1, top, 1.0)

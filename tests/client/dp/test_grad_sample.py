@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from client.dp.grad_sample import GradSampler
+from client.dp.grad_sample import GradSampler, stacked
 from common.data.prompts import prompt_for
 from common.models.lora import dense_trainables, lora_layers
 from common.tasks.classifier import ClassifierTask
@@ -96,3 +96,47 @@ def test_hooks_are_removed(tiny_llama):
 def test_gradients_without_a_pass_are_an_error(tiny_llama):
     with GradSampler(tiny_llama) as sampler, pytest.raises(RuntimeError, match="no activations"):
         sampler.factor_grads()
+
+
+def _lm_pass(model, tokenizer, sampler_opts):
+    task = VerbalizerTask(tokenizer, prompt_for("rotten-tomatoes", ("negative", "positive")), 48)
+    texts = ["a gorgeous, witty film", "dull.", "it never quite finds its footing, sadly"]
+    batch = task.collate(task.encode(texts, [1, 0, 0]), torch.device("cpu"))
+    model.zero_grad(set_to_none=True)
+    with GradSampler(model, **sampler_opts) as sampler:
+        task.per_example_loss(model, batch).sum().backward()
+        taps = list(sampler._taps.values())
+        held = [t.x is not None or t.h is not None or t.delta is not None for t in taps]
+        return sampler.factor_grads(), held, sampler.groups
+
+
+def test_reduced_in_the_backward_equals_kept_layer_io_and_holds_nothing(tiny_llama, smollm2_tokenizer):
+    randomize_lora(tiny_llama)
+    reduced, held, groups = _lm_pass(tiny_llama, smollm2_tokenizer, {})
+    kept, held_io, _ = _lm_pass(tiny_llama, smollm2_tokenizer, {"layer_io": True})
+    assert not any(held), "a layer's input or output gradient outlived its backward"
+    assert all(held_io)
+    assert [list(g.names) for g in reduced.groups] == groups and len(groups) == 2  # q and v shapes
+    for name in reduced:
+        for got, want in zip(reduced[name], kept[name], strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_stacked_reads_the_engines_groups_in_place_and_restacks_anything_else(tiny_llama, smollm2_tokenizer):
+    randomize_lora(tiny_llama)
+    grads, _, groups = _lm_pass(tiny_llama, smollm2_tokenizer, {})
+    same = stacked(grads, groups)
+    assert all(a.g_a is b.g_a and a.g_b is b.g_b for a, b in zip(same, grads.groups, strict=True))
+    plain = {name: grads[name] for name in reversed(list(grads))}  # a dict, in another order
+    again = stacked(plain, groups)
+    for a, b in zip(again, grads.groups, strict=True):
+        assert a.names == b.names
+        torch.testing.assert_close(a.g_a, b.g_a, rtol=0, atol=0)
+        torch.testing.assert_close(a.g_b, b.g_b, rtol=0, atol=0)
+    merged = stacked(grads, [[n for g in groups for n in g][:1]])  # a grouping of its own
+    assert merged[0].g_a.shape[0] == 1 and merged[0].names == (groups[0][0],)
+
+
+def test_layer_io_needs_the_sampler_opened_for_it(tiny_llama):
+    with GradSampler(tiny_llama) as sampler, pytest.raises(RuntimeError, match="layer_io=True"):
+        sampler.layer_io()

@@ -28,7 +28,7 @@ TEXTS = [
 
 
 def _io(model, task, examples):
-    with GradSampler(model) as sampler:
+    with GradSampler(model, layer_io=True) as sampler:
         task.per_example_loss(model, task.collate(examples, torch.device("cpu"))).sum().backward()
         io = sampler.layer_io()
     model.zero_grad(set_to_none=True)

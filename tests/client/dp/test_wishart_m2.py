@@ -41,7 +41,7 @@ def test_ghost_norms_and_projected_sum_match_per_example_autograd(tiny_llama, sm
     assert len({len(ex["ids"]) for ex in examples}) >= 3  # padding is exercised
     opt = WishartDp(lora_layers(model), lr=1e-2)
     opt.begin()
-    with GradSampler(model) as sampler:
+    with GradSampler(model, layer_io=True) as sampler:
         batch = task.collate(examples, torch.device("cpu"))
         task.per_example_loss(model, batch).sum().backward()
         io = sampler.layer_io()
