@@ -65,11 +65,14 @@ test-unit: $(STAMP)
 test-all: $(STAMP) $(COMPOSE_STAMP)
 	$(PY) -m pytest -q -m ''
 
-# The GPU measurements of docs/cohort-engine.md, on any CUDA machine: outputs in runs/gpu-<date>/.
+# The GPU measurements of docs/cohort-engine.md and docs/prism.md (a DP step against a plain step,
+# issue 54), on any CUDA machine: outputs in runs/gpu-<date>/.
 GPU_OUT := runs/gpu-$(shell date +%Y%m%d-%H%M%S)
 GPU_SCALE = $(VENV)/bin/fedlora bench scale --device cuda --preset smollm2-shakespeare-xdev --populations 517 --cohort 64 --rounds 3 --json
 bench-gpu: $(STAMP)
 	mkdir -p $(GPU_OUT)
+	$(VENV)/bin/fedlora bench prism-step --device cuda --precision bf16 --seq 128 --batch 4,32,128 --repeats 4 --json >$(GPU_OUT)/dp-step-128.jsonl
+	$(VENV)/bin/fedlora bench prism-step --device cuda --precision bf16 --seq 256 --batch 256 --repeats 4 --json >$(GPU_OUT)/dp-step-256.jsonl
 	$(GPU_SCALE) --engine sequential,batched --precisions fp32,bf16 --workers 1 >$(GPU_OUT)/scale-smollm2.json
 	$(GPU_SCALE) --engine batched --precisions bf16 --workers 1 --shape llama-3.2-1b >$(GPU_OUT)/scale-llama-3.2-1b.json
 	$(GPU_SCALE) --engine batched --precisions bf16 --workers 1 --shape tinyllama-1.1b >$(GPU_OUT)/scale-tinyllama-1.1b.json

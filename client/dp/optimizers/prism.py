@@ -10,10 +10,10 @@ Noise ``N(0, σ²C²)`` is added to the **sum** and the result divided by the ex
 
 Batched across modules (issue 36): modules of one shape (and LoRA scaling) are stacked into a group,
 and every per-step product, Gram, eigendecomposition, QR and SVD runs once per group on ``(g, ·, ·)``
-stacks, so a step dispatches a number of ops that does not grow with the model's depth. The one loop
-over modules left draws the noise ``Ω_A``, ``Ω_B`` module by module in the model's order: the same
-stream as an unbatched step on the same generator (tests/client/dp/test_prism_batched.py). The rank check is
-one host synchronisation per step, before any noise is drawn.
+stacks, so a step dispatches a number of ops that does not grow with the model's depth; the noise
+``Ω_A``, ``Ω_B`` is drawn a group's stack at a time (issue 54), groups in order of their first module:
+tests/client/dp/test_prism_batched.py checks the steps against a per-module step drawing the same
+stream. The rank check is one host synchronisation per step, before any noise is drawn.
 
 Floors (``floor``): ``"clamp"`` (the official code's eigenvalue floor ``max(w, λ)``) or ``"ridge"``
 (the paper's ``(V + λI)^{-1/2}``); see client/dp/prism/adaptive.py. The default is ``clamp``, the official
@@ -74,14 +74,6 @@ class _Group:
         """Store factors ``A: (g, m, r)``, ``B: (g, n, r)`` in the PEFT weights (one foreach copy)."""
         peft_b, peft_a = (A / self.root).unbind(0), (B / self.root).mT.unbind(0)
         torch._foreach_copy_([*self.lora_b, *self.lora_a], [*peft_b, *peft_a])
-
-
-def _by_group(groups: list[_Group], pairs: dict[str, tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
-    """Per-module ``(A-side, B-side)`` tensors stacked per group, in each group's module order."""
-    return [
-        (torch.stack([pairs[n][0] for n in g.names]), torch.stack([pairs[n][1] for n in g.names]))
-        for g in groups
-    ]
 
 
 #: the adaptive step of :class:`PrismDp` unless told otherwise (the official code's: clamp floor)
@@ -167,14 +159,15 @@ class PrismDp:
             acc[1] += torch.einsum("b,gbnr->gnr", alpha.to(acc[1].dtype), gB.to(acc[1].dtype))
 
     def _draws(self, generator: torch.Generator) -> list[tuple[Tensor, Tensor]]:
-        """Standard normal ``(Ω_A, Ω_B)`` per group, drawn module by module in the model's order."""
-        like = {n: geo for group, geo in zip(self.groups, self.geo, strict=True) for n in group.names}
-        draws = {}
-        for name in self.layers:
-            geo = like[name]
-            opts = {"generator": generator, "dtype": geo.A.dtype, "device": geo.A.device}
-            draws[name] = (torch.randn(geo.A.shape[1:], **opts), torch.randn(geo.B.shape[1:], **opts))
-        return _by_group(self.groups, draws)
+        """Standard normal ``(Ω_A: (g, m, r), Ω_B: (g, n, r))`` per group, each stack in one draw."""
+        opts = {"generator": generator}
+        return [
+            (
+                torch.randn(geo.A.shape, **opts, dtype=geo.A.dtype, device=geo.A.device),
+                torch.randn(geo.B.shape, **opts, dtype=geo.B.dtype, device=geo.B.device),
+            )
+            for geo in self.geo
+        ]
 
     def step(self, noise_std: float, denom: float, generator: torch.Generator) -> None:
         tau = noise_std / denom  # σC/b

@@ -83,3 +83,33 @@ def test_the_cpu_keeps_the_configured_size():
     parts = list(cuts.parts(idx))
     assert [len(p) for p in parts] == [4, 4, 2] and cuts.size == 4
     assert [i for p in parts for i in p] == by_length(idx, data)
+
+
+def test_cuda_measures_the_first_pass_then_fits_the_next_steps(monkeypatch):
+    """The CUDA path with the device's counters stood in for: the first pass peaks 100 bytes a padded
+    token over its start and 50 kB are available, so the next step's passes take
+    FILL * 50 kB / (100 B * the longest example's tokens) examples; the first step keeps its cut."""
+    data = _examples(50)
+    longest = max(len(e["ids"]) for e in data)
+    state = {"allocated": 1_000, "peak": 1_000}
+
+    def fake(name, value):
+        monkeypatch.setattr(torch.cuda, name, value)
+
+    fake("synchronize", lambda device=None: None)
+    fake("memory_allocated", lambda device=None: state["allocated"])
+    fake("max_memory_allocated", lambda device=None: state["peak"])
+    fake("reset_peak_memory_stats", lambda device=None: state.update(peak=state["allocated"]))
+    fake("mem_get_info", lambda device=None: (50_000, 2_000_000))
+    fake("memory_reserved", lambda device=None: state["allocated"])
+    cuts = Microbatches(4, data, torch.device("cuda"), fit=True)
+    idx = list(range(50))
+    parts = cuts.parts(idx)
+    first = next(parts)
+    tokens = len(first) * max(len(data[i]["ids"]) for i in first)
+    state["peak"] += 100 * tokens  # the caller's forward/backward on the first part
+    rest = list(parts)
+    assert [len(p) for p in [first, *rest]] == [4] * 12 + [2]  # this step keeps its cut
+    want = int(FILL * 50_000 / (100 * longest))
+    assert 4 < want < 50 and cuts.size == want and not cuts.measure
+    assert [len(p) for p in cuts.parts(idx)] == [want, 50 - want]  # the next step fills the memory

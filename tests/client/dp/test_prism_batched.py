@@ -1,7 +1,9 @@
 """PRISM batched across modules (issue 36) takes the same steps as the per-module algorithm.
 
 The reference below is the unbatched optimizer as it stood before batching: one geometry, lift,
-noise draw, horizontal lift, adaptive direction and retraction per module, from the PRISM primitives.
+noise, horizontal lift, adaptive direction and retraction per module, from the PRISM primitives; its
+standard normal draws come in the batched step's order (a stack per shape, shapes in order of their
+first module, ``Ω_A`` before ``Ω_B``), sliced per module.
 Both run the engine's steps from the same model, sampling and noise generators; the factors must agree
 to float32 tolerance after every step, with modules of two shapes (q/o and k/v) interleaved.
 """
@@ -46,12 +48,24 @@ class UnbatchedPrism:
             self.sums[k][0] += torch.einsum("b,bmr->mr", alpha, gA)
             self.sums[k][1] += torch.einsum("b,bnr->nr", alpha, gB)
 
+    def _omegas(self, generator):
+        by_shape = {}
+        for k, geo in self.geo.items():
+            by_shape.setdefault((geo.A.shape, geo.B.shape), []).append(k)
+        out = {}
+        for (shape_a, shape_b), names in by_shape.items():
+            omega_a = torch.randn((len(names), *shape_a), generator=generator)
+            omega_b = torch.randn((len(names), *shape_b), generator=generator)
+            out.update({k: (omega_a[i], omega_b[i]) for i, k in enumerate(names)})
+        return out
+
     def step(self, noise_std, denom, generator):
         tau = noise_std / denom
+        omegas = self._omegas(generator)
         for k, layer in self.layers.items():
             geo = self.geo[k]
             dA, dB = pm.lift(geo, self.sums[k][0] / denom, self.sums[k][1] / denom)
-            xi_a, xi_b = pm.tangent_noise(geo, generator)
+            xi_a, xi_b = pm.shape_noise(geo, *omegas[k])
             dA, dB = pm.horizontalize(geo, dA + tau * xi_a, dB + tau * xi_b)
             lam_a, lam_b = pm.dp_floors(geo, tau, self.floor_mode)
             UA, UB, self.moments[k] = pm.adaptive_direction(self.moments[k], dA, dB, lam_a, lam_b)
