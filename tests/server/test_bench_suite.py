@@ -69,7 +69,9 @@ def test_tiny_suite_writes_every_section_from_the_runs_outputs(tiny):
     # the round's time split comes from the in-process run, every phase present
     split = summary["time_split_s"]
     assert split["local-training"] > 0 and split["evaluation"] > 0
-    assert any(r["what"].startswith("prism step") for r in sections["speed"]["rows"])
+    speed = {r["what"].split(" (")[0]: r for r in sections["speed"]["rows"]}
+    assert {"plain step", "prism step", "dp-adamw step", "prism / plain", "dp-adamw / plain"} <= set(speed)
+    assert "peak memory" in speed["dp-adamw / plain"]["share / ratio"]
     # figures are PNGs, linked from the Markdown, copied with it into --docs
     md = (docs / "RESULTS.md").read_text()
     assert md == (out / "RESULTS.md").read_text()

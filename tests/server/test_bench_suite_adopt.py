@@ -206,3 +206,26 @@ def test_a_train_local_run_made_by_hand_is_adopted_by_its_resolved_configuration
     record = json.loads((tmp_path / "runs" / local.key / "command.json").read_text())
     assert record["wall_s"] == json.loads((made / "result.json").read_text())["seconds"]
     assert (tmp_path / "runs" / local.key / "result.json").exists()
+
+
+def test_one_section_updates_that_section_and_keeps_the_others(tmp_path, monkeypatch):
+    """Issue 52: a suite invocation of one section remakes it and carries every other section of the
+    same profile's report unchanged, each under the commit and date it was made at."""
+    fedavg, _ = _client_runs()
+    kept = _stored(tmp_path, "kept", plan_config(fedavg), accuracy=0.625)
+    out, quiet = tmp_path / "out", lambda _: None
+    monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "aaaaaaa")
+    first = suite("tiny", out, ["client-level", "communication"], quiet, [kept], stored_only=True)
+    client = first["sections"][0]
+    assert client["made"]["commit"] == "aaaaaaa" and client["rows"]
+    monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "bbbbbbb")
+    second = suite("tiny", out, ["communication"], quiet, stored_only=True)
+    names = [s["name"] for s in second["sections"]]
+    assert names == ["client-level", "communication"]  # the report's order, not the invocation's
+    assert second["sections"][0] == client  # carried as it was, its commit included
+    assert second["sections"][1]["made"]["commit"] == "bbbbbbb"
+    md = (out / "RESULTS.md").read_text()
+    assert "at commit aaaaaaa" in md and "at commit bbbbbbb" in md and "0.625 (n = 1)" in md
+    # another profile's report is never mixed in
+    third = suite("quick", out, ["communication"], quiet, stored_only=True)
+    assert [s["name"] for s in third["sections"]] == ["communication"]

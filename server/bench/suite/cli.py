@@ -52,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sections",
         default=",".join(SECTIONS),
-        help="comma-separated sections to run (default all: " + ", ".join(SECTIONS) + ")",
+        help="comma-separated sections to run (default all: "
+        + ", ".join(SECTIONS)
+        + "); the other sections of the same profile's report in --out are kept as they were",
     )
     parser.add_argument(
         "--docs",
@@ -205,13 +207,37 @@ def suite(
             "runs": len(done),
             "notes": list(p.notes),
         },
-        "sections": [_public(built[name]) for name in sections],
+        "sections": [],
     }
+    made = {k: results["suite"][k] for k in ("command", "commit", "date", "device")}
+    fresh = [{**_public(built[name]), "made": made} for name in sections]
+    results["sections"] = carried(_previous(out / "results.json", profile_name), fresh)
     (out / "results.json").write_text(
         json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
     )
     (out / "RESULTS.md").write_text(markdown(results), encoding="utf-8")
     return results
+
+
+def _previous(path: Path, profile_name: str) -> dict | None:
+    """The results an earlier invocation of the same profile left in ``path`` (None: none, another
+    profile, or unreadable: then nothing is carried)."""
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return previous if previous.get("suite", {}).get("profile") == profile_name else None
+
+
+def carried(previous: dict | None, fresh: list[dict]) -> list[dict]:
+    """The report's sections: ``fresh`` ones (built now) replace their namesakes, every other section
+    of ``previous`` stays as it was (with the commit and date it was made at), in the order of
+    ``SECTIONS``: a suite invocation of one section updates that section and leaves the others."""
+    by_name = {
+        sec["name"]: sec for sec in (previous or {}).get("sections", []) if sec.get("name") in SECTIONS
+    }
+    by_name.update({sec["name"]: sec for sec in fresh})
+    return [by_name[name] for name in SECTIONS if name in by_name]
 
 
 def _public(section: dict) -> dict:

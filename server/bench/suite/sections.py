@@ -512,7 +512,8 @@ def speed(done: Sequence[dict], device: str) -> dict:
         sec["commands"].append(" ".join(d["run"].command))
         if not out:
             continue
-        for label, key in (("prism step", "prism"), ("dp-adamw step", "dp_adamw")):
+        arms = (("plain step", "plain"), ("prism step", "prism"), ("dp-adamw step", "dp_adamw"))
+        for label, key in (arm for arm in arms if arm[1] in out):  # stored outputs before issue 54: no plain
             sec["rows"].append(
                 {
                     "what": f"{label} ({out['model']}, batch {out['batch']} × {out['seq']}, {out['device']})",
@@ -524,6 +525,16 @@ def speed(done: Sequence[dict], device: str) -> dict:
         if "ops_ratio" in out:  # stored outputs from before issue 36 lack the op counts
             ratio += f", {out['ops_ratio']:.2f}× aten ops"
         sec["rows"].append({"what": "prism / dp-adamw", "seconds": "", "share / ratio": ratio})
+        for key, label in (("prism", "prism / plain"), ("dp_adamw", "dp-adamw / plain")):
+            versus = out.get("over_plain", {}).get(key)
+            if versus:
+                sec["rows"].append(
+                    {
+                        "what": label,
+                        "seconds": "",
+                        "share / ratio": f"{versus['time']:.2f}× time, {versus['memory']:.2f}× peak memory",
+                    }
+                )
     for arm, group in _group(done, "client-level"):
         first = next((d for d in group if d["output"] and d["output"].get("time_split_s")), None)
         if first is None:
