@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,37 @@ def test_one_section_updates_that_section_and_keeps_the_others(tmp_path, monkeyp
     # another profile's report is never mixed in
     third = suite("quick", out, ["communication"], quiet, stored_only=True)
     assert [s["name"] for s in third["sections"]] == ["communication"]
+
+
+def test_the_report_regenerates_byte_for_byte_from_the_committed_records(tmp_path, monkeypatch):
+    """Issue 52: with records (``--docs``), deleting every run directory and running the same command
+    again, at another commit, makes the same RESULTS.md; a record of another command is not taken."""
+    fedavg, dp = _client_runs()
+    kept = _stored(tmp_path, "kept", plan_config(fedavg), accuracy=0.625)
+    (kept / "metrics.jsonl").write_text(
+        json.dumps({"round": 1, "bytes_up": 4000, "replied": 2, "loss": 0.6, "big": [0] * 50}) + "\n"
+    )
+    out, records, quiet = tmp_path / "out", tmp_path / "records", lambda _: None
+    monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "aaaaaaa")
+    suite("tiny", out, ["client-level", "communication"], quiet, [kept], stored_only=True, records=records)
+    first = (out / "RESULTS.md").read_text()
+    record = json.loads((records / f"{fedavg.key}.json").read_text())
+    assert record["metrics"] == [{"round": 1, "bytes_up": 4000, "replied": 2}]  # what the report reads
+    assert record["made"]["commit"] == "aaaaaaa" and record["adopted_from"] == str(kept)
+    assert (records / f"{fedavg.key}.json").stat().st_size < 10_000 and not (
+        records / f"{dp.key}.json"
+    ).exists()
+
+    shutil.rmtree(out)
+    monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "bbbbbbb")
+    again = suite("tiny", out, ["client-level", "communication"], quiet, stored_only=True, records=records)
+    assert (out / "RESULTS.md").read_text() == first
+    assert (
+        again["suite"]["runs"] == 1 and "2,000" in first
+    )  # bytes per reply (4,000 over 2) came from the record
+
+    record["command"] = [*record["command"], "--rounds", "9"]  # the plan changed since the record
+    (records / f"{fedavg.key}.json").write_text(json.dumps(record))
+    shutil.rmtree(out)
+    changed = suite("tiny", out, ["client-level"], quiet, stored_only=True, records=records)
+    assert changed["suite"]["runs"] == 0 and len(changed["suite"]["missing"]) == 2

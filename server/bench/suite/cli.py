@@ -23,6 +23,7 @@ from common.errors import FedloraError
 from server.bench.suite import plots
 from server.bench.suite.adopt import adopt, stored_config
 from server.bench.suite.plan import PROFILES, profile, runs
+from server.bench.suite.records import RECORDS, restore, save
 from server.bench.suite.report import FIGURES, markdown
 from server.bench.suite.runner import ROOT, execute_all, finished
 from server.bench.suite.sections import BUILDERS
@@ -60,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--docs",
         default=None,
         metavar="DIR",
-        help="also write DIR/RESULTS.md and its figures (e.g. --docs docs)",
+        help="also write DIR/RESULTS.md, its figures and a record of every run (DIR/results/runs/: a "
+        "run whose directory is gone is restored from its record, so the report regenerates from DIR)",
     )
     parser.add_argument(
         "--adopt",
@@ -150,31 +152,40 @@ def suite(
     adopted: Sequence[Path] = (),
     stored_only: bool = False,
     scope: Scope = Scope(),
+    records: Path | None = None,
 ) -> dict:
     """Run (or reuse) every needed command of the profile, build the chosen sections, draw the
     figures and write ``results.json`` and ``RESULTS.md`` into ``out``; returns the results.
     ``adopted``: finished run directories to take as plan runs first (server/bench/suite/adopt.py);
     ``stored_only``: run nothing, and list the commands with no finished run as missing;
-    ``scope``: the seeds to run (None: all) and how many runs go at once."""
+    ``scope``: the seeds to run (None: all) and how many runs go at once; ``records``: the directory of
+    the committed run records (server/bench/suite/records.py), restored from before anything runs and
+    written after."""
     p = profile(profile_name)
     wanted = set().union(*(_needed(s) for s in sections))
     plan = [
         r for r in runs(p) if r.section in wanted and (scope.seeds is None or r.seed in (None, *scope.seeds))
     ]
+    now = {"date": datetime.date.today().isoformat(), "commit": _commit(), "device": _device()}
+    if records is not None:
+        for key in restore(plan, records, out / "runs"):
+            echo(f"[suite] restore {key} from {records}")
     took = adopt(plan, adopted, out / "runs", echo)
     start = time.monotonic()
     done, missing = [], []
-    records = (
+    outcomes = (
         [finished(run, out / "runs") for run in plan]
         if stored_only
-        else execute_all(plan, out / "runs", echo, scope.jobs)
+        else execute_all(plan, out / "runs", echo, scope.jobs, now)
     )
-    for run, record in zip(plan, records, strict=True):
+    for run, record in zip(plan, outcomes, strict=True):
         if record is None:
             missing.append(" ".join(run.command))
         else:
             done.append({"run": run, **record})
-    device = _device()
+    device = now["device"]
+    if records is not None:
+        save(done, records, now)
     built = {
         name: BUILDERS[name](done, device) if name == "speed" else BUILDERS[name](done) for name in sections
     }
@@ -194,10 +205,10 @@ def suite(
         "suite": {
             "command": " ".join([*argv, f"--out {out}"]),
             "profile": profile_name,
-            "date": datetime.date.today().isoformat(),
+            "date": now["date"],
             "device": device,
             "versions": _versions(),
-            "commit": _commit(),
+            "commit": now["commit"],
             "wall_s": round(time.monotonic() - start, 1),  # this invocation (reused runs cost nothing)
             "runs_wall_s": round(sum(d.get("wall_s") or 0 for d in done), 1),  # every command's own time
             "reused": sum(1 for d in done if d.get("reused")),
@@ -209,14 +220,20 @@ def suite(
         },
         "sections": [],
     }
-    made = {k: results["suite"][k] for k in ("command", "commit", "date", "device")}
-    fresh = [{**_public(built[name]), "made": made} for name in sections]
+    fresh = [{**_public(built[name]), "made": _made(done, name, now)} for name in sections]
     results["sections"] = carried(_previous(out / "results.json", profile_name), fresh)
     (out / "results.json").write_text(
         json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
     )
     (out / "RESULTS.md").write_text(markdown(results), encoding="utf-8")
     return results
+
+
+def _made(done: Sequence[dict], section: str, now: dict) -> dict:
+    """When, at which commit and where a section's newest run was made (its runs' own stamps, so a
+    report regenerated from committed records names the same; ``now`` where no run carries one)."""
+    stamps = [d["made"] for d in done if d.get("made") and d["run"].section in _needed(section)]
+    return max(stamps, key=lambda m: (m["date"], m["commit"])) if stamps else now
 
 
 def _previous(path: Path, profile_name: str) -> dict | None:
@@ -282,7 +299,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise FedloraError(f"--seeds {args.seeds}: not a comma-separated list of integers") from None
     scope = Scope(seeds, args.jobs)
-    results = suite(args.profile, out, sections, echo, [Path(a) for a in args.adopt], args.stored_only, scope)
+    records = Path(args.docs) / FIGURES / RECORDS if args.docs else None
+    adopted = [Path(a) for a in args.adopt]
+    results = suite(args.profile, out, sections, echo, adopted, args.stored_only, scope, records)
     if args.docs:
         publish(out, Path(args.docs))
     if args.json:

@@ -55,10 +55,13 @@ def finished(run: Run, runs_dir: Path, stored: dict | None = None) -> dict | Non
     return {**stored, "output": output, "error": None, "dir": str(run_dir), "reused": True}
 
 
-def execute(run: Run, runs_dir: Path, echo: Callable[[str], None], jobs: int = 1) -> dict:
+def execute(
+    run: Run, runs_dir: Path, echo: Callable[[str], None], jobs: int = 1, made: dict | None = None
+) -> dict:
     """Run ``run`` (or reuse its finished directory); returns ``{"command", "wall_s", "peak_rss_mb",
-    "output", "error", "dir"}`` (``error``: the last line of a failed command, ``output`` then None).
-    ``jobs``: how many runs share the machine (a ``simulate`` then keeps its clients in-process)."""
+    "made", "output", "error", "dir"}`` (``error``: the last line of a failed command, ``output`` then
+    None). ``jobs``: how many runs share the machine (a ``simulate`` then keeps its clients
+    in-process); ``made``: the invocation's date, commit and device, recorded with a run it makes."""
     run_dir = runs_dir / run.key
     command = run.command
     shown = " ".join(command)
@@ -99,6 +102,8 @@ def execute(run: Run, runs_dir: Path, echo: Callable[[str], None], jobs: int = 1
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = round(time.monotonic() - start, 1)
     record = {"command": command, "wall_s": wall, "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+    if made:
+        record["made"] = made
     error = None
     if proc.returncode != 0:
         lines = (run_dir / "log.txt").read_text(encoding="utf-8").strip().splitlines()
@@ -114,11 +119,11 @@ def execute(run: Run, runs_dir: Path, echo: Callable[[str], None], jobs: int = 1
 
 
 def execute_all(
-    plan: Sequence[Run], runs_dir: Path, echo: Callable[[str], None], jobs: int = 1
+    plan: Sequence[Run], runs_dir: Path, echo: Callable[[str], None], jobs: int = 1, made: dict | None = None
 ) -> list[dict]:
     """:func:`execute` every run of ``plan``, ``jobs`` at a time; the records in ``plan``'s order."""
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # each thread waits on its own child
-        return list(pool.map(lambda run: execute(run, runs_dir, echo, jobs), plan))
+        return list(pool.map(lambda run: execute(run, runs_dir, echo, jobs, made), plan))
 
 
 def _collect(run_dir: Path) -> None:

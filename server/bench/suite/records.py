@@ -1,0 +1,94 @@
+"""The committed record of each suite run (issue 52), so that docs/RESULTS.md regenerates from the
+repository alone.
+
+``<records>/<key>.json`` (kilobytes: no adapter, no checkpoint) holds a finished run's command, wall
+time and peak memory, the date, commit and device it ran on, where it was adopted from, its output
+(the ``summary.json``, ``result.json``, ``audit.json`` or bench JSON the report reads) and the fields
+of its ``metrics.jsonl`` that the report reads (:data:`METRIC_KEYS`). With ``--docs DIR`` the suite
+restores, before it runs anything, every plan run whose directory holds no output from the record
+of the same command under ``DIR/results/runs/``, and afterwards writes a record for every finished
+run there: deleting every local run directory and running the documented command again makes the
+same report from what is committed. A record keeps the date, commit and device of the invocation
+that first ran (or first recorded) its run, whatever later invocations reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from server.bench.suite.plan import Run
+from server.bench.suite.runner import OUTPUTS, finished
+
+#: the records' folder beside RESULTS.md's figures (``--docs docs``: docs/results/runs/)
+RECORDS = "runs"
+#: the metrics.jsonl fields the report reads (server/bench/suite/sections.py: ε by round, bytes and replies)
+METRIC_KEYS = ("round", "eps_gdp", "eps_tight", "tight_accountant", "bytes_up", "replied")
+#: a run directory's command.json fields a record keeps
+KEPT = ("command", "wall_s", "peak_rss_mb", "made", "adopted_from")
+
+
+def metrics_digest(path: Path) -> list[dict]:
+    """The report's fields of each line of a ``metrics.jsonl`` that has any (none if it is missing)."""
+    if not path.exists():
+        return []
+    lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    digest = [{k: line[k] for k in METRIC_KEYS if k in line} for line in lines]
+    return [d for d in digest if set(d) - {"round"}]
+
+
+def _output_file(run_dir: Path) -> str | None:
+    return next((name for name in OUTPUTS if (run_dir / name).exists()), None)
+
+
+def save(done: Sequence[dict], records: Path, made: dict) -> int:
+    """Write the record of every finished run in ``done`` (the suite's run records) into ``records``;
+    ``made``: this invocation's date, commit and device, for runs that carry none and have no record
+    of the same output yet. Returns how many records changed."""
+    records.mkdir(parents=True, exist_ok=True)
+    changed = 0
+    for d in done:
+        run_dir = Path(d["dir"])
+        name = _output_file(run_dir)
+        if d["output"] is None or name is None:
+            continue
+        path = records / f"{d['run'].key}.json"
+        old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        same = old.get("command") == d["command"] and old.get("output") == d["output"]
+        record = {k: d[k] for k in KEPT if d.get(k) is not None}
+        record["made"] = d.get("made") or (old.get("made") if same else None) or made
+        record |= {
+            "output_file": name,
+            "output": d["output"],
+            "metrics": metrics_digest(run_dir / "metrics.jsonl"),
+        }
+        text = json.dumps(record, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed += 1
+    return changed
+
+
+def restore(plan: Sequence[Run], records: Path, runs_dir: Path) -> list[str]:
+    """Re-create, from ``records``, the directory of every run of ``plan`` that holds no output of its
+    command, where a record of that very command exists; returns the keys restored."""
+    restored = []
+    for run in plan:
+        path = records / f"{run.key}.json"
+        if finished(run, runs_dir) is not None or not path.exists():
+            continue
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record.get("command") != run.command:
+            continue  # the plan changed since: the run is made again
+        run_dir = runs_dir / run.key
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUTS:
+            (run_dir / name).unlink(missing_ok=True)
+        stored = {k: record[k] for k in KEPT if k in record}
+        (run_dir / "command.json").write_text(json.dumps(stored) + "\n", encoding="utf-8")
+        (run_dir / record["output_file"]).write_text(json.dumps(record["output"]), encoding="utf-8")
+        lines = "".join(json.dumps(m) + "\n" for m in record.get("metrics", []))
+        (run_dir / "metrics.jsonl").write_text(lines, encoding="utf-8")
+        restored.append(run.key)
+    return restored
