@@ -65,7 +65,8 @@ LOCAL_OPTIMIZERS: dict[str, LocalOptimizerSpec] = {
         LocalOptimizerSpec("none", private=False, lora_init="peft", update_rule=True, audited=False),
         LocalOptimizerSpec("prism", full_rank=True, label="PRISM"),
         LocalOptimizerSpec("dp-adamw", update_rule=True),
-        LocalOptimizerSpec("ffa", update_rule=True),
+        # FFA-LoRA's own init (Sun et al. 2024; issue 52): PEFT's random A, frozen, and B = 0
+        LocalOptimizerSpec("ffa", lora_init="peft", update_rule=True),
         LocalOptimizerSpec("sparta", row_selection=True),
         LocalOptimizerSpec(
             "sparta-base", lora_init="peft", merges_base=True, row_selection=True, audited=False

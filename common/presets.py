@@ -130,6 +130,9 @@ PRESETS: dict[str, dict[str, object]] = {
         "local_steps": 1,
         "batch_size": 128,
         "mechanism": "ffa",
+        # the init its learning rates were validated with (docs/prism.md, "Cross-silo preset"); ffa's own
+        # init is PEFT's (issue 52): re-validate before following it
+        "lora_init": "balanced",
         "client_optimizer": "sgd",
         "lr": 1.0,
         "server_optimizer": "adam",

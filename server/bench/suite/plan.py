@@ -230,8 +230,9 @@ _SAMPLE = "train-local --model minilm-l6 --dataset rotten-tomatoes --pooling mea
 _QUICK_XDEV = "--preset minilm-rt-xdev --num-clients 100"
 _FULL_SAMPLE = f"{_SAMPLE} --local-steps 100 --batch-size 128 --eval-examples 500 --max-train-examples 0"
 #: each method's learning rate in the full profile: the best of the validation grid measured with
-#: these settings (docs/prism.md; sparta was not in that grid)
-FULL_SAMPLE_LR = {"fedavg": "3e-3", "prism": "1e-2", "dp-adamw": "3e-3", "ffa": "3e-2", "sparta": "1e-2"}
+#: these settings, each method from its own init (docs/prism.md; ffa's from PEFT's init, issue 52;
+#: sparta was not in that grid)
+FULL_SAMPLE_LR = {"fedavg": "3e-3", "prism": "1e-2", "dp-adamw": "3e-3", "ffa": "1e-2", "sparta": "1e-2"}
 
 _PROFILES: dict[str, Profile] = {
     "full": Profile(

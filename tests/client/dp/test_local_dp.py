@@ -18,6 +18,7 @@ from common.errors import FedloraError
 from common.models.dense_delta import dense_deltas
 from common.models.lora import get_factors, lora_layers
 from common.models.lora_init import apply_lora_init, check_ranks
+from common.presets import preset
 from common.privacy.calibration import epsilon_for
 from common.privacy.ledger import Ledger
 from common.runtime import open_split
@@ -186,6 +187,10 @@ def test_config_checks_local_optimizer_settings():
     cfg = RunConfig(mechanism="dp-adamw", sample_epsilon=3).check()
     assert (cfg.optimizer_kind, cfg.release_kind, cfg.init_kind) == ("dp-adamw", "none", "balanced")
     assert RunConfig().init_kind == "peft"
+    # each method its own init (issue 52): FFA-LoRA's is PEFT's random A (frozen) and B = 0
+    assert RunConfig(mechanism="ffa", sample_epsilon=3).check().init_kind == "peft"
+    assert RunConfig(mechanism="ffa", sample_epsilon=3, lora_init="balanced").check().init_kind == "balanced"
+    assert preset("minilm-rt-silo").init_kind == "balanced"  # pinned to the init it was validated with
 
 
 FAST_LOCAL = [
