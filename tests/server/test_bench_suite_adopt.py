@@ -14,7 +14,7 @@ import pytest
 from common.cli import main
 from common.models.precision import resolve_precision
 from server.bench.suite.adopt import adopt, differences, plan_config
-from server.bench.suite.cli import suite
+from server.bench.suite.cli import Scope, suite
 from server.bench.suite.plan import Arm, Run, profile, runs
 from server.bench.suite.sections import cross_silo, generative
 
@@ -242,7 +242,15 @@ def test_the_report_regenerates_byte_for_byte_from_the_committed_records(tmp_pat
     )
     out, records, quiet = tmp_path / "out", tmp_path / "records", lambda _: None
     monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "aaaaaaa")
-    suite("tiny", out, ["client-level", "communication"], quiet, [kept], stored_only=True, records=records)
+    suite(
+        "tiny",
+        out,
+        ["client-level", "communication"],
+        quiet,
+        [kept],
+        stored_only=True,
+        scope=Scope(records=records),
+    )
     first = (out / "RESULTS.md").read_text()
     record = json.loads((records / f"{fedavg.key}.json").read_text())
     assert record["metrics"] == [{"round": 1, "bytes_up": 4000, "replied": 2}]  # what the report reads
@@ -253,7 +261,9 @@ def test_the_report_regenerates_byte_for_byte_from_the_committed_records(tmp_pat
 
     shutil.rmtree(out)
     monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "bbbbbbb")
-    again = suite("tiny", out, ["client-level", "communication"], quiet, stored_only=True, records=records)
+    again = suite(
+        "tiny", out, ["client-level", "communication"], quiet, stored_only=True, scope=Scope(records=records)
+    )
     assert (out / "RESULTS.md").read_text() == first
     assert (
         again["suite"]["runs"] == 1 and "2,000" in first
@@ -262,5 +272,5 @@ def test_the_report_regenerates_byte_for_byte_from_the_committed_records(tmp_pat
     record["command"] = [*record["command"], "--rounds", "9"]  # the plan changed since the record
     (records / f"{fedavg.key}.json").write_text(json.dumps(record))
     shutil.rmtree(out)
-    changed = suite("tiny", out, ["client-level"], quiet, stored_only=True, records=records)
+    changed = suite("tiny", out, ["client-level"], quiet, stored_only=True, scope=Scope(records=records))
     assert changed["suite"]["runs"] == 0 and len(changed["suite"]["missing"]) == 2

@@ -138,10 +138,12 @@ def _needed(name: str) -> set[str]:
 
 @dataclass(frozen=True)
 class Scope:
-    """Which seeds' runs a suite invocation makes (None: the profile's) and how many at once."""
+    """Which seeds' runs a suite invocation makes (None: the profile's), how many at once, and the
+    directory of the committed run records (server/bench/suite/records.py; None: none)."""
 
     seeds: tuple[int, ...] | None = None
     jobs: int = 1
+    records: Path | None = None
 
 
 def suite(
@@ -152,21 +154,20 @@ def suite(
     adopted: Sequence[Path] = (),
     stored_only: bool = False,
     scope: Scope = Scope(),
-    records: Path | None = None,
 ) -> dict:
     """Run (or reuse) every needed command of the profile, build the chosen sections, draw the
     figures and write ``results.json`` and ``RESULTS.md`` into ``out``; returns the results.
     ``adopted``: finished run directories to take as plan runs first (server/bench/suite/adopt.py);
     ``stored_only``: run nothing, and list the commands with no finished run as missing;
-    ``scope``: the seeds to run (None: all) and how many runs go at once; ``records``: the directory of
-    the committed run records (server/bench/suite/records.py), restored from before anything runs and
-    written after."""
+    ``scope``: the seeds to run (None: all), how many runs go at once, and the directory of the
+    committed run records (restored from before anything runs, written after)."""
     p = profile(profile_name)
     wanted = set().union(*(_needed(s) for s in sections))
     plan = [
         r for r in runs(p) if r.section in wanted and (scope.seeds is None or r.seed in (None, *scope.seeds))
     ]
     now = {"date": datetime.date.today().isoformat(), "commit": _commit(), "device": _device()}
+    records = scope.records
     if records is not None:
         for key in restore(plan, records, out / "runs"):
             echo(f"[suite] restore {key} from {records}")
@@ -298,10 +299,10 @@ def run(args: argparse.Namespace) -> int:
         seeds = None if args.seeds is None else tuple(int(s) for s in args.seeds.split(",") if s.strip())
     except ValueError:
         raise FedloraError(f"--seeds {args.seeds}: not a comma-separated list of integers") from None
-    scope = Scope(seeds, args.jobs)
     records = Path(args.docs) / FIGURES / RECORDS if args.docs else None
+    scope = Scope(seeds, args.jobs, records)
     adopted = [Path(a) for a in args.adopt]
-    results = suite(args.profile, out, sections, echo, adopted, args.stored_only, scope, records)
+    results = suite(args.profile, out, sections, echo, adopted, args.stored_only, scope)
     if args.docs:
         publish(out, Path(args.docs))
     if args.json:
