@@ -165,20 +165,26 @@ def steppers(
     out: dict[str, Callable[[], object]] = {}
     for m in methods:
         if m == PLAIN:
-            opt = torch.optim.AdamW(
-                [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, foreach=True
-            )
-
-            def plain(opt=opt):
-                opt.zero_grad(set_to_none=True)
-                mean_loss_backward(model, task, examples, range(len(examples)), device, passes.plain)
-                opt.step()
-
-            out[m] = plain
+            out[m] = plain_step(trainee, cfg.lr, passes.plain)
         else:
             dp = make_dp_optimizer(m, lora_layers(model), cfg.lr)
             out[m] = functools.partial(dp_train, trainee, dp, plan, dense, rngs=rngs, desc=m)
     return out
+
+
+def plain_step(trainee: Trainee, lr: float, microbatch: int) -> Callable[[], None]:
+    """The clients' non-private step on all of ``trainee``'s examples: the mean loss's gradient in
+    passes of ``microbatch`` examples, then AdamW on the trainable parameters (its own state)."""
+    model = trainee.model
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, foreach=True)
+    idx = range(len(trainee.examples))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        mean_loss_backward(model, trainee.task, trainee.examples, idx, trainee.device, microbatch)
+        opt.step()
+
+    return step
 
 
 def step_ops(
@@ -197,8 +203,8 @@ def step_costs(
 ) -> Iterator[dict[str, dict[str, float]]]:
     """Per batch size in ``batches``, in turn: median ``seconds``, ``peak_bytes`` and
     ``step_extra_bytes`` per method (one process, method by method), and, for the first size,
-    ``ops`` per step and ``ops_per_layer`` (the growth per decoder
-    layer, against half the depth); ops do not depend on the batch."""
+    ``ops`` per step and ``ops_per_layer`` (the growth per decoder layer, against half the depth);
+    ops do not depend on the batch."""
     split = open_split(cfg, 1)
     bundle = open_model(cfg, split)
     model, device = bundle.model, bundle.device
@@ -225,7 +231,7 @@ def step_costs(
                     torch.cuda.synchronize(device)
                 seconds = time.perf_counter() - start
                 peak = _peak(device)
-                if i:  # the first round is warm-up
+                if i:  # the first step is warm-up
                     samples[m]["seconds"].append(seconds)
                     samples[m]["peak"].append(peak)
                     # Linux batches RSS counters per thread (up to 64 pages each), so on the CPU a step

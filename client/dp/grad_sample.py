@@ -99,6 +99,16 @@ def stacked(
     return StackedGrads.of(grads, groups).groups
 
 
+def per_module(groups: Sequence[Sequence[str]], stacks: Sequence[Sequence[Tensor | None]]) -> dict[str, list]:
+    """``{module: [each of its group's stacks at the module's index (None stays None)]}``: per-module
+    views of per-group ``(g, ...)`` stacks, ``stacks[k]`` belonging to ``groups[k]``."""
+    return {
+        name: [None if t is None else t[i] for t in group_stacks]
+        for names, group_stacks in zip(groups, stacks, strict=True)
+        for i, name in enumerate(names)
+    }
+
+
 def factor_grads_into(
     x: Tensor, h: Tensor, delta: Tensor, lora_b: Tensor, root: float, out_a: Tensor, out_b: Tensor
 ) -> None:
@@ -163,6 +173,7 @@ class _LinearCapture:
         self._handles = [module.register_forward_hook(self._forward)]
 
     def _forward(self, module: nn.Module, args: tuple, output: Tensor) -> None:
+        # in the trainable weight's dtype (fp32 also under a bf16 base: common/models/precision.py)
         self.inputs = args[0].detach().to(module.weight.dtype)
         if output.requires_grad:  # the output's gradient, whether or not the input needs one
             output.register_hook(self._backward)
@@ -221,27 +232,28 @@ class GradSampler:
             self._buffers[k] = (torch.empty(g, batch, m, r, **opts), torch.empty(g, batch, n, r, **opts))
         return self._buffers[k]
 
+    def _reduce(self, tap: _LoraTap) -> None:
+        """``tap``'s per-example gradients of the last pass into its slot of its group's buffers."""
+        if tap.delta is None:
+            raise RuntimeError(NO_PASS)
+        k, i = self._slot[tap.name]
+        g_a, g_b = self._buffer(k, tap.delta.shape[0])
+        tap.write(g_a[i], g_b[i])
+        self._written.add(tap.name)
+
     def _arrived(self, tap: _LoraTap) -> None:
         """``tap``'s output gradient arrived: reduce it to per-example gradients now (unless keeping io)."""
         if self.keep_io:
             return
-        k, i = self._slot[tap.name]
-        g_a, g_b = self._buffer(k, tap.delta.shape[0])
-        tap.write(g_a[i], g_b[i])
+        self._reduce(tap)
         tap.forget()  # the layer's input and output gradient are not held past its backward
-        self._written.add(tap.name)
 
     def factor_grads(self) -> StackedGrads:
         """The last pass's per-example gradients, ``{module: (g_A: (b, m, r), g_B: (b, n, r))}`` in
         paper factors, stacked per :attr:`groups`. Each call hands over that pass's buffers."""
         if self.keep_io:
-            for name, tap in self._taps.items():
-                if tap.delta is None:
-                    raise RuntimeError(NO_PASS)
-                k, i = self._slot[name]
-                g_a, g_b = self._buffer(k, tap.delta.shape[0])
-                tap.write(g_a[i], g_b[i])
-                self._written.add(name)
+            for tap in self._taps.values():
+                self._reduce(tap)
         if len(self._written) != len(self._taps):
             raise RuntimeError(NO_PASS)
         out = StackedGrads(

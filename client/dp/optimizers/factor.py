@@ -18,7 +18,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 from torch import Tensor
 
-from client.dp.grad_sample import shape_groups, stacked
+from client.dp.grad_sample import per_module, shape_groups, stacked
 from client.dp.optimizers.base import FactorGrads
 
 
@@ -80,16 +80,7 @@ class FactorDp:
 
     def module_sums(self) -> dict[str, list[Tensor | None]]:
         """``{module: [clipped sum of ∂lora_B (m, r), of ∂lora_A (r, n) or None]}`` (views)."""
-        return {
-            name: [None if acc is None else acc[i] for acc in sums]
-            for names, sums in zip(self.groups, self.sums, strict=True)
-            for i, name in enumerate(names)
-        }
-
-    def _peft_grads(self, name: str, gA: Tensor, gB: Tensor) -> tuple[Tensor, Tensor | None]:
-        """One module's per-example ``(∂lora_B: (b, m, r), ∂lora_A: (b, r, n) or None)``."""
-        root = self.roots[name]
-        return root * gA, None if self.freeze_a else root * gB.mT
+        return per_module(self.groups, self.sums)
 
     def clipped(self, k: int, g_a: Tensor, g_b: Tensor) -> tuple[Tensor, Tensor]:
         """Group ``k``'s per-example paper-factor gradients ``(g, b, m, r)``, ``(g, b, n, r)`` as this

@@ -160,11 +160,10 @@ class PrismDp:
 
     def _draws(self, generator: torch.Generator) -> list[tuple[Tensor, Tensor]]:
         """Standard normal ``(Ω_A: (g, m, r), Ω_B: (g, n, r))`` per group, each stack in one draw."""
-        opts = {"generator": generator}
         return [
-            (
-                torch.randn(geo.A.shape, **opts, dtype=geo.A.dtype, device=geo.A.device),
-                torch.randn(geo.B.shape, **opts, dtype=geo.B.dtype, device=geo.B.device),
+            tuple(
+                torch.randn(t.shape, generator=generator, dtype=t.dtype, device=t.device)
+                for t in (geo.A, geo.B)
             )
             for geo in self.geo
         ]

@@ -24,6 +24,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 from torch import Tensor
 
+from client.dp.grad_sample import per_module
 from client.dp.optimizers.factor import FactorDp
 from common.sparta import kept_rows
 
@@ -73,21 +74,14 @@ class SpartaDp(FactorDp):
         return self.steps_done < self.selection
 
     @property
-    def masks(self) -> dict[str, tuple[Tensor, Tensor]] | None:
-        """``{module: (lora_B row mask (m, 1), lora_A column mask (1, n))}``; None while selecting."""
-        return None if self._masks is None else self._per_module(self._masks)
+    def masks(self) -> dict[str, list[Tensor]] | None:
+        """``{module: [lora_B row mask (m, 1), lora_A column mask (1, n)]}``; None while selecting."""
+        return None if self._masks is None else per_module(self.groups, self._masks)
 
     @property
     def released(self) -> dict[str, list[Tensor]]:
         """``{module: [summed releases for lora_B (m, r), for lora_A (r, n)]}``."""
-        return self._per_module(self._released)
-
-    def _per_module(self, stacks) -> dict:
-        return {
-            name: type(pair)(t[i] for t in pair)
-            for names, pair in zip(self.groups, stacks, strict=True)
-            for i, name in enumerate(names)
-        }
+        return per_module(self.groups, self._released)
 
     def clipped(self, k: int, g_a: Tensor, g_b: Tensor) -> tuple[Tensor, Tensor]:
         if self._masks is None:

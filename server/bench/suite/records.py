@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from server.bench.suite.plan import Run
-from server.bench.suite.runner import OUTPUTS, finished
+from server.bench.suite.runner import OUTPUTS, finished, output_file
 
 #: the records' folder beside RESULTS.md's figures (``--docs docs``: docs/results/runs/)
 RECORDS = "runs"
@@ -38,10 +38,6 @@ def metrics_digest(path: Path) -> list[dict]:
     return [d for d in digest if set(d) - {"round"}]
 
 
-def _output_file(run_dir: Path) -> str | None:
-    return next((name for name in OUTPUTS if (run_dir / name).exists()), None)
-
-
 def save(done: Sequence[dict], records: Path, made: dict) -> int:
     """Write the record of every finished run in ``done`` (the suite's run records) into ``records``;
     ``made``: this invocation's date, commit and device, for runs that carry none and have no record
@@ -50,7 +46,7 @@ def save(done: Sequence[dict], records: Path, made: dict) -> int:
     changed = 0
     for d in done:
         run_dir = Path(d["dir"])
-        name = _output_file(run_dir)
+        name = output_file(run_dir)
         if d["output"] is None or name is None:
             continue
         path = records / f"{d['run'].key}.json"

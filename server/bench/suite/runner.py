@@ -29,13 +29,15 @@ ROOT = Path(__file__).resolve().parents[3]  # the repository (``python -m common
 OUTPUTS = ("summary.json", "result.json", "audit.json", "output.json")
 
 
+def output_file(run_dir: Path) -> str | None:
+    """The name of the run's result file (the first of :data:`OUTPUTS` that exists), or None."""
+    return next((name for name in OUTPUTS if (run_dir / name).exists()), None)
+
+
 def output_of(run_dir: Path) -> dict | None:
-    """The run's result (the first of :data:`OUTPUTS` that exists), or None."""
-    for name in OUTPUTS:
-        path = run_dir / name
-        if path.exists():
-            return json.loads(path.read_text(encoding="utf-8"))
-    return None
+    """The run's result (its :func:`output_file`'s JSON), or None."""
+    name = output_file(run_dir)
+    return None if name is None else json.loads((run_dir / name).read_text(encoding="utf-8"))
 
 
 def _stored(run_dir: Path) -> dict:

@@ -130,13 +130,13 @@ def test_factor_dp_clipped_sum_matches_opacus(tiny_llama, smollm2_tokenizer, fre
     # Per-example PEFT-weight gradients and their global squared norms.
     ours_per_example = {}
     for name, (g_a, g_b) in grads.items():
-        peft_b, peft_a = opt._peft_grads(name, g_a, g_b)
+        root = opt.roots[name]  # paper factors -> PEFT weights (common/models/lora.py)
         key_b, key_a = _lora_names(name)
-        ours_per_example[key_b] = peft_b
+        ours_per_example[key_b] = root * g_a
         if freeze_a:
-            assert peft_a is None
+            assert opt.module_sums()[name][1] is None  # no ∂lora_A is summed, let alone released
         else:
-            ours_per_example[key_a] = peft_a
+            ours_per_example[key_a] = root * g_b.mT
     assert set(ours_per_example) == set(samples)
     for key, g in ours_per_example.items():
         torch.testing.assert_close(g, samples[key], **tight)
