@@ -27,6 +27,7 @@ from common.models import AdapterState, adapter_size, adapter_state
 from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
 from common.privacy.mechanism import mechanism_for
+from common.privacy.participation import SKIP_IDLE
 from common.privacy.plan import STATS_ROUND, NoisePlan, plan_noise
 from common.tasks.training import StepSchedule
 from common.timing import phase
@@ -159,7 +160,10 @@ def admit(msg: Message, context: Context) -> Admitted:
 
 
 def train_admitted(a: Admitted, context: Context) -> tuple[AdapterState, dict]:
-    """The round's local steps on an admitted message: ``(increment, metrics)`` (:func:`trained`)."""
+    """The round's local steps on an admitted message: ``(increment, metrics)`` (:func:`trained`);
+    none for a simulated idle node (:func:`idle`), whose increment is the same zero update."""
+    if idle(a, context):
+        return trained(a, a.ins.global_state, {})
     metrics = _train_steps(context, a.cfg, a.ins, a.pid, a.parts, a.shard, a.plan)
     return trained(a, adapter_state(a.shard.bundle.model), metrics)
 
@@ -170,6 +174,13 @@ def trained(a: Admitted, local: AdapterState, metrics: dict) -> tuple[AdapterSta
     empty in a private run (neither the loss nor counts of Poisson-sampled examples are private)."""
     increment = local_increment(local, a.ins.global_state, a.cfg.increment_form)
     return contribution(increment, a.contributes), ({} if a.cfg.private else metrics)
+
+
+def idle(a: Admitted, context: Context) -> bool:
+    """Whether a simulated node skips the local steps of an admitted message: its hidden-participation
+    coin did not come up and the simulation's grid set :data:`SKIP_IDLE` (``--idle-training skip``).
+    Its reply then carries the zero update that training would have been multiplied into."""
+    return not a.contributes and bool(context.node_config.get(SKIP_IDLE, False))
 
 
 def batchable(a: Admitted) -> bool:
@@ -225,9 +236,12 @@ def takes_part(noise: NoisePlan | None) -> bool:
 
 def contribution(increment: AdapterState, coin: bool) -> AdapterState:
     """``increment`` when this node's coin came up, else a zero update of the same shapes: every
-    coordinate times 1 or 0, the same work either way, so that its timing does not show the coin."""
-    weight = float(coin)
-    return {name: value * weight for name, value in increment.items()}
+    coordinate kept or zeroed by one ``where``, the same work either way, so that its timing does not
+    show the coin (and a zero update is +0.0 everywhere, even where training diverged to nan)."""
+    return {
+        name: torch.where(torch.tensor(coin, device=value.device), value, 0.0)
+        for name, value in increment.items()
+    }
 
 
 def _train_steps(

@@ -15,7 +15,16 @@ from collections.abc import Sequence
 
 from flwr.app import Context, Message
 
-from client.app import Admitted, admit, batchable, cohort_member, release_admitted, train_admitted, trained
+from client.app import (
+    Admitted,
+    admit,
+    batchable,
+    cohort_member,
+    idle,
+    release_admitted,
+    train_admitted,
+    trained,
+)
 from client.cohort import DEFAULT_CLIENTS, CohortUnsupported, default_tokens, train_cohort
 from common.models import AdapterState
 from common.timing import phase
@@ -51,13 +60,16 @@ def _train(
     admitted: dict[int, Admitted], contexts: Sequence[Context]
 ) -> dict[int, tuple[AdapterState, dict] | Exception]:
     """``(increment, metrics)`` of every admitted message (or what its training raised): the
-    batchable ones of one model as one cohort, the others one by one."""
-    results: dict[int, tuple[AdapterState, dict] | Exception] = {}
+    batchable ones of one model as one cohort, the others one by one; a simulated idle node
+    (:func:`client.app.idle`) trains nowhere."""
+    results: dict[int, tuple[AdapterState, dict] | Exception] = {
+        i: train_admitted(a, contexts[i]) for i, a in admitted.items() if idle(a, contexts[i])
+    }
     groups: dict[int, list[int]] = {}
     for i, a in admitted.items():
-        if batchable(a):
+        if i not in results and batchable(a):
             groups.setdefault(id(a.shard.bundle.model), []).append(i)
-    alone = [i for i, a in admitted.items() if not batchable(a)]
+    alone = [i for i, a in admitted.items() if i not in results and not batchable(a)]
     if alone:
         _say_sequential(admitted[alone[0]].cfg.optimizer_kind)
     for group in groups.values():

@@ -33,6 +33,8 @@ CORRELATED = "dp-ftrl"
 PARTICIPATIONS = ("min-sep", "cyclic-poisson")
 #: how a simulation trains a round's clients (client/cohort.py)
 ENGINES = ("auto", "sequential", "batched")
+#: what a simulated node whose hidden-participation coin did not come up does (client/app.py)
+IDLE_TRAINING = ("train", "skip")
 #: the frozen base model's precision (common/models/precision.py)
 PRECISIONS = ("auto", "fp32", "bf16")
 #: client-level release kinds (common/privacy/mechanism.py ``register_release`` adds one at run time)
@@ -280,6 +282,16 @@ class RunConfig:
         "a simulation setting",
         LOCAL,
         choices=ENGINES,
+    )
+    idle_training: str = option(
+        "train",
+        "hidden participation in fedlora simulate: whether a node whose coin did not come up still "
+        "trains (train: constant work, as every deployed node does, so that a reply's timing does not "
+        "show the coin) or skips its local steps (skip: its reply is the same zero update, so the "
+        "released sum is unchanged, and a simulation of 1,000 nodes trains ~p of them; a simulation "
+        "setting, never read from a deployed run's config)",
+        LOCAL,
+        choices=IDLE_TRAINING,
     )
     cohort_tokens: int = option(
         0,
@@ -678,6 +690,11 @@ class RunConfig:
         if self.optimizer_kind != "none" and self.microbatch > self.batch_size:
             raise FedloraError(
                 f"--microbatch {self.microbatch} exceeds the logical batch --batch-size {self.batch_size}"
+            )
+        if self.idle_training == "skip" and not THREATS[self.threat_model].hides_participation:
+            raise FedloraError(
+                f"--idle-training skip is for hidden participation; under --threat-model {self.threat_model} "
+                "every sampled node contributes"
             )
         self._check_client_level()
         if self.public_subspace:

@@ -22,6 +22,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from tqdm.auto import tqdm
 
 from common.privacy.ledger import LEDGER_SYNC
+from common.privacy.participation import SKIP_IDLE
 from common.progress import bar
 from common.secagg import identity
 
@@ -91,7 +92,8 @@ class InProcessGrid(Grid):
         node's public key (``state_root/roster.pub``; a temporary folder without ``state_root``); the
         encoders the nodes receive are cached once, in ``state_root/shared``. The nodes' ledgers
         commit at ``ledger-sync = normal`` (client/node/state.py): they survive a crash of this
-        process but not of the machine (the server's own ledger commits at ``full``)."""
+        process but not of the machine (the server's own ledger commits at ``full``). A run's
+        ``idle-training skip`` becomes each node's :data:`SKIP_IDLE`: only a simulation translates it."""
         self.client_app = client_app
         self.cohort = cohort
         self.raise_errors = raise_errors
@@ -110,6 +112,7 @@ class InProcessGrid(Grid):
                     "partition-id": k,
                     "num-partitions": num_nodes,
                     LEDGER_SYNC: "normal",  # one disk for every node: their syncs would queue
+                    SKIP_IDLE: run_config.get("idle-training") == "skip",
                     identity.IDENTITY_KEY: str(keys / f"node-{k}" / "identity"),
                     identity.ROSTER: str(keys / "roster.pub"),
                     **(

@@ -24,8 +24,9 @@ NODE_LEDGER = "sample-ledger.sqlite"  # client/node/state.py (the server does no
 
 
 #: options that do not change what a run computes: where it is stored, whether it resumes, how many
-#: processes train its clients (server/workers.py) and whether TensorBoard gets its metrics too
-NOT_IDENTITY = ("out_dir", "resume", "workers", "engine", "cohort_tokens", "tensorboard")
+#: processes train its clients (server/workers.py) and how (the engine, whether idle nodes of hidden
+#: participation train: the same distribution of replies), whether TensorBoard gets its metrics too
+NOT_IDENTITY = ("out_dir", "resume", "workers", "engine", "idle_training", "cohort_tokens", "tensorboard")
 
 
 def _node_index(ledger_path: Path) -> int:

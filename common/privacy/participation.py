@@ -45,6 +45,12 @@ def contributes(rate: float) -> bool:
     return secrets.randbelow(2**53) < round(rate * 2**53)
 
 
+#: node config key that only the simulation's grids set (server/inprocess.py, from the run's
+#: ``idle-training``): a node whose hidden-participation coin did not come up skips its local steps.
+#: Deployed nodes never get it: they train whatever their coin says, so that no reply's timing shows it
+SKIP_IDLE = "simulated-skip-idle"
+
+
 def poisson_sample(node_ids: Sequence[int], rate: float, rng: np.random.Generator) -> list[int]:
     """Each node is included with probability ``rate``; the result may be empty."""
     if not 0.0 < rate <= 1.0:
@@ -297,6 +303,7 @@ class CappedCohorts:
 
 
 __all__ = [
+    "SKIP_IDLE",
     "CappedCohorts",
     "CyclicPoisson",
     "MinSeparation",

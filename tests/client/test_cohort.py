@@ -240,6 +240,43 @@ def test_a_batched_round_hands_each_transport_the_sequential_increment(
 
 
 @pytest.mark.integration
+def test_a_batched_round_that_skips_idle_nodes_trains_only_the_contributors(
+    tmp_path, monkeypatch, no_dropout
+):
+    """Hidden participation with ``--idle-training skip`` under the batched engine: the cohort holds
+    only the nodes whose coin came up, each of them hands its transport the increment it makes under
+    the sequential engine with constant work, and every other node the zero update."""
+    from client import cohort_round
+    from common.privacy import participation
+
+    coins = [True, False, True, False, False]  # nodes 1001..1005, in the order they are admitted
+    cohorts, real_cohort = [], cohort_round.train_cohort
+    monkeypatch.setattr(
+        cohort_round,
+        "train_cohort",
+        lambda model, task, device, members, *a: (
+            cohorts.append(len(members)) or real_cohort(model, task, device, members, *a)
+        ),
+    )
+    hidden = dict(THREAT_RUNS["secure"], threat_model="secure-aggregation-hidden", max_participations=0)
+    runs = []
+    for batched, idle_training in ((False, "train"), (True, "skip")):
+        feed = iter(coins)
+        monkeypatch.setattr(participation, "contributes", lambda rate, feed=feed: next(feed))
+        runs.append(_federation(tmp_path, batched, monkeypatch, idle_training=idle_training, **hidden)[0])
+    assert cohorts == [2]
+    (worked, skipped), contributors = runs, {1001, 1003}
+    assert sorted(worked) == sorted(skipped) == [(1, n) for n in range(1001, 1001 + NODES)]
+    for (_, node), increment in worked.items():
+        other = skipped[(1, node)]
+        if node in contributors:
+            assert max(float(increment[k].abs().max()) for k in increment) > 1e-3
+            assert max(float((increment[k] - other[k]).abs().max()) for k in increment) < 1e-6
+        else:
+            assert all(not v.any() and not other[k].any() for k, v in increment.items())
+
+
+@pytest.mark.integration
 def test_one_failing_node_is_its_own_dropout_not_the_cohorts(tmp_path, monkeypatch):
     sent, cfg, run = _federation(tmp_path, True, monkeypatch, failing=2, mechanism="fedavg", min_replies=2)
     assert {node for _, node in sent} == {1001, 1002, 1004, 1005}

@@ -53,6 +53,7 @@ FTRL = [
         (["--server-lr", "-1"], "server-lr must be > 0"),
         (["--clip-lr", "-0.1"], "clip-lr must be > 0"),
         (["--adaptive-clip"], "--adaptive-clip needs a client-level release"),
+        ([*SECURE, "--idle-training", "skip"], "--idle-training skip is for hidden participation"),
         (
             [
                 "--mechanism",

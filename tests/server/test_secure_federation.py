@@ -186,8 +186,9 @@ def test_clients_at_the_participation_cap_are_not_sampled_and_the_run_stops_when
     assert summary["rounds_completed"] == len(rounds) and "participation cap" in summary["stopped"]
 
 
+@pytest.mark.parametrize("idle_training", ["train", "skip"])
 def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sample_rate(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, idle_training
 ):
     """``secure-aggregation-hidden``: every node takes part in every round's protocol, trains, and its
     own coin decides whether it contributes (else a zero update with its Skellam share). The
@@ -195,7 +196,8 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     records; the ledgers (server and node) charge every client every round as Poisson-sampled at p,
     which amplifies against the server too, so ε is below the same noise at p = 1. Constant work: a
     node whose coin did not come up encodes its zero update with the full clip, rotation, rounding
-    and share, like any other update."""
+    and share, like any other update. A simulation with ``--idle-training skip`` differs in one thing
+    only: the nodes whose coin did not come up run no local step."""
     from common.privacy import discrete
 
     coins = iter([True, False, False, True, False, False] * 2)
@@ -212,13 +214,20 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
         app_module, "_shard", lambda context, *a: loaded.append(context.node_id) or real_shard(context, *a)
     )
     cfg = _cfg(
-        tmp_path / "run", threat_model="secure-aggregation-hidden", sample_rate=0.5, max_participations=0
+        tmp_path / "run",
+        threat_model="secure-aggregation-hidden",
+        sample_rate=0.5,
+        max_participations=0,
+        idle_training=idle_training,
     )
     _federate(cfg)
     recs = records(tmp_path / "run")[1:]
     assert [(r["sampled"], r["replied"], r["applied"]) for r in recs] == [(NODES, NODES, True)] * 2
-    assert len(trained) == 2 * NODES  # every node trains every round, whatever its coin...
-    assert loaded == trained  # ...and loads its data and the global adapter
+    assert len(loaded) == 2 * NODES  # every node loads its data and the global adapter every round...
+    if idle_training == "train":
+        assert trained == loaded  # ...and trains, whatever its coin
+    else:
+        assert trained == [1001, 1004] * 2  # ...and only those whose coin came up train
     assert sorted(zeros) == [False] * 4 + [True] * 8  # two contributors a round; the rest sent zero
     ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
     assert ledger.participations() == {n: 2 for n in range(1001, 1001 + NODES)}
@@ -238,6 +247,34 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
 
 #: rounds of the timing probe: the classifier's threshold is fitted on the even rounds, scored on the odd
 PROBE_ROUNDS = 60
+
+
+def test_a_simulated_idle_node_hands_its_transport_the_zero_update_training_would_have_made(
+    tmp_path, monkeypatch
+):
+    """``--idle-training skip`` changes no reply: a node whose coin did not come up hands its
+    transport the same increment whether it trained or skipped its steps, byte for byte (names,
+    shapes, dtypes, +0.0 everywhere), and empty metrics either way; so the released sum is the same
+    function of the coins, and only the work differs. Without the simulation's :data:`SKIP_IDLE`
+    (every deployed node) the node trains."""
+    monkeypatch.setattr(participation, "contributes", lambda rate: False)
+    _, grid, train_message = _hidden_node(tmp_path, 1)
+    context = grid.contexts[min(grid.contexts)]
+    assert context.node_config[participation.SKIP_IDLE] is False
+    admitted = app_module.admit(train_message(1), context)
+    assert not admitted.contributes and not app_module.idle(admitted, context)
+    steps, real_steps = [], app_module._train_steps
+    monkeypatch.setattr(app_module, "_train_steps", lambda *a: steps.append(1) or real_steps(*a))
+    worked, worked_metrics = app_module.train_admitted(admitted, context)
+    assert steps == [1]
+    context.node_config[participation.SKIP_IDLE] = True
+    skipped, skipped_metrics = app_module.train_admitted(admitted, context)
+    assert steps == [1]  # no local step
+    assert worked_metrics == skipped_metrics == {}
+    assert list(worked) == list(skipped)
+    for name, value in worked.items():
+        assert (value.shape, value.dtype) == (skipped[name].shape, skipped[name].dtype)
+        assert value.numpy().tobytes() == skipped[name].numpy().tobytes() == bytes(value.nbytes)
 
 
 def _hidden_node(tmp_path: Path, rounds: int):
