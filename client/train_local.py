@@ -75,6 +75,7 @@ LOCAL_OPTIONS = (
     "max_length",
     "lm_blocks",
     "partition_by",
+    "users_per_client",
     "seed",
     "device",
 )
@@ -101,7 +102,7 @@ def local_defaults(options: Sequence[str] = LOCAL_OPTIONS) -> dict[str, object]:
 
 
 #: the options that pick one node's shard of a federation's split (``--node``)
-SHARD_OPTIONS = ("num_clients", "partition", "dirichlet_alpha", "partition_by")
+SHARD_OPTIONS = ("num_clients", "partition", "dirichlet_alpha", "partition_by", "users_per_client")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -136,6 +136,13 @@ class RunConfig:
         "--partition natural makes one client per user (per unit)",
         MODEL,
     )
+    users_per_client: int = option(
+        1,
+        "--partition natural: whole users (units) each client holds, a seeded choice of num-clients x "
+        "this many (a silo of several plays)",
+        MODEL,
+        rule=AT_LEAST_ONE,
+    )
     rank: int = option(8, "LoRA rank r", MODEL, rule=AT_LEAST_ONE)
     lora_alpha: float = option(16.0, "LoRA alpha (scaling alpha / r)", MODEL, rule=POSITIVE)
     lora_dropout: float = option(0.0, "LoRA dropout", MODEL, rule=FRACTION)
@@ -657,6 +664,8 @@ class RunConfig:
     def _check_relations(self) -> None:
         if self.partition_by and self.partition != "natural":
             raise FedloraError("--partition-by needs --partition natural (one client per user)")
+        if self.users_per_client > 1 and self.partition != "natural":
+            raise FedloraError("--users-per-client needs --partition natural (clients of whole users)")
         local = self.optimizer_spec
         if local.full_rank and self.init_kind == "peft":
             raise FedloraError(f"{local.label} needs full-rank LoRA factors: use --lora-init balanced")

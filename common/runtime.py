@@ -33,6 +33,7 @@ def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit
         seed=cfg.seed,
         public_fraction=cfg.public_fraction,
         columns=columns_of(cfg),
+        users_per_client=cfg.users_per_client,
     )
     return _split(cfg.dataset, num_clients or cfg.num_clients, settings)
 

@@ -50,7 +50,10 @@ def _dataset_name(dataset: str) -> str:
 def _partition(cfg: RunConfig) -> str:
     """How the run's dataset was split over its clients, e.g. ``iid partition of rotten-tomatoes``."""
     text = f"{cfg.partition} partition of {_dataset_name(cfg.dataset)}"
-    if cfg.partition == "natural" and cfg.partition_by:
+    if cfg.partition == "natural" and cfg.users_per_client > 1:
+        units = f"values of {cfg.partition_by}" if cfg.partition_by else "users"
+        text += f", each client {cfg.users_per_client} whole {units}"
+    elif cfg.partition == "natural" and cfg.partition_by:
         text += f", one client per value of {cfg.partition_by}"
     return text
 

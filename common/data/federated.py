@@ -46,6 +46,7 @@ class SplitSettings:
     seed: seeds the test split, the public share, the caps and the partition.
     public_fraction: share of the training pool that becomes the server's public data, 0 = none.
     columns: the text, label and user columns of a data owner's file (and ``--partition-by``).
+    users_per_client: whole users (units) each client holds under ``natural``.
     """
 
     method: str = "dirichlet"
@@ -56,6 +57,7 @@ class SplitSettings:
     seed: int = 0
     public_fraction: float = 0.0
     columns: Columns = DEFAULT_COLUMNS
+    users_per_client: int = 1
 
 
 def federated_split(
@@ -107,7 +109,7 @@ def federated_split(
     labels = np.asarray(corpus.labels)[train]
     units = _users(corpus, columns, dataset)
     users = [units[i] for i in train] if units else None
-    parts = partition(labels, num_clients, method, alpha, seed, users)
+    parts = partition(labels, num_clients, method, alpha, seed, users, settings.users_per_client)
     return FederatedSplit(corpus, test, tuple(train[p] for p in parts), public)
 
 

@@ -62,21 +62,28 @@ def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float, seed
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
-def natural_partition(users: Sequence[object], num_clients: int, seed: int) -> list[np.ndarray]:
-    """One client per user: the positions of ``users`` grouped by value (the user of each text),
-    every user when ``num_clients`` is their number, else a seeded choice of ``num_clients`` users."""
+def natural_partition(
+    users: Sequence[object], num_clients: int, seed: int, per_client: int = 1
+) -> list[np.ndarray]:
+    """Clients of whole users: the positions of ``users`` grouped by value (the user of each text).
+    Each client holds ``per_client`` users (a silo of several, e.g. plays): a seeded choice of
+    ``num_clients × per_client`` users, in their order of first appearance, cut into runs of
+    ``per_client`` (every user when that is their number)."""
     by_user: dict[object, list[int]] = {}
     for i, key in enumerate(users):
         by_user.setdefault(key, []).append(i)
-    count = len(by_user)
-    if not 1 <= num_clients <= count:
+    count, wanted = len(by_user), num_clients * per_client
+    if not 1 <= wanted <= count:
         raise FedloraError(
-            f"natural partition: {count} users in the training pool; --num-clients must be 1..{count}, "
-            f"got {num_clients}"
+            f"natural partition: {count} users in the training pool; --num-clients x --users-per-client "
+            f"must be 1..{count}, got {num_clients} x {per_client}"
         )
     members = list(by_user.values())  # in order of first appearance
-    chosen = np.sort(np.random.default_rng([seed, 0x7A7]).permutation(count)[:num_clients])
-    return [np.asarray(members[c], dtype=np.int64) for c in chosen]
+    chosen = np.sort(np.random.default_rng([seed, 0x7A7]).permutation(count)[:wanted])
+    return [
+        np.sort(np.concatenate([np.asarray(members[c], dtype=np.int64) for c in group]))
+        for group in chosen.reshape(num_clients, per_client)
+    ]
 
 
 def partition(
@@ -86,15 +93,19 @@ def partition(
     alpha: float,
     seed: int,
     users: Sequence[object] | None = None,
+    per_client: int = 1,
 ) -> list[np.ndarray]:
-    """``method``: ``iid``, ``dirichlet`` or ``natural`` (one client per user: ``users[i]`` is the
-    user of text ``i``; without ``users`` each text is its own user, e.g. a shakespeare role)."""
+    """``method``: ``iid``, ``dirichlet`` or ``natural`` (``per_client`` whole users per client:
+    ``users[i]`` is the user of text ``i``; without ``users`` each text is its own user, e.g. a
+    shakespeare role)."""
     if method == "iid":
         return iid_partition(len(labels), num_clients, seed)
     if method == "dirichlet":
         return dirichlet_partition(labels, num_clients, alpha, seed)
     if method == "natural":
-        return natural_partition(range(len(labels)) if users is None else users, num_clients, seed)
+        return natural_partition(
+            range(len(labels)) if users is None else users, num_clients, seed, per_client
+        )
     raise FedloraError(f"unknown partition '{method}'; choose iid, dirichlet or natural")
 
 

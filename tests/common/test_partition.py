@@ -78,3 +78,29 @@ def test_the_public_split_never_overlaps_a_clients_data_or_the_test_set(method):
 def test_a_public_fraction_outside_the_range_is_one_line(fraction):
     with pytest.raises(FedloraError, match=r"public-fraction must be 0 or in \(0, 0.5\]"):
         preset("small", public_fraction=fraction).check()
+
+
+def test_a_natural_client_of_several_users_holds_each_of_them_whole():
+    """``--users-per-client K``: each client holds K whole users, no user is split or shared, and
+    K = 1 is the one-user partition (the same seeded choice of users)."""
+    from common.data.split import natural_partition
+
+    users = [f"u{i % 13}" for i in range(200)]
+    one = natural_partition(users, 4, seed=3)
+    for per_client in (1, 3):
+        parts = natural_partition(users, 4, seed=3, per_client=per_client)
+        owners = [{users[i] for i in p} for p in parts]
+        assert [len(o) for o in owners] == [per_client] * 4
+        assert len(set().union(*owners)) == 4 * per_client  # no user on two clients
+        for part, held in zip(parts, owners, strict=True):  # every text of a user it holds
+            assert sorted(part.tolist()) == [i for i, u in enumerate(users) if u in held]
+    assert [p.tolist() for p in natural_partition(users, 4, seed=3, per_client=1)] == [
+        p.tolist() for p in one
+    ]
+    with pytest.raises(FedloraError, match=r"must be 1\.\.13, got 4 x 4"):
+        natural_partition(users, 4, seed=3, per_client=4)
+
+
+def test_users_per_client_needs_the_natural_partition():
+    with pytest.raises(FedloraError, match="--users-per-client needs --partition natural"):
+        preset("minilm-rt", users_per_client=2).check()

