@@ -145,6 +145,14 @@ def config_of(args: argparse.Namespace) -> RunConfig:
     return RunConfig(**values).check()
 
 
+def check_node(cfg: RunConfig, node: int) -> None:
+    """Refuse a ``--node`` outside the ``--num-clients`` split (one line)."""
+    if not 0 <= node < cfg.num_clients:
+        raise FedloraError(
+            f"--node must be in [0, {cfg.num_clients}) (--num-clients {cfg.num_clients}), got {node}"
+        )
+
+
 def train_local(
     cfg: RunConfig, out: Path, charge_every: int = 25, validation: int = 0, node: int = 0
 ) -> dict:
@@ -155,10 +163,7 @@ def train_local(
         raise FedloraError(f"{out} is not empty; train-local never writes into an existing run")
     if charge_every < 1:
         raise FedloraError("charge-every must be >= 1")
-    if not 0 <= node < cfg.num_clients:
-        raise FedloraError(
-            f"--node must be in [0, {cfg.num_clients}) (--num-clients {cfg.num_clients}), got {node}"
-        )
+    check_node(cfg, node)
     start = time.time()
     bundle, split, task = open_local(cfg)
     model, device = bundle.model, bundle.device

@@ -19,7 +19,14 @@ import statistics
 import time
 from pathlib import Path
 
-from client.train_local import LOCAL_MECHANISMS, SHARD_OPTIONS, config_of, local_defaults, train_local
+from client.train_local import (
+    LOCAL_MECHANISMS,
+    SHARD_OPTIONS,
+    check_node,
+    config_of,
+    local_defaults,
+    train_local,
+)
 from common.errors import FedloraError
 from common.options import add_config_arguments
 
@@ -45,9 +52,16 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    shared = {k: v for k, v in local_defaults().items() if k not in TUNED and k not in SHARD_OPTIONS}
+    shared = {k: v for k, v in local_defaults().items() if k not in TUNED}
     add_config_arguments(parser, only=list(shared), defaults=shared)
     add = parser.add_argument
+    add(
+        "--node",
+        type=int,
+        default=0,
+        help="tune on node K's shard of the --num-clients split (a silo's data: its validation examples "
+        "carved from that shard); default one node with the whole training split",
+    )
     add("--methods", default="prism,dp-adamw,ffa,fedavg", help="comma-separated train-local mechanisms")
     add("--lrs", type=_floats, default=[1e-3, 3e-3], help="learning-rate grid (default 1e-3,3e-3)")
     add("--clips", type=_floats, default=[0.5, 1.0], help="per-example clip grid (default 0.5,1.0)")
@@ -79,7 +93,7 @@ def compare(args: argparse.Namespace) -> dict:
     for method in methods:  # every configuration is checked before anything runs
         for lr in args.lrs:
             for clip in args.clips:
-                _config(args, method, lr, clip, args.seeds[0])
+                check_node(_config(args, method, lr, clip, args.seeds[0]), args.node)
     start = time.time()
     rows = []
     for method in methods:
@@ -89,14 +103,16 @@ def compare(args: argparse.Namespace) -> dict:
             for clip in clips:
                 cfg = _config(args, method, lr, clip, args.seeds[0])
                 name = f"grid/{method}-lr{lr:g}-clip{clip:g}"
-                result = train_local(cfg, out / name, validation=args.validation)
+                result = train_local(cfg, out / name, validation=args.validation, node=args.node)
                 grid.append(
                     {"lr": lr, "clip": clip if method != "fedavg" else None, "score": result[_metric(result)]}
                 )
         best = max(grid, key=lambda g: g["score"])
         runs = [
             train_local(
-                _config(args, method, best["lr"], best["clip"] or 1.0, seed), out / f"test/{method}-s{seed}"
+                _config(args, method, best["lr"], best["clip"] or 1.0, seed),
+                out / f"test/{method}-s{seed}",
+                node=args.node,
             )
             for seed in args.seeds
         ]
@@ -116,6 +132,7 @@ def compare(args: argparse.Namespace) -> dict:
             "validation": args.validation,
             "head_init": args.head_init,
             "pooling": args.pooling,
+            "shard": {**{k: getattr(args, k) for k in SHARD_OPTIONS}, "node": args.node},
         },
         "note": GRID_NOTE,
         "wall_time_s": round(time.time() - start, 1),

@@ -46,3 +46,32 @@ def test_compare_refuses_bad_input_before_running(tmp_path, capsys):
     )
     assert code != 0 and "exceeds the logical batch" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
+
+
+@pytest.mark.integration
+def test_compare_tunes_on_one_nodes_shard(tmp_path):
+    """``--num-clients N --node K`` (a silo's data): the grid is scored on validation examples carved
+    from node K's shard, and the seeds train on that shard; a node outside the split is refused first."""
+    shard = ["--num-clients", "2", "--node", "1", "--seeds", "0"]
+    bad = run_cli(
+        [
+            "bench",
+            "compare",
+            "--methods",
+            "fedavg",
+            *TINY,
+            *shard[:2],
+            "--node",
+            "2",
+            "--out",
+            str(tmp_path / "x"),
+        ]
+    )
+    assert bad != 0 and not (tmp_path / "x").exists()
+    out = tmp_path / "cmp"
+    assert run_cli(["bench", "compare", "--methods", "fedavg", *TINY, *shard, "--out", str(out)]) == 0
+    grid_run = json.loads((out / "grid" / "fedavg-lr0.01-clip1" / "result.json").read_text())
+    test_run = json.loads((out / "test" / "fedavg-s0" / "result.json").read_text())
+    assert grid_run["node"] == test_run["node"] == 1 and grid_run["num_clients"] == 2
+    assert grid_run["examples"] == test_run["examples"] - 8 and test_run["examples"] < 40
+    assert json.loads((out / "results.json").read_text())["settings"]["shard"]["node"] == 1
