@@ -17,6 +17,7 @@ from server.bench.suite.runner import execute
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
     "client-level",
+    "correlated-noise",
     "sample-level",
     "generative",
     "cross-silo",
@@ -196,6 +197,52 @@ def test_every_planned_federation_is_a_valid_configuration(name):
         parser = argparse.ArgumentParser()
         simulate.add_arguments(parser)
         simulate.config_from_args(parser.parse_args([*run.command[2:], "--out", "x"]))
+
+
+@pytest.mark.parametrize("name", ["tiny", "full"])
+def test_the_correlated_noise_arms_hold_the_same_participation_rule(name):
+    """The same-rule DP-FedAvg arm's --min-separation is the separation the MF arm of the same base
+    resolves (its auto bands, 1/p): otherwise the paired comparison compares two rules."""
+    import argparse
+
+    from common.privacy.ftrl_plan import auto_bands
+    from server import simulate
+
+    planned = [r for r in runs(profile(name)) if r.section == "correlated-noise"]
+    assert planned
+    for run in planned:
+        parser = argparse.ArgumentParser()
+        simulate.add_arguments(parser)
+        cfg = simulate.config_from_args(parser.parse_args([*run.command[2:], "--out", "x"]))
+        if cfg.mechanism == "dp-ftrl":
+            separation = cfg.min_separation or cfg.bands or auto_bands(cfg.sample_rate)
+            assert str(separation) in run.arm.label
+
+
+def test_the_correlated_noise_section_pairs_each_budget_s_first_arm_with_the_others_seed_by_seed():
+    from server.bench.suite.plan import Arm
+    from server.bench.suite.sections import correlated_noise
+
+    def out(acc: float) -> dict:
+        return {"before": {"accuracy": 0.69}, "after": {"accuracy": acc, "top_class_share": 0.6}}
+
+    mf, same, amp = Arm("mf", (), 3.0), Arm("same", (), 3.0), Arm("amp", (), 3.0)
+    accs = {mf: (0.76, 0.75, 0.78), same: (0.74, 0.75, 0.75), amp: (0.77, 0.74, 0.79)}
+    done = [
+        {"run": Run("correlated-noise", f"k{i}{s}", (), arm=arm, seed=s), "output": out(a), "error": None}
+        for i, (arm, values) in enumerate(accs.items())
+        for s, a in enumerate(values)
+        if not (arm is amp and s == 2)  # an unfinished seed: paired over the seeds both ran
+    ]
+    sec = correlated_noise(done)
+    assert [r["arm"] for r in sec["rows"]] == ["mf", "same", "amp"]
+    assert sec["rows"][0]["accuracy after (mean ± std)"] == "0.763 ± 0.015"
+    paired = [n for n in sec["notes"] if " − " in n]
+    assert (
+        paired[0]
+        == "mf − same, points by seed (0, 1, 2): +2.0, +0.0, +3.0; mean +1.7 ± 1.5, standard error 0.9"
+    )
+    assert paired[1] == "mf − amp, points by seed (0, 1): -1.0, +1.0; mean +0.0 ± 1.4, standard error 1.0"
 
 
 def test_the_audit_section_shows_each_arm_beside_its_claim():

@@ -8,7 +8,9 @@ is run, so any figure in the report can be reproduced by pasting its command.
   100 logical batches of 128 from the whole train split, each method at its own learning rate, the
   best of a validation grid: ``fedlora bench compare``, docs/prism.md), 3 seeds; ``fedlora audit``
   at its defaults; SmolLM2 on Shakespeare roles (``smollm2-shakespeare-xdev``, user-level ε 8 and
-  2; ``smollm2-shakespeare-silo``, sample-level ε 3 per play, and each play alone). Hours on a
+  2; ``smollm2-shakespeare-silo``, sample-level ε 3 per play, and each play alone); banded MF
+  DP-FTRL against DP-FedAvg under the same participation rule and amplified (``minilm-rt-xdev``, 300
+  rounds, server momentum: issue 51's declared runs, docs/correlated-noise.md). Hours on a
   2-core CPU; a run directory that already holds a finished run with the same command is reused,
   so an interrupted suite picks up where it stopped.
 - ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
@@ -75,6 +77,8 @@ class Profile:
     silo_arms: tuple[Arm, ...] = ()
     alone_base: tuple[str, ...] = ()  # ``train-local`` of one silo on its own (an arm adds ``--node K``)
     alone_arms: tuple[Arm, ...] = ()
+    ftrl_base: tuple[str, ...] = ()  # correlated noise against DP-FedAvg (long cross-device runs)
+    ftrl_arms: tuple[Arm, ...] = ()
 
 
 def _args(line: str) -> tuple[str, ...]:
@@ -139,19 +143,56 @@ def _secure_arms(min_replies: int, cap: int, epsilons: tuple[float, ...]) -> tup
     )
 
 
-def _hidden_arms(min_replies: int, epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
+def _hidden_arms(min_replies: int, epsilons: tuple[float, ...], extra: str = "") -> tuple[Arm, ...]:
     """dp-fedavg under secure aggregation with hidden participation (issue 34) at each ε: every client
-    in every round, each contributing by its own coin at p, so sampling amplifies against the server."""
+    in every round, each contributing by its own coin at p, so sampling amplifies against the server.
+    ``extra``: options added to each command."""
     return tuple(
         Arm(
             f"dp-fedavg secure aggregation ε={e:g} (hidden participation)",
             _args(
                 f"{_DP} --threat-model secure-aggregation-hidden --target-epsilon {e:g} --min-replies {min_replies}"
+                f"{extra}"
             ),
             e,
         )
         for e in epsilons
     )
+
+
+def _ftrl_arms(
+    epsilons: tuple[float, ...], separation: int, seeds: tuple[tuple[int, ...] | None, ...]
+) -> tuple[Arm, ...]:
+    """At each ε (with its seeds, None: the profile's): banded MF DP-FTRL at its default bands, b = 1/p
+    for the base's sample rate p, under b-min-separation with no amplification claimed (``separation``
+    is that b: the plan's test checks it); DP-FedAvg charged under the same rule (one band: the
+    Gaussian mechanism, each participation at p = 1); DP-FedAvg with amplification by Poisson
+    sampling credited (issue 51, docs/correlated-noise.md). The first arm of each ε is the one the
+    section compares the others with."""
+    budget = "--threat-model central --delta 1e-6 --clip 0.5 --target-epsilon"
+    arms = []
+    for e, s in zip(epsilons, seeds, strict=True):
+        arms += [
+            Arm(
+                f"dp-ftrl banded MF ε={e:g} ({separation} bands, min-separation {separation})",
+                _args(f"--mechanism dp-ftrl {budget} {e:g}"),
+                e,
+                s,
+            ),
+            Arm(
+                f"dp-fedavg ε={e:g}, same rule (min-separation {separation}, no amplification)",
+                _args(f"--mechanism dp-ftrl --bands 1 --min-separation {separation} {budget} {e:g}"),
+                e,
+                s,
+            ),
+            Arm(
+                f"dp-fedavg ε={e:g}, amplified (Poisson sampling)",
+                _args(f"--mechanism dp-fedavg {budget} {e:g}"),
+                e,
+                s,
+            ),
+        ]
+    return tuple(arms)
 
 
 SAMPLE_METHODS = ("fedavg", "prism", "dp-adamw", "ffa", "sparta")
@@ -243,7 +284,11 @@ _PROFILES: dict[str, Profile] = {
             *_client_arms(min_replies=75, ae_steps=300, epsilons=(8.0, 3.0, 1.0)),
             *_public_arms(k=128, epsilons=(8.0, 3.0)),
             *_secure_arms(min_replies=90, cap=3, epsilons=(8.0, 3.0)),
-            *_hidden_arms(min_replies=900, epsilons=(8.0, 3.0)),
+            # issue 49's measured runs: fp32 like every run before them, idle nodes skipping the work
+            # their coin zeroes (the same releases: docs/secure-aggregation.md)
+            *_hidden_arms(
+                min_replies=900, epsilons=(8.0, 3.0), extra=" --precision fp32 --idle-training skip"
+            ),
         ),
         sample_base=_args(_FULL_SAMPLE),
         sample_arms=_sample_arms(3.0, FULL_SAMPLE_LR),
@@ -257,6 +302,10 @@ _PROFILES: dict[str, Profile] = {
         silo_arms=_silo_arms(3.0),
         alone_base=_ALONE_BASE,
         alone_arms=_ALONE_ARMS,
+        ftrl_base=_args(
+            "simulate --preset minilm-rt-xdev --rounds 300 --server-optimizer momentum --server-lr 0.1 --eval-every 10"
+        ),
+        ftrl_arms=_ftrl_arms((3.0, 8.0), seeds=(None, (0,)), separation=10),
     ),
     "quick": Profile(
         "quick",
@@ -290,6 +339,11 @@ _PROFILES: dict[str, Profile] = {
             f"{_SAMPLE} --local-steps 1 --batch-size 4 --max-train-examples 200 --eval-examples 16"
         ),
         sample_arms=(Arm("prism ε=3", _args("--mechanism prism --sample-epsilon 3"), 3.0),),
+        ftrl_base=_args(
+            "simulate --preset minilm-rt-xdev --num-clients 4 --sample-rate 0.5 --rounds 2 "
+            "--max-train-examples 200 --eval-examples 16"
+        ),
+        ftrl_arms=_ftrl_arms((8.0,), seeds=(None,), separation=2),
         codec=(),
         prism_step=_args("bench prism-step --model smollm2-135m --batch 2 --seq 16 --repeats 1 --json"),
         scale=(),
@@ -307,6 +361,7 @@ def runs(p: Profile) -> list[Run]:
     out: list[Run] = []
     for section, key, base, arms in (
         ("client-level", "client-level", p.client_base, p.client_arms),
+        ("correlated-noise", "correlated-noise", p.ftrl_base, p.ftrl_arms),
         ("sample-level", "sample-level", p.sample_base, p.sample_arms),
         ("generative", "generative", p.lm_base, p.lm_arms),
         ("cross-silo", "cross-silo", p.silo_base, p.silo_arms),

@@ -122,24 +122,68 @@ def _utility(done: Sequence[dict], name: str, title: str, read: Callable[[dict],
     return sec
 
 
-def client_level(done: Sequence[dict]) -> dict:
-    def read(s: dict) -> dict:
-        return {
-            "before": s["before"]["accuracy"],
-            "after": s["after"]["accuracy"],
-            "top": s["after"].get("top_class_share"),
-            "privacy": s.get("client_privacy") or {},
-            "extra": s.get("bytes_up_per_round", 0) / 1e6,
-        }
+def _federation(s: dict) -> dict:
+    """A classification federation's ``simulate`` summary, as :func:`_utility` reads it."""
+    return {
+        "before": s["before"]["accuracy"],
+        "after": s["after"]["accuracy"],
+        "top": s["after"].get("top_class_share"),
+        "privacy": s.get("client_privacy") or {},
+        "extra": s.get("bytes_up_per_round", 0) / 1e6,
+    }
 
+
+def client_level(done: Sequence[dict]) -> dict:
     sec = _utility(
         done,
         "client-level",
         "Utility under client-level DP (cross-device federations)",
-        read,
+        _federation,
         "up per round (MB)",
     )
     sec["notes"] += _client_guarantees(done, "client-level")
+    return sec
+
+
+def _paired(rows: Sequence[dict], done: Sequence[dict], section: str) -> list[str]:
+    """For each budget, the first arm at that ε against every other arm at it: the accuracy difference
+    in points, seed by seed (the seeds both ran), its mean ± std and standard error."""
+    by_arm = {
+        arm.label: {d["run"].seed: d["output"]["after"]["accuracy"] for d in group if d["output"]}
+        for arm, group in _group(done, section)
+    }
+    notes = []
+    for eps in dict.fromkeys(r["_target"] for r in rows if r["_target"] is not None):
+        first, *others = [r["arm"] for r in rows if r["_target"] == eps]
+        for other in others:
+            seeds = sorted(set(by_arm[first]) & set(by_arm[other]))
+            diffs = [100 * (by_arm[first][s] - by_arm[other][s]) for s in seeds]
+            if not diffs:
+                continue
+            each = ", ".join(f"{d:+.1f}" for d in diffs)
+            spread = (
+                f"; mean {statistics.mean(diffs):+.1f} ± {statistics.stdev(diffs):.1f}, "
+                f"standard error {statistics.stdev(diffs) / math.sqrt(len(diffs)):.1f}"
+                if len(diffs) > 1
+                else ""
+            )
+            notes.append(f"{first} − {other}, points by seed ({', '.join(map(str, seeds))}): {each}{spread}")
+    return notes
+
+
+def correlated_noise(done: Sequence[dict]) -> dict:
+    """Banded matrix-factorization DP-FTRL against DP-FedAvg charged under the same participation rule
+    and against amplified DP-FedAvg (issue 51): the accuracy table, and each budget's first arm
+    against the others seed by seed (the claim is a paired one)."""
+    sec = _utility(
+        done,
+        "correlated-noise",
+        "Correlated noise: banded matrix-factorization DP-FTRL against DP-FedAvg (cross-device)",
+        _federation,
+        "up per round (MB)",
+    )
+    sec["notes"] += _paired(sec["rows"], done, "correlated-noise")
+    sec["notes"] += _client_guarantees(done, "correlated-noise")
     return sec
 
 
@@ -593,6 +637,7 @@ def scale(done: Sequence[dict]) -> dict:
 #: section name -> builder (``speed`` also takes the device)
 BUILDERS: dict[str, Callable[..., dict]] = {
     "client-level": client_level,
+    "correlated-noise": correlated_noise,
     "sample-level": sample_level,
     "generative": generative,
     "cross-silo": cross_silo,
