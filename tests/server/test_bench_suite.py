@@ -245,6 +245,34 @@ def test_the_correlated_noise_section_pairs_each_budget_s_first_arm_with_the_oth
     assert paired[1] == "mf − amp, points by seed (0, 1): -1.0, +1.0; mean +0.0 ± 1.4, standard error 1.0"
 
 
+@pytest.mark.parametrize("preset", ["smollm2-shakespeare-silo", "smollm2-shakespeare-bigsilo"])
+def test_a_node_alone_holds_the_shard_it_holds_in_the_federation(preset):
+    """``train-local --node K`` of the plan's alone arms resolves every option that picks the split as
+    the silo preset does (a different cap or users per client would train another shard)."""
+    from common.presets import preset as load
+    from server.bench.suite.adopt import _train_local_config
+    from server.bench.suite.plan import _alone
+
+    federation = load(preset)
+    base, arms = _alone(preset, "ffa", {"ffa": "--lr 3e-2"})
+    same = ("num_clients", "partition", "partition_by", "users_per_client", "max_train_examples")
+    same += (
+        "test_fraction",
+        "eval_examples",
+        "max_length",
+        "lm_blocks",
+        "sample_epsilon",
+        "delta",
+        "batch_size",
+    )
+    for arm in arms:
+        alone = _train_local_config([*base[1:], *arm.argv])
+        for option in same:
+            assert alone[option] == getattr(federation, option), option
+        assert alone["local_steps"] == federation.rounds * federation.local_steps
+        assert (alone["mechanism"], alone["lr"]) == ("ffa", 3e-2)
+
+
 def test_the_audit_section_shows_each_arm_beside_its_claim():
     from server.bench.suite.sections import audit
 

@@ -233,33 +233,59 @@ def _lm_arms(epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
     )
 
 
-def _silo_arms(epsilon: float) -> tuple[Arm, ...]:
-    """Non-private FedAvg of local AdamW, and each sample-level local optimizer at ``epsilon`` per node,
-    all at the preset's learning rate (one for every method, not tuned)."""
-    return (
-        Arm("fedavg (not private)", _args("--mechanism fedavg")),
-        *(
-            Arm(f"{m} ε={epsilon:g}", _args(f"--mechanism {m} --sample-epsilon {epsilon:g}"), epsilon)
-            for m in ("prism", "dp-adamw", "ffa")
-        ),
-    )
+def _tuned(method: str, tuned: dict[str, str] | None) -> tuple[str, str]:
+    """(options, label suffix) of ``method``'s own settings in ``tuned`` (e.g. ``--lr 3e-2``); none:
+    the preset's."""
+    extra = (tuned or {}).get(method, "")
+    return (f" {extra}", f" ({extra.replace('--', '').strip()})") if extra else ("", "")
 
 
-def _alone(preset: str) -> tuple[tuple[str, ...], tuple[Arm, ...]]:
+def _silo_arms(epsilon: float, tuned: dict[str, str] | None = None) -> tuple[Arm, ...]:
+    """Non-private FedAvg of local AdamW, and each sample-level local optimizer at ``epsilon`` per node;
+    ``tuned``: each method's own options (its validated learning rate, its init), else the preset's."""
+    opts, label = _tuned("fedavg", tuned)
+    arms = [Arm(f"fedavg (not private){label}", _args(f"--mechanism fedavg{opts}"))]
+    for m in ("prism", "dp-adamw", "ffa"):
+        opts, label = _tuned(m, tuned)
+        arms.append(
+            Arm(
+                f"{m} ε={epsilon:g}{label}",
+                _args(f"--mechanism {m} --sample-epsilon {epsilon:g}{opts}"),
+                epsilon,
+            )
+        )
+    return tuple(arms)
+
+
+def _alone(
+    preset: str, method: str = "", tuned: dict[str, str] | None = None
+) -> tuple[tuple[str, ...], tuple[Arm, ...]]:
     """The ``train-local`` base and arms (``--node K``) of each node of the cross-silo ``preset``
-    trained alone: its split, method, budget, batch and learning rate, and as many local steps as a
-    node takes in the federation (rounds x local steps), evaluated on the same held-out roles."""
+    trained alone: its split (the same shard options, so node K holds what it holds in the
+    federation), ``method`` (default the preset's) with its ``tuned`` options, budget and batch, and as
+    many local steps as a node takes in the federation (rounds x local steps), evaluated on the same
+    held-out roles."""
     c = PRESETS[preset]
+    method = method or str(c["mechanism"])
+    opts, label = _tuned(method, tuned)
+    users = int(c.get("users_per_client", 1))
+    lr = "" if "--lr" in opts else f" --lr {c['lr']:g}"  # the preset's unless tuned
     base = _args(
         f"train-local --model {c['model']} --dataset {c['dataset']} --max-length {c['max_length']} "
         f"--lm-blocks {c['lm_blocks']} --partition {c['partition']} --partition-by {c['partition_by']} "
-        f"--num-clients {c['num_clients']} --mechanism {c['mechanism']} --sample-epsilon {c['sample_epsilon']:g} "
-        f"--delta {c['delta']:g} --local-steps {c['rounds'] * c['local_steps']} --batch-size {c['batch_size']} "
-        f"--lr {c['lr']:g} --eval-examples {c['eval_examples']}"
+        f"--num-clients {c['num_clients']} --users-per-client {users} "
+        f"--max-train-examples {c['max_train_examples']} --mechanism {method} "
+        f"--sample-epsilon {c['sample_epsilon']:g} --delta {c['delta']:g} "
+        f"--local-steps {c['rounds'] * c['local_steps']} --batch-size {c['batch_size']}{lr} "
+        f"--eval-examples {c['eval_examples']}{opts}"
     )
-    label = f"{c['mechanism']} ε={c['sample_epsilon']:g}"
+    unit = "play {} alone" if users == 1 else f"node {{}} alone ({users} plays)"
     arms = tuple(
-        Arm(f"play {k} alone, {label}", ("--node", str(k)), c["sample_epsilon"])
+        Arm(
+            f"{unit.format(k)}, {method} ε={c['sample_epsilon']:g}{label}",
+            ("--node", str(k)),
+            c["sample_epsilon"],
+        )
         for k in range(c["num_clients"])
     )
     return base, arms
