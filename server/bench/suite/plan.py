@@ -369,7 +369,7 @@ _PROFILES: dict[str, Profile] = {
             "simulate --preset minilm-rt-xdev --num-clients 4 --sample-rate 0.5 --rounds 2 "
             "--max-train-examples 200 --eval-examples 16"
         ),
-        ftrl_arms=_ftrl_arms((8.0,), seeds=(None,), separation=2),
+        ftrl_arms=_ftrl_arms((8.0,), seeds=(None,), separation=2)[:2],  # MF and the same rule: a pair
         codec=(),
         prism_step=_args("bench prism-step --model smollm2-135m --batch 2 --seq 16 --repeats 1 --json"),
         scale=(),
