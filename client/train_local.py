@@ -37,6 +37,7 @@ from common.models.lora import lora_layers, lora_norm
 from common.options import add_config_arguments, config_values
 from common.privacy.ledger import Ledger
 from common.privacy.release import global_norm
+from common.provenance import made
 from common.runtime import initial_adapter, open_model, open_split
 from common.tasks import make_task
 from common.tasks.base import Task
@@ -222,6 +223,7 @@ def train_local(
         **(dp_optimizer(kind).report(cfg, stats) if plan else {}),  # e.g. prism's floor, sparta's rows
         "privacy": _privacy(plan, privacy, cfg.delta, validation, stats.get("assumptions")),
         "seconds": round(time.time() - start, 1),
+        "made": made(),  # when, at which commit and where (a report that adopts the run names it)
     }
     saved = {**adapter_state(model), **{f"{name}.delta": d for name, d in deltas.items()}}
     save_file(saved, str(out / "adapter.safetensors.tmp"))

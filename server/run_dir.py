@@ -17,6 +17,7 @@ from common.errors import FedloraError
 from common.models import AdapterState, ModelBundle, load_adapter_state
 from common.models.portable import save_adapter
 from common.privacy.ledger import Ledger
+from common.provenance import made
 from server.checkpoint import CHECKPOINT_FILE
 from server.curves import Board, check_tensorboard, draw_curves
 
@@ -172,7 +173,8 @@ class RunDir:
         return rows
 
     def write_summary(self, summary: dict) -> None:
-        self._write_json("summary.json", summary)
+        """``summary.json``: ``summary`` and when, at which commit and where the run was made."""
+        self._write_json("summary.json", {**summary, "made": made()})
 
     def _write_json(self, name: str, obj: dict) -> None:
         write_json(self.path / name, obj)

@@ -60,6 +60,8 @@ PUBLISHED = {
     "dense_norm",
     # an option of the run (prism only)
     "prism_floor",
+    # when, at which commit and on what device the run was made: the code and the machine, no data
+    "made",
 }
 
 

@@ -34,12 +34,17 @@ def _summary(accuracy: float) -> dict:
     }
 
 
-def _stored(tmp: Path, name: str, config: dict, accuracy: float = 0.61) -> Path:
-    """A finished run directory as ``fedlora simulate`` leaves it (config and summary)."""
+#: the stamp of a run made at an earlier commit (what ``summary.json`` carries since runs record it)
+MADE = {"date": "2026-11-20", "commit": "ccccccc", "device": "cpu (2 cores, x86_64)"}
+
+
+def _stored(tmp: Path, name: str, config: dict, accuracy: float = 0.61, made: dict | None = MADE) -> Path:
+    """A finished run directory as ``fedlora simulate`` leaves it (config and summary; ``made``
+    None: a run from before runs stamped their summary)."""
     d = tmp / name
     d.mkdir()
     (d / "config.json").write_text(json.dumps(config))
-    (d / "summary.json").write_text(json.dumps(_summary(accuracy)))
+    (d / "summary.json").write_text(json.dumps({**_summary(accuracy), **({"made": made} if made else {})}))
     return d
 
 
@@ -56,9 +61,26 @@ def test_only_a_run_with_the_same_configuration_is_adopted(tmp_path):
     took = adopt([fedavg, dp], [other_lr, predates, same], tmp_path / "runs", lines.append)
     assert took == [fedavg.key] and lines == [f"[suite] adopt {fedavg.key}: {same}"]
     record = json.loads((tmp_path / "runs" / fedavg.key / "command.json").read_text())
-    assert record == {"command": fedavg.command, "wall_s": 12.5, "adopted_from": str(same)}
+    assert record == {"command": fedavg.command, "wall_s": 12.5, "made": MADE, "adopted_from": str(same)}
     # a second adoption leaves a run that already has its output alone
     assert adopt([fedavg], [same], tmp_path / "runs", lines.append) == []
+
+
+def test_an_adopted_run_keeps_the_date_and_commit_it_was_made_at(tmp_path):
+    """Not the adopting invocation's: a run from before runs stamped their summary has its output's
+    date, this machine, and its commit marked as not recorded."""
+    import datetime
+    import os
+
+    from common.provenance import device
+
+    fedavg, _ = _client_runs()
+    old = _stored(tmp_path, "old", plan_config(fedavg), made=None)
+    stamp = datetime.datetime(2026, 11, 3, 12, 0, tzinfo=datetime.UTC).timestamp()
+    os.utime(old / "summary.json", (stamp, stamp))
+    assert adopt([fedavg], [old], tmp_path / "runs", lambda _: None) == [fedavg.key]
+    record = json.loads((tmp_path / "runs" / fedavg.key / "command.json").read_text())
+    assert record["made"] == {"date": "2026-11-03", "commit": "not recorded", "device": device()}
 
 
 def test_precision_auto_is_what_it_resolves_to_here(tmp_path):
@@ -215,18 +237,18 @@ def test_one_section_updates_that_section_and_keeps_the_others(tmp_path, monkeyp
     fedavg, _ = _client_runs()
     kept = _stored(tmp_path, "kept", plan_config(fedavg), accuracy=0.625)
     out, quiet = tmp_path / "out", lambda _: None
-    monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "aaaaaaa")
+    monkeypatch.setattr("common.provenance.commit", lambda: "aaaaaaa")
     first = suite("tiny", out, ["client-level", "communication"], quiet, [kept], stored_only=True)
     client = first["sections"][0]
-    assert client["made"]["commit"] == "aaaaaaa" and client["rows"]
-    monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "bbbbbbb")
+    assert client["made"] == MADE and client["rows"]  # its one run's own stamp
+    monkeypatch.setattr("common.provenance.commit", lambda: "bbbbbbb")
     second = suite("tiny", out, ["communication"], quiet, stored_only=True)
     names = [s["name"] for s in second["sections"]]
     assert names == ["client-level", "communication"]  # the report's order, not the invocation's
     assert second["sections"][0] == client  # carried as it was, its commit included
-    assert second["sections"][1]["made"]["commit"] == "bbbbbbb"
+    assert second["sections"][1]["made"] == MADE  # the newest stamp of the runs it reads, not now's
     md = (out / "RESULTS.md").read_text()
-    assert "at commit aaaaaaa" in md and "at commit bbbbbbb" in md and "0.625 (n = 1)" in md
+    assert "at commit ccccccc" in md and "at commit aaaaaaa" not in md and "0.625 (n = 1)" in md
     # another profile's report is never mixed in
     third = suite("quick", out, ["communication"], quiet, stored_only=True)
     assert [s["name"] for s in third["sections"]] == ["communication"]
@@ -241,7 +263,7 @@ def test_the_report_regenerates_byte_for_byte_from_the_committed_records(tmp_pat
         json.dumps({"round": 1, "bytes_up": 4000, "replied": 2, "loss": 0.6, "big": [0] * 50}) + "\n"
     )
     out, records, quiet = tmp_path / "out", tmp_path / "records", lambda _: None
-    monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "aaaaaaa")
+    monkeypatch.setattr("common.provenance.commit", lambda: "aaaaaaa")
     suite(
         "tiny",
         out,
@@ -254,13 +276,13 @@ def test_the_report_regenerates_byte_for_byte_from_the_committed_records(tmp_pat
     first = (out / "RESULTS.md").read_text()
     record = json.loads((records / f"{fedavg.key}.json").read_text())
     assert record["metrics"] == [{"round": 1, "bytes_up": 4000, "replied": 2}]  # what the report reads
-    assert record["made"]["commit"] == "aaaaaaa" and record["adopted_from"] == str(kept)
+    assert record["made"] == MADE and record["adopted_from"] == str(kept)
     assert (records / f"{fedavg.key}.json").stat().st_size < 10_000 and not (
         records / f"{dp.key}.json"
     ).exists()
 
     shutil.rmtree(out)
-    monkeypatch.setattr("server.bench.suite.cli._commit", lambda: "bbbbbbb")
+    monkeypatch.setattr("common.provenance.commit", lambda: "bbbbbbb")
     again = suite(
         "tiny", out, ["client-level", "communication"], quiet, stored_only=True, scope=Scope(records=records)
     )
@@ -274,3 +296,15 @@ def test_the_report_regenerates_byte_for_byte_from_the_committed_records(tmp_pat
     shutil.rmtree(out)
     changed = suite("tiny", out, ["client-level"], quiet, stored_only=True, scope=Scope(records=records))
     assert changed["suite"]["runs"] == 0 and len(changed["suite"]["missing"]) == 2
+
+
+def test_the_records_folder_is_not_ignored_by_git():
+    """The records are what a fresh clone regenerates docs/RESULTS.md from: a ``runs/`` ignore rule
+    (run directories) must not swallow ``docs/results/runs/``."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    probe = subprocess.run(["git", "check-ignore", "-q", "docs/results/runs/any.json"], cwd=repo)
+    assert probe.returncode == 1  # 1: not ignored (0 would be ignored)

@@ -12,6 +12,7 @@ on this machine, on both sides: adopt runs made on the machine that runs the sui
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from common.device import resolve_device
 from common.models.precision import resolve_precision
+from common.provenance import device
 from server.bench.suite.plan import Run
 from server.bench.suite.runner import finished
 from server.run_dir import NOT_IDENTITY
@@ -100,6 +102,21 @@ def stored_config(directory: Path) -> dict | None:
     return json.loads((directory / "config.json").read_text(encoding="utf-8"))
 
 
+def _made(directory: Path) -> dict:
+    """When, at which commit and where a finished run was made: the stamp its output carries
+    (``made``, written by every run since they record it), else its output file's date and this
+    machine (adoption takes runs made here) with the commit marked as not recorded."""
+    for output, _ in OUTPUTS.values():
+        path = directory / output
+        if path.exists():
+            stamp = json.loads(path.read_text(encoding="utf-8")).get("made")
+            if stamp:
+                return stamp
+            date = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC).date().isoformat()
+            return {"date": date, "commit": "not recorded", "device": device()}
+    raise ValueError(f"{directory} holds no finished run")
+
+
 def _wall_s(directory: Path) -> float | None:
     """A finished run's own wall time (its summary's, or a train-local result's seconds)."""
     for output, key in OUTPUTS.values():
@@ -112,8 +129,9 @@ def adopt(
     plan: Sequence[Run], directories: Iterable[Path], runs_dir: Path, echo: Callable[[str], None]
 ) -> list[str]:
     """Copy each finished run directory that matches a plan run with no output yet into that run's
-    place under ``runs_dir`` (``command.json`` records the plan's command, the run's own wall time and
-    where it came from); returns the keys adopted. A directory matches at most one run."""
+    place under ``runs_dir`` (``command.json`` records the plan's command, the run's own wall time,
+    when, at which commit and where it was made, and where it came from); returns the keys adopted.
+    A directory matches at most one run."""
     candidates = {d: s for d in map(Path, directories) if (s := stored_config(d)) is not None}
     adopted = []
     for run in plan:
@@ -129,7 +147,12 @@ def adopt(
         for name in FILES:
             if (match / name).exists():
                 (target / name).write_bytes((match / name).read_bytes())
-        record = {"command": run.command, "wall_s": _wall_s(match), "adopted_from": str(match)}
+        record = {
+            "command": run.command,
+            "wall_s": _wall_s(match),
+            "made": _made(match),
+            "adopted_from": str(match),
+        }
         (target / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
         echo(f"[suite] adopt {run.key}: {match}")
         adopted.append(run.key)

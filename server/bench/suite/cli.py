@@ -4,22 +4,18 @@ figures and the Markdown of ``docs/RESULTS.md`` (server/bench/suite/plan.py says
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.metadata
 import json
-import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from common.errors import FedloraError
+from common.provenance import made
 from server.bench.suite import plots
 from server.bench.suite.adopt import adopt, stored_config
 from server.bench.suite.plan import PROFILES, profile, runs
@@ -103,30 +99,6 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def _commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        )
-        dirty = subprocess.run(  # the suite's own outputs in docs/ do not make the code dirty
-            ["git", "status", "--porcelain", "--", ".", ":!docs/RESULTS.md", ":!docs/results"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-    except OSError:
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + ("+uncommitted changes" if dirty.stdout.strip() else "")
-
-
-def _device() -> str:
-    if torch.cuda.is_available():
-        return f"cuda ({torch.cuda.get_device_name()})"
-    return f"cpu ({os.cpu_count()} cores, {platform.machine()})"
-
-
 def _needed(name: str) -> set[str]:
     """The plan sections a report section reads (privacy and speed read the utility runs too)."""
     return {
@@ -166,7 +138,7 @@ def suite(
     plan = [
         r for r in runs(p) if r.section in wanted and (scope.seeds is None or r.seed in (None, *scope.seeds))
     ]
-    now = {"date": datetime.date.today().isoformat(), "commit": _commit(), "device": _device()}
+    now = made()
     records = scope.records
     if records is not None:
         for key in restore(plan, records, out / "runs"):
