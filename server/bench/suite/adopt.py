@@ -102,27 +102,25 @@ def stored_config(directory: Path) -> dict | None:
     return json.loads((directory / "config.json").read_text(encoding="utf-8"))
 
 
-def _made(directory: Path) -> dict:
-    """When, at which commit and where a finished run was made: the stamp its output carries
-    (``made``, written by every run since they record it), else its output file's date and this
-    machine (adoption takes runs made here) with the commit marked as not recorded."""
-    for output, _ in OUTPUTS.values():
+def _own_record(directory: Path) -> dict:
+    """What a finished run says of itself, from one read of its output: ``wall_s``, its own wall time
+    (its summary's, or a train-local result's seconds), and ``made``, when, at which commit and where
+    it was made (the stamp its output carries, written by every run since they record it; else its
+    output file's date and this machine, since adoption takes runs made here, with the commit marked
+    as not recorded)."""
+    for output, key in OUTPUTS.values():
         path = directory / output
         if path.exists():
-            stamp = json.loads(path.read_text(encoding="utf-8")).get("made")
-            if stamp:
-                return stamp
-            date = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC).date().isoformat()
-            return {"date": date, "commit": "not recorded", "device": device()}
+            own = json.loads(path.read_text(encoding="utf-8"))
+            made = own.get("made") or {
+                "date": datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC)
+                .date()
+                .isoformat(),
+                "commit": "not recorded",
+                "device": device(),
+            }
+            return {"wall_s": own.get(key), "made": made}
     raise ValueError(f"{directory} holds no finished run")
-
-
-def _wall_s(directory: Path) -> float | None:
-    """A finished run's own wall time (its summary's, or a train-local result's seconds)."""
-    for output, key in OUTPUTS.values():
-        if (directory / output).exists():
-            return json.loads((directory / output).read_text(encoding="utf-8")).get(key)
-    return None
 
 
 def adopt(
@@ -147,12 +145,7 @@ def adopt(
         for name in FILES:
             if (match / name).exists():
                 (target / name).write_bytes((match / name).read_bytes())
-        record = {
-            "command": run.command,
-            "wall_s": _wall_s(match),
-            "made": _made(match),
-            "adopted_from": str(match),
-        }
+        record = {"command": run.command, **_own_record(match), "adopted_from": str(match)}
         (target / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
         echo(f"[suite] adopt {run.key}: {match}")
         adopted.append(run.key)

@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from common.provenance import ROOT  # the repository (``python -m common.cli`` runs from here)
 from server.bench.suite.plan import Run
 from server.workers import available_cores
 
-ROOT = Path(__file__).resolve().parents[3]  # the repository (``python -m common.cli`` runs from here)
 OUTPUTS = ("summary.json", "result.json", "audit.json", "output.json")
 
 
