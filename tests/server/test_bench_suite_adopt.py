@@ -150,7 +150,7 @@ def _alone(before: float, after: float) -> dict:
     return {"before": before, "perplexity": after, "privacy": {"epsilon": 2.999, "delta": 1e-05}}
 
 
-def test_cross_silo_counts_a_seed_only_when_the_federation_is_below_every_play_alone():
+def test_cross_silo_counts_a_seed_only_when_the_federation_is_below_every_node_alone():
     fed, plain = Arm("prism ε=3", ("--mechanism", "prism"), 3.0), Arm("fedavg", ("--mechanism", "fedavg"))
     plays = [Arm(f"play {k} alone", ("--node", str(k)), 3.0) for k in range(2)]
     cases = [
@@ -170,16 +170,25 @@ def test_cross_silo_counts_a_seed_only_when_the_federation_is_below_every_play_a
     ]
     done[0]["wall_s"] = 600.0
     rows = {r["arm"]: r for r in cross_silo(done)["rows"]}
-    assert rows["prism ε=3"]["seeds below every play alone"] == "1 / 2"
+    assert rows["prism ε=3"]["seeds below every node alone"] == "1 / 2"
     assert rows["prism ε=3"]["ε per node (PLD)"] == "3.00" and rows["prism ε=3"]["δ"] == 1e-05
     assert rows["prism ε=3"]["min / run"] == "10.0"
     drops = [math.log(80 / 76), math.log(90 / 85), math.log(90 / 70)]
     mean, std = sum(drops) / 3, (sum((d - sum(drops) / 3) ** 2 for d in drops) / 2) ** 0.5
     assert rows["prism ε=3"]["log-perplexity drop (mean ± std)"] == f"{mean:.3f} ± {std:.3f}"
     assert rows["fedavg"]["ε per node (PLD)"] == "n/a" and rows["fedavg"]["δ"] == "n/a"
-    assert rows["fedavg"]["seeds below every play alone"] == "1 / 1"
-    assert rows["play 1 alone"]["seeds below every play alone"] == "n/a"
+    assert rows["fedavg"]["seeds below every node alone"] == "1 / 1"
+    assert rows["play 1 alone"]["seeds below every node alone"] == "n/a"
     assert rows["play 1 alone"]["perplexity after (mean ± std)"] == "81.000 ± 4.243"
+    # seed 0 is the only seed with a non-private federation: ln(80/76) / ln(80/70), by hand
+    assert (
+        rows["prism ε=3"]["share of the non-private drop (same seed)"]
+        == f"{math.log(80 / 76) / math.log(80 / 70):.3f} (n = 1)"
+    )
+    assert rows["fedavg"]["share of the non-private drop (same seed)"] == "n/a"
+    # a node alone is measured against the same non-private federation (seeds 1, 2 have none)
+    alone0 = math.log(80 / 77) / math.log(80 / 70)
+    assert rows["play 0 alone"]["share of the non-private drop (same seed)"] == f"{alone0:.3f} (n = 1)"
 
 
 def test_adopting_an_unfinished_directory_is_one_line(tmp_path, capsys):

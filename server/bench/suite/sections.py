@@ -234,6 +234,29 @@ def _log_drop(summary: dict) -> float:
     return summary["before"]["loss"] - summary["after"]["loss"]
 
 
+def _baseline_drops(
+    groups: Sequence[tuple[Arm, list[dict]]], drop: Callable[[dict], float]
+) -> dict[int, float]:
+    """seed -> ``drop`` (log-perplexity drop, nats) of that seed's run of the arm with no budget (the
+    non-private baseline); an arm with ``--node`` (one node alone) is never the baseline."""
+    return {
+        d["run"].seed: drop(d["output"])
+        for arm, group in groups
+        if arm.target_epsilon is None and arm.argv[:1] != ("--node",)
+        for d in group
+        if d["output"]
+    }
+
+
+def _shares(
+    arm: Arm, finished: Sequence[dict], drop: Callable[[dict], float], baseline: dict[int, float]
+) -> list[float]:
+    """Each finished private seed's ``drop`` over the non-private ``baseline`` of the same seed."""
+    if arm.target_epsilon is None:
+        return []
+    return [drop(d["output"]) / baseline[d["run"].seed] for d in finished if baseline.get(d["run"].seed)]
+
+
 def generative(done: Sequence[dict]) -> dict:
     """Causal-LM federations: held-out-user perplexity per arm, and each private seed's log-perplexity
     drop as a share of the non-private run's of the same seed (the arm with no budget)."""
@@ -241,21 +264,11 @@ def generative(done: Sequence[dict]) -> dict:
     sec = _base("generative", "Generative fine-tuning under user-level DP (SmolLM2, Shakespeare roles)", runs)
     sec["columns"] = GENERATIVE_COLUMNS
     groups = _group(done, "generative")
-    baseline = {
-        d["run"].seed: _log_drop(d["output"])
-        for arm, group in groups
-        if arm.target_epsilon is None
-        for d in group
-        if d["output"]
-    }
+    baseline = _baseline_drops(groups, _log_drop)
     for arm, group in groups:
         finished = [d for d in group if d["output"]]
         outs = [d["output"] for d in finished]
-        shares = [
-            _log_drop(d["output"]) / baseline[d["run"].seed]
-            for d in finished
-            if arm.target_epsilon is not None and baseline.get(d["run"].seed)
-        ]
+        shares = _shares(arm, finished, _log_drop, baseline)
         privacy = [s.get("client_privacy") or {} for s in outs]
         sec["commands"].append(_command(group))
         sec["rows"].append(
@@ -297,11 +310,18 @@ CROSS_SILO_COLUMNS = [
     "perplexity before",
     "perplexity after (mean ± std)",
     "log-perplexity drop (mean ± std)",
-    "seeds below every play alone",
+    "share of the non-private drop (same seed)",
+    "seeds below every node alone",
     "ε per node (PLD)",
     "δ",
     "min / run",
 ]
+
+
+def _silo_drop(output: dict) -> float:
+    """ln(perplexity before / after) of a ``simulate`` summary or a ``train-local`` result (nats)."""
+    before, after, *_ = _lm_record(output)
+    return math.log(before / after)
 
 
 def _lm_record(output: dict) -> tuple[float, float, float | None, object]:
@@ -321,25 +341,32 @@ def _lm_record(output: dict) -> tuple[float, float, float | None, object]:
 
 
 def cross_silo(done: Sequence[dict]) -> dict:
-    """Cross-silo federations (one node per play, sample-level DP per node) beside each play trained
-    alone (``train-local --node K``, same split, method, budget and steps), on the same held-out roles:
-    a federated arm's seed counts when its perplexity is below every play's alone, same seed."""
+    """Cross-silo federations (a node holds one play or several, sample-level DP per node) beside each
+    node trained alone (``train-local --node K``, same split, method, budget and steps), on the same
+    held-out roles: a federated arm's seed counts when its perplexity is below every node's alone, same
+    seed; a private arm's share is its log-perplexity drop over the non-private federation's, same seed."""
     runs = [d for d in done if d["run"].section == "cross-silo"]
-    sec = _base("cross-silo", "Cross-silo generative fine-tuning: plays as silos, sample-level DP", runs)
+    sec = _base(
+        "cross-silo",
+        "Cross-silo generative fine-tuning: Shakespeare plays held by silos, sample-level DP",
+        runs,
+    )
     sec["columns"] = CROSS_SILO_COLUMNS
-    groups = []  # (arm, its runs, the finished ones, their records, whether the arm is a play alone)
+    groups = []  # (arm, its runs, the finished ones, their records, whether the arm is a node alone)
     for arm, group in _group(done, "cross-silo"):
         finished = [d for d in group if d["output"]]
         records = [_lm_record(d["output"]) for d in finished]
         groups.append((arm, group, finished, records, arm.argv[:1] == ("--node",)))
-    alone: dict[int, list[float]] = {}  # seed -> each play's perplexity alone
+    alone: dict[int, list[float]] = {}  # seed -> each node's perplexity alone
     for *_, finished, records, solo in groups:
         for d, record in zip(finished, records, strict=True):
             if solo:
                 alone.setdefault(d["run"].seed, []).append(record[1])
-    plays = sum(1 for *_, solo in groups if solo)
-    complete = {s: min(v) for s, v in alone.items() if len(v) == plays}
+    nodes = sum(1 for *_, solo in groups if solo)
+    complete = {s: min(v) for s, v in alone.items() if len(v) == nodes}
+    baseline = _baseline_drops([(arm, group) for arm, group, *_ in groups], _silo_drop)
     for arm, group, finished, records, solo in groups:
+        shares = _shares(arm, finished, _silo_drop, baseline)
         beats = [
             after < complete[d["run"].seed]
             for d, (_, after, *_) in zip(finished, records, strict=True)
@@ -353,8 +380,9 @@ def cross_silo(done: Sequence[dict]) -> dict:
                 "perplexity before": _mean([r[0] for r in records], ".2f"),
                 "perplexity after (mean ± std)": _mean_std([r[1] for r in records]),
                 "log-perplexity drop (mean ± std)": _mean_std([math.log(r[0] / r[1]) for r in records]),
-                "seeds below every play alone": f"{sum(beats)} / {len(beats)}"
-                if plays and not solo
+                "share of the non-private drop (same seed)": _mean_std(shares) if shares else "n/a",
+                "seeds below every node alone": f"{sum(beats)} / {len(beats)}"
+                if nodes and not solo
                 else "n/a",
                 "ε per node (PLD)": _mean([r[2] for r in records], ".2f"),
                 "δ": records[0][3] if records and records[0][2] is not None else "n/a",
@@ -367,7 +395,9 @@ def cross_silo(done: Sequence[dict]) -> dict:
     ]
     sec["notes"].append(
         "perplexity of held-out roles (users never seen in training) after the last round or step; "
-        "before: the untrained adapter; a play alone is one node's shard with the same local steps"
+        "before: the untrained adapter; a node alone is one node's shard with the same local steps; a "
+        "share is a private run's (a node alone's) log-perplexity drop over the non-private federation's of "
+        "the same seed"
     )
     return sec
 
