@@ -44,6 +44,7 @@ class LoopState:
     release: dict = field(default_factory=dict)  # the release's state (server.releases.Release.state)
     optimizer_steps: int = 0  # steps the server optimizer has taken
     stale: bool = False  # the adapter changed after the last evaluation (--eval-every)
+    elapsed_s: float = 0.0  # wall seconds from the run's start to this commit, summed over resumed sessions
 
     def count(self, result) -> None:
         """Add one round's :class:`server.round.RoundRecord` to the counters."""

@@ -59,7 +59,8 @@ class FederationRun:
     grid: the Flower grid the rounds go through.
     cfg: the run's configuration.
     echo: writes a console line.
-    start: ``time.monotonic()`` when the run started (the summary's wall time).
+    start: ``time.monotonic()`` when the run started, moved back on resume by the wall seconds its
+        earlier sessions took to their last committed round (the summary's wall time is the whole run's).
     out: the run directory (metrics, checkpoint, ledger, adapter, summary).
     plan: the client-level noise plan; None without a client-level release.
     ledger: the client-level ledger; None without a client-level guarantee.
@@ -201,6 +202,7 @@ def _resume_or_begin(run: FederationRun) -> None:
         run.state, run.loop, moments = checkpoint.load(out.checkpoint_path, run.shapes)
         run.optimizer.load_state(moments, run.loop.optimizer_steps)
         run.release.restore(run.loop.release)
+        run.start -= run.loop.elapsed_s  # (a checkpoint from before 2026-11-29 holds 0: this session only)
         run.echo(f"resuming {out.path} after round {run.loop.round}")
         return
     run.state, run.loop = evaluator.initial_state(), LoopState()
@@ -288,6 +290,7 @@ def _commit(run: FederationRun, rnd: int, result: RoundRecord, record: dict, cha
     loop = run.loop
     loop.round, loop.record = rnd, record
     loop.release, loop.optimizer_steps = run.release.state(), run.optimizer.steps
+    loop.elapsed_s = round(time.monotonic() - run.start, 3)
     checkpoint.save(run.out.checkpoint_path, run.state, loop, run.optimizer.state_tensors())
     if charged:
         status = "applied" if result.applied or result.phase == "skipped" else "withheld"

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from safetensors import safe_open
 
 from tests.conftest import run_cli
 
@@ -71,12 +72,14 @@ def crashed_and_resumed(tmp_path_factory):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = _rows(ledger)
+    with safe_open(out / "checkpoint.safetensors", framework="pt") as fh:
+        killed = json.loads(fh.metadata()["loop"])  # the last round committed before the kill
     resumed = _finish("simulate", "--resume", "--out", str(out))
-    return out, proc.returncode, before, resumed
+    return out, proc.returncode, before, resumed, killed
 
 
 def test_sigkill_then_resume_loses_no_round_and_charges_none_twice(crashed_and_resumed):
-    out, killed_rc, before, resumed = crashed_and_resumed
+    out, killed_rc, before, resumed, _ = crashed_and_resumed
     assert killed_rc == -signal.SIGKILL and 2 <= len(before) < ROUNDS
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = _rows(out / "ledger.sqlite")
@@ -99,6 +102,17 @@ def test_sigkill_then_resume_loses_no_round_and_charges_none_twice(crashed_and_r
     assert summary.get("rounds_interrupted", []) == interrupted
     assert summary["client_privacy"]["eps_tight"] == rows[-1]["eps_tight"]
     assert "resuming" in resumed.stderr + resumed.stdout
+
+
+def test_a_resumed_run_s_wall_time_counts_the_session_before_the_kill(crashed_and_resumed):
+    """The summary's wall time is the whole run's: the seconds to the last round committed before the
+    kill (kept in the checkpoint) plus every round the resumed session ran, not that session alone."""
+    out, *_, killed = crashed_and_resumed
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    after_kill = sum(m.get("seconds", 0) for m in metrics if m["round"] > killed["round"])
+    assert killed["elapsed_s"] >= sum(m.get("seconds", 0) for m in metrics if m["round"] <= killed["round"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["wall_time_s"] >= killed["elapsed_s"] + after_kill
 
 
 def _digest(path) -> str:
