@@ -317,3 +317,20 @@ def test_the_records_folder_is_not_ignored_by_git():
         pytest.skip("not a git checkout")
     probe = subprocess.run(["git", "check-ignore", "-q", "docs/results/runs/any.json"], cwd=repo)
     assert probe.returncode == 1  # 1: not ignored (0 would be ignored)
+
+
+def test_a_section_names_every_commit_of_its_newest_runs_recorded_ones_first():
+    """Runs of one date made at two commits, one from before runs stamped themselves: the section
+    names both (a run of an older date names none); no stamp at all: the invocation's."""
+    from server.bench.suite.cli import _made
+
+    fedavg, dp = _client_runs()
+    cpu = "cpu (2 cores, x86_64)"
+    done = [
+        {"run": fedavg, "made": {"date": "2026-11-29", "commit": "not recorded", "device": cpu}},
+        {"run": dp, "made": {"date": "2026-11-29", "commit": "4771a3f", "device": cpu}},
+        {"run": dp, "made": {"date": "2026-11-28", "commit": "0000000", "device": cpu}},
+    ]
+    made = _made(done, "client-level", {"date": "2026-12-01", "commit": "now", "device": cpu})
+    assert made == {"date": "2026-11-29", "commit": "4771a3f, not recorded", "device": cpu}
+    assert _made(done[:0], "client-level", {"commit": "now"}) == {"commit": "now"}

@@ -42,6 +42,7 @@ PREDATED: dict[str, object] = {
 #: is a ``train-local`` run's output)
 FILES = ("config.json", "summary.json", "metrics.jsonl", "privacy.json", "result.json")
 #: a finished run's output file, per command, and the key of its wall time in seconds
+NOT_RECORDED = "not recorded"  # the commit of a run made before runs stamped their output
 OUTPUTS = {"simulate": ("summary.json", "wall_time_s"), "train-local": ("result.json", "seconds")}
 
 
@@ -116,7 +117,7 @@ def _own_record(directory: Path) -> dict:
                 "date": datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC)
                 .date()
                 .isoformat(),
-                "commit": "not recorded",
+                "commit": NOT_RECORDED,
                 "device": device(),
             }
             return {"wall_s": own.get(key), "made": made}

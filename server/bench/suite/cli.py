@@ -17,7 +17,7 @@ from pathlib import Path
 from common.errors import FedloraError
 from common.provenance import made
 from server.bench.suite import plots
-from server.bench.suite.adopt import adopt, stored_config
+from server.bench.suite.adopt import NOT_RECORDED, adopt, stored_config
 from server.bench.suite.plan import PROFILES, profile, runs
 from server.bench.suite.records import RECORDS, restore, save
 from server.bench.suite.report import FIGURES, markdown
@@ -203,10 +203,15 @@ def suite(
 
 
 def _made(done: Sequence[dict], section: str, now: dict) -> dict:
-    """When, at which commit and where a section's newest run was made (its runs' own stamps, so a
-    report regenerated from committed records names the same; ``now`` where no run carries one)."""
+    """When, at which commit and where a section's newest runs were made (its runs' own stamps, so a
+    report regenerated from committed records names the same; ``now`` where no run carries one): the
+    newest date, with every commit its runs of that date name (recorded ones first)."""
     stamps = [d["made"] for d in done if d.get("made") and d["run"].section in _needed(section)]
-    return max(stamps, key=lambda m: (m["date"], m["commit"])) if stamps else now
+    if not stamps:
+        return now
+    newest = max(stamps, key=lambda m: m["date"])
+    commits = {m["commit"] for m in stamps if m["date"] == newest["date"]}
+    return {**newest, "commit": ", ".join(sorted(commits, key=lambda c: (c == NOT_RECORDED, c)))}
 
 
 def _previous(path: Path, profile_name: str) -> dict | None:
