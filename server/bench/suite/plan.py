@@ -329,7 +329,7 @@ _PROFILES: dict[str, Profile] = {
         alone_base=_ALONE_BASE,
         alone_arms=_ALONE_ARMS,
         ftrl_base=_args(
-            "simulate --preset minilm-rt-xdev --rounds 300 --server-optimizer momentum --server-lr 0.1 --eval-every 10"
+            "simulate --preset minilm-rt-xdev --rounds 300 --server-optimizer momentum --server-lr 0.03 --eval-every 10"
         ),
         ftrl_arms=_ftrl_arms((3.0, 8.0), seeds=(None, (0,)), separation=10),
     ),
