@@ -245,6 +245,42 @@ def test_the_correlated_noise_section_pairs_each_budget_s_first_arm_with_the_oth
     assert paired[1] == "mf − amp, points by seed (0, 1): -1.0, +1.0; mean +0.0 ± 1.4, standard error 1.0"
 
 
+@pytest.mark.parametrize("winner", [None, "ffa"])
+def test_the_big_silo_federates_each_method_at_its_validated_settings_and_the_winner_alone(winner):
+    """Every cross-silo federation of the full profile runs the big-silo preset with its method's
+    validated options; the winner (once known) adds its federation with the public prior and each
+    of its nodes alone at the same options."""
+    import argparse
+
+    from common.presets import PRESETS
+    from server import simulate
+    from server.bench.suite.adopt import _train_local_config
+    from server.bench.suite.plan import BIGSILO_TUNED, _bigsilo
+
+    base, arms, alone_base, alone_arms = _bigsilo(winner)
+    configs = []
+    for arm in arms:
+        parser = argparse.ArgumentParser()
+        simulate.add_arguments(parser)
+        cfg = simulate.config_from_args(parser.parse_args([*base[1:], *arm.argv, "--out", "x"]))
+        tuned = BIGSILO_TUNED[cfg.mechanism]
+        assert f" {tuned} " in f" {' '.join(arm.argv)} " and cfg.lr == float(tuned.split()[1]), arm.label
+        assert cfg.users_per_client == PRESETS["smollm2-shakespeare-bigsilo"]["users_per_client"]
+        configs.append(cfg)
+    assert [c.mechanism for c in configs] == [
+        "fedavg",
+        "prism",
+        "dp-adamw",
+        "ffa",
+        *([winner] if winner else []),
+    ]
+    assert [c.public_subspace for c in configs] == [0, 0, 0, 0, *([128] if winner else [])]
+    assert len(alone_arms) == (PRESETS["smollm2-shakespeare-bigsilo"]["num_clients"] if winner else 0)
+    for arm in alone_arms:
+        alone = _train_local_config([*alone_base[1:], *arm.argv])
+        assert (alone["mechanism"], alone["lr"], alone["users_per_client"]) == (winner, configs[-1].lr, 7)
+
+
 @pytest.mark.parametrize("preset", ["smollm2-shakespeare-silo", "smollm2-shakespeare-bigsilo"])
 def test_a_node_alone_holds_the_shard_it_holds_in_the_federation(preset):
     """``train-local --node K`` of the plan's alone arms resolves every option that picks the split as

@@ -8,9 +8,11 @@ is run, so any figure in the report can be reproduced by pasting its command.
   100 logical batches of 128 from the whole train split, each method at its own learning rate, the
   best of a validation grid: ``fedlora bench compare``, docs/prism.md), 3 seeds; ``fedlora audit``
   at its defaults; SmolLM2 on Shakespeare roles (``smollm2-shakespeare-xdev``, user-level ε 8 and
-  2; ``smollm2-shakespeare-silo``, sample-level ε 3 per play, and each play alone); banded MF
-  DP-FTRL against DP-FedAvg under the same participation rule and amplified (``minilm-rt-xdev``, 300
-  rounds, server momentum: issue 51's declared runs, docs/correlated-noise.md). Hours on a
+  2; ``smollm2-shakespeare-bigsilo``, 4 nodes of 7 plays, sample-level ε 3 per node, each method at
+  its validated learning rate and init, the winner with the public prior and each of its nodes
+  alone); banded MF DP-FTRL against DP-FedAvg under the same participation rule and amplified
+  (``minilm-rt-xdev``, 300 rounds, server momentum: issue 51's declared runs,
+  docs/correlated-noise.md). Hours on a
   2-core CPU; a run directory that already holds a finished run with the same command is reused,
   so an interrupted suite picks up where it stopped.
 - ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
@@ -111,13 +113,18 @@ def _client_arms(min_replies: int, ae_steps: int, epsilons: tuple[float, ...]) -
     )
 
 
+def _public(k: int) -> str:
+    """The public prior's options: 10 % of the data held out as public, ``k`` directions fitted on
+    ``k`` public increments."""
+    return f"--public-fraction 0.1 --public-subspace {k} --public-increments {k}"
+
+
 def _public_arms(k: int, epsilons: tuple[float, ...]) -> tuple[Arm, ...]:
     """The public prior (issue 17) at each ε: dp-fedavg projected onto K public directions, and the
     dr-encoder release whose codec is that subspace."""
-    public = f"--public-fraction 0.1 --public-subspace {k} --public-increments {k}"
     arms = []
     for e in epsilons:
-        budget = f"--clip 0.5 --threat-model central --target-epsilon {e:g} {public}"
+        budget = f"--clip 0.5 --threat-model central --target-epsilon {e:g} {_public(k)}"
         arms.append(
             Arm(f"dp-fedavg + public subspace central ε={e:g}", _args(f"--mechanism dp-fedavg {budget}"), e)
         )
@@ -240,17 +247,21 @@ def _tuned(method: str, tuned: dict[str, str] | None) -> tuple[str, str]:
     return (f" {extra}", f" ({extra.replace('--', '').strip()})") if extra else ("", "")
 
 
-def _silo_arms(epsilon: float, tuned: dict[str, str] | None = None) -> tuple[Arm, ...]:
+def _silo_arms(
+    epsilon: float, tuned: dict[str, str] | None = None, public: tuple[str, int] | None = None
+) -> tuple[Arm, ...]:
     """Non-private FedAvg of local AdamW, and each sample-level local optimizer at ``epsilon`` per node;
-    ``tuned``: each method's own options (its validated learning rate, its init), else the preset's."""
+    ``tuned``: each method's own options (its validated learning rate, its init), else the preset's;
+    ``public`` (method, K): that method again with the server's public prior of K directions."""
     opts, label = _tuned("fedavg", tuned)
     arms = [Arm(f"fedavg (not private){label}", _args(f"--mechanism fedavg{opts}"))]
-    for m in ("prism", "dp-adamw", "ffa"):
+    for m, k in (*((m, 0) for m in ("prism", "dp-adamw", "ffa")), *([public] if public else [])):
         opts, label = _tuned(m, tuned)
+        prior, prior_label = (f" {_public(k)}", f" + public subspace ({k} directions)") if k else ("", "")
         arms.append(
             Arm(
-                f"{m} ε={epsilon:g}{label}",
-                _args(f"--mechanism {m} --sample-epsilon {epsilon:g}{opts}"),
+                f"{m} ε={epsilon:g}{label}{prior_label}",
+                _args(f"--mechanism {m} --sample-epsilon {epsilon:g}{opts}{prior}"),
                 epsilon,
             )
         )
@@ -291,7 +302,32 @@ def _alone(
     return base, arms
 
 
-_ALONE_BASE, _ALONE_ARMS = _alone("smollm2-shakespeare-silo")
+#: issue 52's big silo (docs/shakespeare.md, "Bigger silos, each method tuned"): each method's learning
+#: rate (and dp-adamw's init), the best of its validation grid on node 0's 64 held-out examples
+BIGSILO_TUNED = {
+    "fedavg": "--lr 3e-3",
+    "prism": "--lr 1e-2",
+    "dp-adamw": "--lr 1e-2 --lora-init peft",
+    "ffa": "--lr 1e-2",
+}
+#: the private method whose federation's mean log-perplexity drop over the 3 seeds is largest: its
+#: nodes alone and its federation with the public prior are measured (None until the federations ran)
+BIGSILO_WINNER: str | None = None
+
+
+def _bigsilo(
+    winner: str | None,
+) -> tuple[tuple[str, ...], tuple[Arm, ...], tuple[str, ...], tuple[Arm, ...]]:
+    """The full profile's cross-silo section (base, arms, alone base, alone arms): every method federated
+    at its validated settings on ``smollm2-shakespeare-bigsilo``, and once the ``winner`` is known, its
+    federation with the public prior (128 directions) and each of its nodes alone."""
+    preset = "smollm2-shakespeare-bigsilo"
+    arms = _silo_arms(3.0, BIGSILO_TUNED, (winner, 128) if winner else None)
+    alone_base, alone_arms = _alone(preset, winner, BIGSILO_TUNED) if winner else ((), ())
+    return _args(f"simulate --preset {preset}"), arms, alone_base, alone_arms
+
+
+_SILO_BASE, _SILO_ARMS, _ALONE_BASE, _ALONE_ARMS = _bigsilo(BIGSILO_WINNER)
 _DP = "--mechanism dp-fedavg --clip 0.5"
 _SAMPLE = "train-local --model minilm-l6 --dataset rotten-tomatoes --pooling mean --head-init zero-shot --delta 1e-5"
 _QUICK_XDEV = "--preset minilm-rt-xdev --num-clients 100"
@@ -324,8 +360,8 @@ _PROFILES: dict[str, Profile] = {
         audits=(_args("audit client"), _args("audit mia")),
         lm_base=_args("simulate --preset smollm2-shakespeare-xdev"),
         lm_arms=_lm_arms(epsilons=(8.0, 2.0)),
-        silo_base=_args("simulate --preset smollm2-shakespeare-silo"),
-        silo_arms=_silo_arms(3.0),
+        silo_base=_SILO_BASE,
+        silo_arms=_SILO_ARMS,
         alone_base=_ALONE_BASE,
         alone_arms=_ALONE_ARMS,
         ftrl_base=_args(
