@@ -41,8 +41,8 @@ PREDATED: dict[str, object] = {
 #: what the suite's runner copies from an adopted run (its outputs and per-round metrics; ``result.json``
 #: is a ``train-local`` run's output)
 FILES = ("config.json", "summary.json", "metrics.jsonl", "privacy.json", "result.json")
-#: a finished run's output file, per command, and the key of its wall time in seconds
 NOT_RECORDED = "not recorded"  # the commit of a run made before runs stamped their output
+#: a finished run's output file, per command, and the key of its wall time in seconds
 OUTPUTS = {"simulate": ("summary.json", "wall_time_s"), "train-local": ("result.json", "seconds")}
 
 

@@ -12,9 +12,8 @@ is run, so any figure in the report can be reproduced by pasting its command.
   its validated learning rate and init, the winner with the public prior and each of its nodes
   alone); banded MF DP-FTRL against DP-FedAvg under the same participation rule and amplified
   (``minilm-rt-xdev``, 300 rounds, server momentum: issue 51's declared runs,
-  docs/correlated-noise.md). Hours on a
-  2-core CPU; a run directory that already holds a finished run with the same command is reused,
-  so an interrupted suite picks up where it stopped.
+  docs/correlated-noise.md). Hours on a 2-core CPU; a run directory that already holds a finished
+  run with the same command is reused, so an interrupted suite picks up where it stopped.
 - ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
   local steps), 3 seeds, and ``audit ... --quick``: about 30 minutes on 2 cores. Its accuracies
   check the pipeline and the accounting; at that size nothing has time to learn, and the report
@@ -255,7 +254,8 @@ def _silo_arms(
     ``public`` (method, K): that method again with the server's public prior of K directions."""
     opts, label = _tuned("fedavg", tuned)
     arms = [Arm(f"fedavg (not private){label}", _args(f"--mechanism fedavg{opts}"))]
-    for m, k in (*((m, 0) for m in ("prism", "dp-adamw", "ffa")), *([public] if public else [])):
+    private = [(m, 0) for m in ("prism", "dp-adamw", "ffa")] + ([public] if public else [])
+    for m, k in private:  # (method, public directions; 0: no public prior)
         opts, label = _tuned(m, tuned)
         prior, prior_label = (f" {_public(k)}", f" + public subspace ({k} directions)") if k else ("", "")
         arms.append(

@@ -379,7 +379,7 @@ def cross_silo(done: Sequence[dict]) -> dict:
                 "seeds": len(records),
                 "perplexity before": _mean([r[0] for r in records], ".2f"),
                 "perplexity after (mean ± std)": _mean_std([r[1] for r in records]),
-                "log-perplexity drop (mean ± std)": _mean_std([math.log(r[0] / r[1]) for r in records]),
+                "log-perplexity drop (mean ± std)": _mean_std([_silo_drop(d["output"]) for d in finished]),
                 "share of the non-private drop (same seed)": _mean_std(shares) if shares else "n/a",
                 "seeds below every node alone": f"{sum(beats)} / {len(beats)}"
                 if nodes and not solo
