@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from autoencoder.layout import Layout
 from common.config import RunConfig
+from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes, adapter_size
 from common.privacy.accountants import Event
@@ -37,6 +38,7 @@ from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, 
 from common.privacy.report import write_report
 from common.privacy.statement import round_epsilons, statement
 from common.progress import eta_line
+from common.runtime import base_precision
 from server import checkpoint
 from server.checkpoint import LoopState
 from server.evaluation import Evaluator
@@ -415,6 +417,7 @@ def _summary(run: FederationRun) -> dict:
         "model": cfg.model,
         "dataset": cfg.dataset,
         "mechanism": cfg.mechanism,
+        "precision": base_precision(cfg, resolve_device(cfg.device)),  # the frozen base's, as resolved
         "metric": evaluator.task.metric,
         "num_clients": len(run.nodes),
         "sample_rate": cfg.sample_rate,

@@ -55,7 +55,9 @@ def resolve_precision(name: str, device: torch.device | str) -> str:
 
 @functools.cache
 def _say_fp32(device: str) -> None:
-    log.warning("precision auto: %s has no native bf16, the frozen base runs in fp32", device)
+    # not a warning: fp32 is the right choice there (emulated bf16 is several times slower); the run's
+    # summary states the precision it resolved
+    log.info("precision auto: %s has no native bf16, the frozen base runs in fp32", device)
 
 
 def hold_frozen_in(model: nn.Module, precision: str) -> None:

@@ -16,6 +16,7 @@ from transformers import AutoModelForSequenceClassification
 from common.config import to_flat
 from common.errors import FedloraError
 from common.models import adapter_state
+from common.models.precision import resolve_precision
 from common.models.registry import MODELS
 from common.presets import preset
 from common.privacy.ledger import Ledger
@@ -43,6 +44,7 @@ def test_one_round_end_to_end(minilm_run):
     assert r1["bytes_down"] > 0 and r1["bytes_up"] > 0
     summary = json.loads((minilm_run / "summary.json").read_text())
     assert summary["rounds_completed"] == 1 and summary["after"]["accuracy"] == r1["accuracy"]
+    assert summary["precision"] == resolve_precision("auto", "cpu")  # what auto chose on this machine
     assert (minilm_run / "adapter" / "adapter_config.json").exists()
 
 
@@ -244,6 +246,7 @@ def test_too_few_replies_withhold_the_round_but_keep_its_charge(tmp_path):
     assert any("who replied" in line for line in summary["not_covered"])
 
 
+@pytest.mark.slow  # make test-all: a summary line; the node ledgers it reads are tested in tests/client/test_node_releases.py
 def test_a_cross_silo_summary_reports_each_nodes_sample_level_epsilon(tmp_path, capsys):
     run_dir = tmp_path / "r"
     silo = dict(
