@@ -15,9 +15,18 @@ from common.privacy.ledger import Charge
 from server.inprocess import InProcessGrid, load_component
 from server.simulate import CLIENT_APP, SERVER_APP
 
-#: the smallest federation that trains: 2 MiniLM clients, 1 round of 2 local steps, 40 held-out examples
+#: the smallest federation that trains: 2 MiniLM clients, 1 round of 2 local steps, 40 held-out examples,
+#: the clients in the server's process (``workers`` 1: a spawned worker imports the whole stack, ~10 s
+#: on 2 cores; results do not depend on it, tests/server/test_workers.py)
 TINY = dict(
-    num_clients=2, rounds=1, local_steps=2, batch_size=8, max_train_examples=200, eval_examples=40, seed=5
+    num_clients=2,
+    rounds=1,
+    local_steps=2,
+    batch_size=8,
+    max_train_examples=200,
+    eval_examples=40,
+    seed=5,
+    workers=1,
 )
 
 #: (real ClientApp, message, context) -> reply

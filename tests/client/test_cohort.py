@@ -211,7 +211,13 @@ THREAT_RUNS = {
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", sorted(THREAT_RUNS))
+@pytest.mark.parametrize(  # local and distributed (make test-all) hand the increment on as central does
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in ("local", "distributed") else n
+        for n in sorted(THREAT_RUNS)
+    ],
+)
 def test_a_batched_round_hands_each_transport_the_sequential_increment(
     tmp_path, monkeypatch, no_dropout, name
 ):
@@ -276,6 +282,7 @@ def test_a_batched_round_that_skips_idle_nodes_trains_only_the_contributors(
             assert all(not v.any() and not other[k].any() for k, v in increment.items())
 
 
+@pytest.mark.slow  # make test-all: make test keeps the sequential dropout test (tests/server/test_federation.py)
 @pytest.mark.integration
 def test_one_failing_node_is_its_own_dropout_not_the_cohorts(tmp_path, monkeypatch):
     sent, cfg, run = _federation(tmp_path, True, monkeypatch, failing=2, mechanism="fedavg", min_replies=2)
@@ -306,6 +313,7 @@ def test_workers_default_to_one_per_gpu_on_cuda(monkeypatch):
     assert workers.resolve_workers(0, "cpu") == workers.available_cores()
 
 
+@pytest.mark.slow  # make test-all: real processes; make test keeps the in-process batched rounds and bench scale
 @pytest.mark.process
 def test_simulate_batched_over_two_workers_trains_every_sampled_client(tmp_path):
     """`fedlora simulate --engine batched --workers 2`: each worker trains its share of the round as one

@@ -13,8 +13,9 @@ from common.data.corpora import load_corpus
 from tests.conftest import run_cli
 
 FAST = ["--preset", "minilm-rt", "--rounds", "1", "--eval-examples", "8"]
-# Refused input: --workers 1, as the default (a worker process per core) starts them before the
-# ServerApp checks the input, ~10 s a test on 2 cores; the console-script test keeps the default.
+# Refused input, and runs that stop early: --workers 1, as the default (a worker process per core)
+# starts them before the ServerApp checks the input, ~10 s a test on 2 cores; the console-script test
+# keeps the default.
 REFUSED = [*FAST, "--workers", "1"]
 #: secure aggregation over 100-client cohorts of the 1,000-client preset (min-replies a majority)
 SECURE = ["--preset", "minilm-rt-xdev", "--mechanism", "dp-fedavg", "--clip", "0.5"]
@@ -128,6 +129,7 @@ def test_tensorboard_without_its_package_names_the_install_command_and_writes_no
     assert "pip install 'fedlora-dp[tensorboard]'" in err
 
 
+@pytest.mark.slow  # make test-all: make test keeps the uncached hub id through the console entry point (one line, no traceback)
 @pytest.mark.process
 def test_console_script_reports_error_without_traceback(tmp_path):
     proc = subprocess.run(
@@ -160,11 +162,12 @@ def test_an_out_that_is_a_file_is_one_line_and_left_alone(tmp_path, capsys):
     assert out.read_text() == "mine\n"
 
 
+@pytest.mark.slow  # make test-all: make test keeps the run that sampled nobody (exit 1, one line) below
 @pytest.mark.integration
 def test_a_run_that_applied_no_round_exits_1_in_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["--num-clients", "2", "--sample-rate", "1", "--min-replies", "3", "--max-train-examples", "40"]
-    assert run_cli(["simulate", *FAST, *args, "--out", str(out)]) == 1
+    assert run_cli(["simulate", *REFUSED, *args, "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "no round was applied: round 1 withheld (fewer usable replies than min-replies)" in err

@@ -100,6 +100,7 @@ def test_bad_generation_settings_are_one_line(smollm2_adapter, capsys):
     assert "not a saved adapter" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # make test-all: make test keeps `fedlora generate` through its entry point
 def test_a_language_model_runs_card_shows_two_samples_and_its_perplexities(tmp_path):
     from common.presets import preset
     from server.simulate import simulate

@@ -87,6 +87,7 @@ def test_tiny_suite_writes_every_section_from_the_runs_outputs(tiny):
         assert " ".join(run.command) in md
 
 
+@pytest.mark.slow  # make test-all: make test keeps the unit tests of reuse (a changed command runs again)
 @pytest.mark.process
 def test_a_second_suite_reuses_finished_runs(tiny):
     out, _, first = tiny

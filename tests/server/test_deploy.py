@@ -204,6 +204,7 @@ def _serverapp_pids(work: Path) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow  # make test-all: real processes; make test keeps the refused supernode
 def test_a_killed_superlink_fails_the_run_and_leaves_no_orphaned_serverapp(tmp_path):
     """SIGKILL of the SuperLink while the ServerApp runs: the run fails at once, and the ServerApp
     (started by the SuperLink's SuperExec in a session of its own, so no longer a descendant of

@@ -269,6 +269,7 @@ class _Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.slow  # make test-all: the progress display; make test keeps the round lines of the other runs
 def test_a_terminal_sees_each_rounds_clients_the_evaluation_and_a_time_estimate(
     tmp_path, monkeypatch, capsys
 ):

@@ -757,7 +757,7 @@ def run_stats_parser(case: Case) -> None:
 
 @pytest.mark.heavy
 @pytest.mark.timeout(300)
-@fuzz_settings(4000)
+@fuzz_settings(2000)
 @given(cases([PLAIN, CODED], TRAIN_MUTATIONS))
 def test_train_validator_rejects_malformed_replies_and_nothing_else(case):
     run_train_parser(case)
@@ -765,7 +765,7 @@ def test_train_validator_rejects_malformed_replies_and_nothing_else(case):
 
 @pytest.mark.heavy
 @pytest.mark.timeout(300)
-@fuzz_settings(2000)
+@fuzz_settings(1000)
 @given(cases([STATS_MATRIX, STATS_COLUMN], STATS_MUTATIONS))
 def test_stats_validator_rejects_malformed_replies_and_nothing_else(case):
     run_stats_parser(case)
@@ -796,7 +796,7 @@ def _release(kind: str, clip: float):
 
 @pytest.mark.heavy
 @pytest.mark.timeout(300)
-@fuzz_settings(2500)
+@fuzz_settings(1250)
 @given(
     cases([PLAIN, CODED], TRAIN_MUTATIONS, 0, 3),
     st.sampled_from(["none", "central", "local", "distributed"]),
@@ -877,7 +877,7 @@ class Reasons(logging.Handler):
 
 @pytest.mark.heavy
 @pytest.mark.timeout(300)
-@fuzz_settings(1000)
+@fuzz_settings(500)
 @given(
     st.lists(cases([FEDAVG], TRAIN_MUTATIONS, 0, 2), min_size=1, max_size=5),
     st.integers(0, 2**32 - 1),

@@ -42,7 +42,7 @@ def test_a_subspace_larger_than_the_factor_entries_is_one_line_before_any_public
     monkeypatch.setattr(public_prior, "public_increments", fail)
     monkeypatch.setattr(drencoder, "public_increments", fail)
     big = dict(public_fraction=0.25, public_subspace=10**7, public_increments=10**7)
-    refused = dict(threat_model="central", noise_multiplier=1.0, clip=1.0, workers=1)  # no worker processes
+    refused = dict(threat_model="central", noise_multiplier=1.0, clip=1.0)
     cfg = preset("minilm-rt", **TINY, **big, **refused)
     with pytest.raises(FedloraError, match=r"--public-subspace 10000000 exceeds the [\d,]+ LoRA-factor"):
         simulate(cfg.check(), tmp_path / "r")
@@ -171,6 +171,7 @@ def _refitted_every_round(tmp_path, **codec):
     return run_dir
 
 
+@pytest.mark.slow  # make test-all: make test keeps the PCA codec's release and the basis refit on resume
 @pytest.mark.integration
 def test_the_pca_codec_is_refitted_every_prior_refresh_rounds_and_rebroadcast(tmp_path):
     from server.drencoder import PCA_FILE

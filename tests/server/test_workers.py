@@ -42,7 +42,7 @@ LEDGER = ("round", "sigma", "p", "sampled", "replied", "clip", "status", "mu", "
 
 def _run(tmp_path, name: str, workers: int, **kw):
     out = tmp_path / name
-    simulate(preset("minilm-rt", **{**SETTINGS, **kw}, workers=workers, out_dir=str(out)).check())
+    simulate(preset("minilm-rt", **{**SETTINGS, **kw, "workers": workers, "out_dir": str(out)}).check())
     return out
 
 
@@ -51,6 +51,7 @@ def _metrics(out) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in lines]
 
 
+@pytest.mark.slow  # make test-all: make test keeps the ledger twin below: the same charges over one and two workers
 @pytest.mark.integration
 def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
     """One worker (the server's process, on one thread as every worker runs) and two workers."""
@@ -62,6 +63,7 @@ def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
     assert split["local-training"] > 0  # the workers' phases come back with their replies
 
 
+@pytest.mark.slow  # make test-all: two spawned workers; make test keeps the worker pool's own tests below
 @pytest.mark.integration
 def test_one_and_two_workers_charge_the_same_ledger(tmp_path, one_thread):
     dp = dict(mechanism="dp-fedavg", threat_model="central", noise_multiplier=1.0, clip=0.5)
@@ -123,6 +125,7 @@ def test_workers_exit_when_the_server_process_is_killed():
     assert not any(_alive(p) for p in pids)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the plain kill above
 def test_workers_exit_when_the_server_is_killed_half_way_through_sending_a_task():
     """SIGKILL while the task queue's feeder thread is writing a 64 MB task (the workers stopped, so
     the pipe fills after 64 KB): a worker then reads half a message that will never end (it holds
@@ -168,6 +171,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
+@pytest.mark.slow  # make test-all: real processes; make test keeps the SIGKILL-resume test (tests/server/test_resume.py)
 @pytest.mark.process
 @pytest.mark.timeout(300)
 def test_ctrl_c_stops_the_workers_quietly_and_says_how_to_continue(tmp_path):

@@ -494,6 +494,7 @@ def toy_release():
 
 
 @pytest.mark.heavy
+@pytest.mark.slow  # make test-all: a federation per threat model; make test keeps the static checks above
 @pytest.mark.parametrize("threat", ["central", "distributed"])
 def test_a_new_release_needs_no_edit_outside_its_own_files(toy_release, threat, tmp_path):
     """Adding a client-level release (a new noise distribution) touches at most 3 files: its mechanism
@@ -512,7 +513,6 @@ def test_a_new_release_needs_no_edit_outside_its_own_files(toy_release, threat, 
         target_epsilon=8.0,
         clip=0.5,
         sample_rate=1.0,
-        workers=1,
         out_dir=str(tmp_path / "run"),
         **{**TINY, "rounds": 2},
     ).check()
