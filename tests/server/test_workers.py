@@ -51,7 +51,7 @@ def _metrics(out) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in lines]
 
 
-@pytest.mark.slow  # make test-all: make test keeps the ledger twin below: the same charges over one and two workers
+@pytest.mark.slow  # make test-all (as its ledger twin below); make test keeps the worker pool's own tests below
 @pytest.mark.integration
 def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
     """One worker (the server's process, on one thread as every worker runs) and two workers."""
