@@ -7,6 +7,7 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Sequence
 
 from common.errors import FedloraError
 
@@ -46,15 +47,44 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def add_commands(
+    parser: argparse.ArgumentParser,
+    table: dict[str, tuple[str, str]],
+    argv: Sequence[str] | None,
+    dest: str,
+    required: bool = False,
+) -> None:
+    """One subparser of ``parser`` per entry of ``table`` (name -> (module, one-line help)). Only the
+    entry ``argv`` names (its first word) imports its module and adds its arguments, so a command pays
+    for its own imports alone; ``argv`` None loads every one (for what inspects the whole CLI). A module
+    with a ``SUBCOMMANDS`` table instead of ``add_arguments`` nests the same way (``fedlora bench
+    suite``: the chosen subcommand lands in ``args.<name>``, its module's ``run`` dispatches)."""
+    metavar = "COMMAND" if dest == "command" else "{" + ",".join(table) + "}"
+    sub = parser.add_subparsers(dest=dest, metavar=metavar, parser_class=_Parser, required=required)
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in table.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if argv is not None and name != chosen:
+            continue
+        loaded = importlib.import_module(module)
+        nested = getattr(loaded, "SUBCOMMANDS", None)
+        if nested is None:
+            loaded.add_arguments(p)
+        else:
+            rest = None if argv is None else argv[list(argv).index(name) + 1 :]
+            add_commands(p, nested, rest, dest=name, required=True)
+
+
+def build_parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
+    """The ``fedlora`` parser, with the arguments of the command ``argv`` names (None: of every one)."""
+    parser = _Parser(prog="fedlora", description="Federated LoRA fine-tuning under differential privacy.")
+    add_commands(parser, COMMANDS, argv, dest="command")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = _Parser(prog="fedlora", description="Federated LoRA fine-tuning under differential privacy.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:
-            importlib.import_module(module).add_arguments(p)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -1,14 +1,15 @@
 """``fedlora bench {gauge,...,suite}``: each benchmark is a module with ``add_arguments`` and ``run``.
 
-Named here as strings and loaded on demand: the client benches need no server code."""
+Named here as strings and loaded on demand (common/cli.py ``add_commands``): ``fedlora bench X``
+imports X alone, and the client benches need no server code."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-#: benchmark -> (module, one-line help)
-BENCHES: dict[str, tuple[str, str]] = {
+#: benchmark -> (module, one-line help); common/cli.py builds one subparser each (``args.bench``)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gauge": ("client.bench.gauge", "noise energy of factor-space DP vs PRISM along (cA, B/c)"),
     "prism-step": ("client.bench.prism_step", "step time and peak memory of PRISM vs dp-adamw"),
     "codec": (
@@ -35,13 +36,5 @@ BENCHES: dict[str, tuple[str, str]] = {
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench", metavar="{" + ",".join(BENCHES) + "}", required=True)
-    for name, (module, help_text) in BENCHES.items():
-        importlib.import_module(module).add_arguments(
-            sub.add_parser(name, help=help_text, description=help_text)
-        )
-
-
 def run(args: argparse.Namespace) -> int:
-    return importlib.import_module(BENCHES[args.bench][0]).run(args)
+    return importlib.import_module(SUBCOMMANDS[args.bench][0]).run(args)

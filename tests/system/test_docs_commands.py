@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import io
 import re
 import shlex
@@ -142,20 +141,10 @@ def collect() -> tuple[list[Snippet], list[Snippet]]:
 COMMANDS, SYNOPSES = collect()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser ``common.cli.main`` builds, with every subcommand's arguments loaded."""
-    parser = cli._Parser(prog="fedlora", description="Federated LoRA fine-tuning under differential privacy.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=cli._Parser)
-    for name, (module, help_text) in cli.COMMANDS.items():
-        importlib.import_module(module).add_arguments(
-            sub.add_parser(name, help=help_text, description=help_text)
-        )
-    return parser
-
-
 @pytest.fixture(scope="module")
 def parser() -> argparse.ArgumentParser:
-    return build_parser()
+    """The parser ``common.cli.main`` builds, with every subcommand's arguments loaded."""
+    return cli.build_parser(None)
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

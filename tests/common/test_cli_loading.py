@@ -1,0 +1,45 @@
+"""The ``fedlora`` command loads only the (sub)command it runs: common/cli.py ``add_commands``."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from common import cli
+from server.bench.cli import SUBCOMMANDS as BENCHES
+
+PROBE = """
+import json, sys
+from common.cli import build_parser
+build_parser({argv!r})
+print(json.dumps(sorted(m for m in {watch!r} if m in sys.modules)))
+"""
+
+
+def loaded_after(argv: list[str], watch: list[str]) -> list[str]:
+    """Which of ``watch`` a fresh interpreter has imported after building the parser for ``argv``."""
+    code = PROBE.format(argv=argv, watch=watch)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_a_bench_imports_its_own_module_alone():
+    benches = [module for module, _ in BENCHES.values()]
+    assert loaded_after(["bench", "secagg", "--help"], [*benches, "peft"]) == ["server.bench.secagg"]
+    assert loaded_after(["bench", "--help"], benches) == []
+
+
+@pytest.mark.parametrize("bench", sorted(BENCHES))
+def test_every_bench_parses_its_help(bench):
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser(["bench", bench]).parse_args(["bench", bench, "--help"])
+    assert stop.value.code == 0
+
+
+def test_the_whole_cli_loads_every_bench():
+    parser = cli.build_parser(None)
+    bench = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices["bench"]
+    nested = next(a for a in bench._subparsers._group_actions if a.dest == "bench")
+    assert set(nested.choices) == set(BENCHES)
+    assert all(p._actions[1:] for p in nested.choices.values())  # each has its own options beyond -h
