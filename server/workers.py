@@ -1,6 +1,6 @@
 """A pool of client worker processes for ``fedlora simulate``: every core trains clients.
 
-Each worker is a spawned process holding its own resident model (the ClientApp's per-process model
+Each worker is a process holding its own resident model (the ClientApp's per-process model
 cache), one torch thread, and a ``Context`` for every node (the same ``node_config`` the in-process
 grid gives). A round's messages go to a shared queue; an idle worker takes the next one, runs the real
 ClientApp on it and sends the reply back; the server receives the replies in the order it sent the
@@ -9,9 +9,15 @@ local training is seeded by (seed, round, partition) alone, and its DP noise com
 any case. Under the batched engine each worker trains its share of a round as one cohort
 (client/cohort.py), whose dropout draws and rounding depend on that share: the same distribution.
 
+Workers are forked from a forkserver (Linux, macOS; spawned elsewhere) that imports torch and the
+ClientApp's modules once: a worker starts in milliseconds, not the ~10 s of a fresh interpreter's
+imports on a 2-core CPU, and a process that starts several pools (a test session) pays them once. The
+forkserver never runs torch (no OpenMP pool or CUDA context to inherit), and each worker takes the
+server's working directory and environment of when its pool started, as a spawned one would.
+
 Ctrl-C at a terminal signals the whole process group; the workers ignore SIGINT from their start
-(inherited across the spawn's exec, so not even their imports are interrupted): the server's process
-alone takes the interrupt and stops them (:meth:`WorkerPoolGrid.close` with ``abort``), so no worker
+(inherited from the forkserver, itself started with SIGINT ignored, or across a spawn's exec): the
+server's process alone takes the interrupt and stops them (:meth:`WorkerPoolGrid.close` with ``abort``), so no worker
 prints a traceback, and the run continues with ``--resume`` as after a crash.
 
 Messages cross the process boundary as Flower's own protobuf (``message_to_proto``), never pickled.
@@ -25,14 +31,16 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing as mp
+import multiprocessing.forkserver
 import os
 import queue
+import select
 import signal
 import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -75,7 +83,7 @@ def resolve_workers(workers: int, device: str = "cpu") -> int:
 
 
 class WorkerPoolGrid(InProcessGrid):
-    """An :class:`InProcessGrid` whose ClientApp calls run in ``workers`` spawned processes."""
+    """An :class:`InProcessGrid` whose ClientApp calls run in ``workers`` worker processes."""
 
     def __init__(
         self,
@@ -91,9 +99,10 @@ class WorkerPoolGrid(InProcessGrid):
         messages then go to the workers as one cohort per worker, not one message per task."""
         super().__init__(_unused, num_nodes, run_config, run_id, True, state_root)
         self._cohorts = bool(cohort_ref)
-        ctx = mp.get_context("spawn")
+        ctx = _context(client_ref, cohort_ref)
         self._tasks, self._done = ctx.Queue(), ctx.Queue()
         nodes = {node: dict(c.node_config) for node, c in self.contexts.items()}
+        origin = (os.getpid(), dict(os.environ))
         self._procs = [
             ctx.Process(
                 target=_serve,
@@ -104,14 +113,16 @@ class WorkerPoolGrid(InProcessGrid):
                     nodes,
                     dict(run_config),
                     run_id,
-                    (os.getpid(), k),
+                    k,
+                    origin,
                 ),
                 daemon=True,
                 name=f"fedlora-worker-{k}",
             )
             for k in range(workers)
         ]
-        with _sigint_ignored():
+        # a forkserver's workers inherit SIGINT ignored; a spawned one starts with it ignored
+        with _sigint_ignored() if ctx.get_start_method() == "spawn" else nullcontext():
             for proc in self._procs:
                 proc.start()
 
@@ -188,12 +199,25 @@ class WorkerPoolGrid(InProcessGrid):
         self.close(abort=kind is not None)
 
 
+def _context(*refs: str) -> mp.context.BaseContext:
+    """The forkserver context, its server preloading torch and the modules of ``refs`` (``"" `` none)
+    and started with SIGINT ignored, which its workers inherit; spawn where there is no forkserver.
+    The forkserver is this process's for good: a later pool reuses it (what it preloaded stays)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", *(ref.partition(":")[0] for ref in refs if ref)])
+    with _sigint_ignored():
+        multiprocessing.forkserver.ensure_running()
+    return ctx
+
+
 @contextmanager
 def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored in this process while the workers are started, so that they start with it
-    ignored (an ignored signal stays ignored across exec; a handler does not). An interrupt in
-    these milliseconds is lost (the user presses Ctrl-C again); off the main thread, where the
-    handler cannot be changed, the workers ignore it from :func:`_serve` on."""
+    """SIGINT ignored in this process while the forkserver (or a spawned worker) starts, so that it
+    starts with it ignored (an ignored signal stays ignored across exec and fork; a handler does
+    not). An interrupt in these milliseconds is lost (the user presses Ctrl-C again); off the main
+    thread, where the handler cannot be changed, the workers ignore it from :func:`_serve` on."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -215,14 +239,17 @@ def _serve(
     nodes: dict[int, dict],
     run_config: dict,
     run_id: int,
-    worker: tuple[int, int],
+    index: int,
+    origin: tuple[int, dict[str, str]],
 ) -> None:
-    """A worker, ``worker = (parent, index)``: one torch thread (on CUDA, GPU ``index`` of several),
-    the ClientApp and the batched engine's cohort handler (``refs``; "" for none), a Context per
-    node; answers until told to stop or until ``parent`` (the server's process) is gone. SIGINT is
-    ignored: the server stops it."""
+    """Worker ``index``: one torch thread (on CUDA, GPU ``index`` of several), the ClientApp and the
+    batched engine's cohort handler (``refs``; "" for none), a Context per node, in the server's
+    environment (``origin``: its pid, its ``os.environ``; multiprocessing sets the working directory);
+    answers until told to stop or until the server's process is gone. SIGINT is ignored: the server stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent, index = worker
+    server, environ = origin
+    os.environ.clear()
+    os.environ.update(environ)
     import torch
     from flwr.supercore.task_identity import TaskIdentity
 
@@ -236,7 +263,7 @@ def _serve(
         node: Context(run_id=run_id, node_id=node, node_config=cfg, state=RecordDict(), run_config=run_config)
         for node, cfg in nodes.items()
     }
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="orphan-watch").start()
+    threading.Thread(target=_exit_with, args=(server,), daemon=True, name="orphan-watch").start()
     while (data := tasks.get()) != _STOP:
         received = [_task(one, contexts) for one in (data if isinstance(data, list) else [data])]
         timing.reset()
@@ -271,15 +298,37 @@ def _state_from(data: bytes) -> RecordDict:
     return recorddict_from_proto(ProtoRecordDict.FromString(data)) if data else RecordDict()
 
 
-def _exit_with(parent: int, every: float = 1.0) -> None:
-    """Exit this worker at once when ``parent`` (the server's process) is gone: killed, it sends no
-    stop, and it may have died half-way through writing a task, which would leave the worker
-    blocked for ever reading the rest of it (the worker holds the pipe's write end too: no EOF). A
-    normal exit would also wait for the reply queue's feeder thread, which no reader will drain.
-    Everything a worker must keep (its nodes' ledgers) is committed to disk before a reply is sent."""
-    while os.getppid() == parent:
-        time.sleep(every)
+def _exit_with(server: int, every: float = 1.0) -> None:
+    """Exit this worker at once when the ``server`` process is gone: killed, it sends no stop, and it
+    may have died half-way through writing a task, which would leave the worker blocked for ever
+    reading the rest of it (the worker holds the pipe's write end too: no EOF). A normal exit would
+    also wait for the reply queue's feeder thread, which no reader will drain. Everything a worker
+    must keep (its nodes' ledgers) is committed to disk before a reply is sent.
+
+    The server is watched itself, not this process's parent: a forked worker's parent is the
+    forkserver, which outlives the server while any worker lives (each holds its liveness pipe). A
+    pidfd (Linux) becomes readable when the process exits and cannot name a reused pid; elsewhere
+    the pid is polled every ``every`` seconds."""
+    try:
+        watch = os.pidfd_open(server)
+    except (AttributeError, OSError):  # no pidfd here, or the server is already gone (ESRCH)
+        watch = None
+    if watch is not None:
+        select.select([watch], [], [])
+    else:
+        while _alive(server):
+            time.sleep(every)
     os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's (a reused pid)
+        return True
+    return True
 
 
 __all__ = ["WorkerPoolGrid", "available_cores", "resolve_workers"]

@@ -51,7 +51,7 @@ def _metrics(out) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in lines]
 
 
-@pytest.mark.slow  # make test-all (as its ledger twin below); make test keeps the worker pool's own tests below
+@pytest.mark.slow  # make test-all; make test keeps its ledger twin below and the worker pool's own tests
 @pytest.mark.integration
 def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
     """One worker (the server's process, on one thread as every worker runs) and two workers."""
@@ -63,7 +63,6 @@ def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
     assert split["local-training"] > 0  # the workers' phases come back with their replies
 
 
-@pytest.mark.slow  # make test-all: two spawned workers; make test keeps the worker pool's own tests below
 @pytest.mark.integration
 def test_one_and_two_workers_charge_the_same_ledger(tmp_path, one_thread):
     dp = dict(mechanism="dp-fedavg", threat_model="central", noise_multiplier=1.0, clip=0.5)
@@ -97,6 +96,32 @@ def test_a_nodes_state_persists_across_messages_whichever_worker_runs_them():
             ]
             replies = grid.send_and_receive(messages)
             assert [int(r.content["count"]["n"]) for r in replies] == [rnd] * 3
+
+
+#: a ClientApp that answers with its worker's working directory and one environment variable
+placed = ClientApp()
+
+
+@placed.train()
+def _where(msg: Message, context) -> Message:
+    where = {"cwd": os.getcwd(), "env": os.environ.get("FEDLORA_TEST_PLACE", "")}
+    return Message(RecordDict({"where": ConfigRecord(where)}), reply_to=msg)
+
+
+def test_workers_take_the_cwd_and_environment_of_when_their_pool_starts(tmp_path, monkeypatch):
+    """The forkserver, started by this process's first pool, keeps the directory and environment of
+    then: each pool's workers take the server's of when that pool starts, as spawned ones would."""
+    for place in ("first", "second"):  # the second pool reuses the forkserver the first started
+        (tmp_path / place).mkdir()
+        monkeypatch.chdir(tmp_path / place)
+        monkeypatch.setenv("FEDLORA_TEST_PLACE", place)
+        with WorkerPoolGrid("tests.server.test_workers:placed", 2, {}, 2) as grid:
+            messages = [
+                Message(RecordDict(), dst_node_id=n, message_type="train", group_id="1")
+                for n in grid.get_node_ids()
+            ]
+            for reply in grid.send_and_receive(messages):
+                assert dict(reply.content["where"]) == {"cwd": str(tmp_path / place), "env": place}
 
 
 def test_workers_default_to_the_cores():
