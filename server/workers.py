@@ -17,8 +17,8 @@ server's working directory and environment of when its pool started, as a spawne
 
 Ctrl-C at a terminal signals the whole process group; the workers ignore SIGINT from their start
 (inherited from the forkserver, itself started with SIGINT ignored, or across a spawn's exec): the
-server's process alone takes the interrupt and stops them (:meth:`WorkerPoolGrid.close` with ``abort``), so no worker
-prints a traceback, and the run continues with ``--resume`` as after a crash.
+server's process alone takes the interrupt and stops them (:meth:`WorkerPoolGrid.close` with
+``abort``), so no worker prints a traceback, and the run continues with ``--resume`` as after a crash.
 
 Messages cross the process boundary as Flower's own protobuf (``message_to_proto``), never pickled.
 A node's ``context.state`` lives here, as Flower's simulation keeps it beside the node: it travels
@@ -200,7 +200,7 @@ class WorkerPoolGrid(InProcessGrid):
 
 
 def _context(*refs: str) -> mp.context.BaseContext:
-    """The forkserver context, its server preloading torch and the modules of ``refs`` (``"" `` none)
+    """The forkserver context, its server preloading torch and the modules of ``refs`` (``""``: none)
     and started with SIGINT ignored, which its workers inherit; spawn where there is no forkserver.
     The forkserver is this process's for good: a later pool reuses it (what it preloaded stays)."""
     if "forkserver" not in mp.get_all_start_methods():
@@ -245,7 +245,8 @@ def _serve(
     """Worker ``index``: one torch thread (on CUDA, GPU ``index`` of several), the ClientApp and the
     batched engine's cohort handler (``refs``; "" for none), a Context per node, in the server's
     environment (``origin``: its pid, its ``os.environ``; multiprocessing sets the working directory);
-    answers until told to stop or until the server's process is gone. SIGINT is ignored: the server stops it."""
+    answers until told to stop or until the server's process is gone. SIGINT is ignored: the server
+    stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     server, environ = origin
     os.environ.clear()
