@@ -4,8 +4,11 @@ one-line errors. The figures in the report must be the runs' own numbers."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -344,3 +347,49 @@ def test_the_audit_section_shows_each_arm_beside_its_claim():
         ("none (not private)", "0.565", "1.23 (95%)", "n/a", "n/a"),
     ]
     assert rows[0]["audit"] == "mia"
+
+
+def _eps_run(key: str) -> Run:
+    argv = ("privacy", "epsilon", "--noise-multiplier", "1.0", "--sample-rate", "0.1", "--rounds", "5")
+    return Run("x", key, (*argv, "--delta", "1e-5", "--json"), output="json")
+
+
+def test_each_run_is_kept_as_it_ends_and_an_interrupt_stops_the_runs_under_way(tmp_path, monkeypatch):
+    """A suite invocation of hours may be stopped: the runs it finished are handed on (the suite
+    saves their records) before the interrupt, and a command still running is terminated."""
+    from server.bench.suite import runner
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    real = runner.execute
+
+    def execute_or_stop(run, *args):
+        if run.key == "second":  # as if Ctrl-C came while the second command ran
+            runner._LIVE.add(sleeper)
+            raise KeyboardInterrupt
+        return real(run, *args)
+
+    monkeypatch.setattr(runner, "execute", execute_or_stop)
+    kept: list[str] = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.execute_all(
+                [_eps_run("first"), _eps_run("second")],
+                tmp_path,
+                lambda line: None,
+                on_done=lambda run, record: kept.append((run.key, record["error"])),
+            )
+        assert kept == [("first", None)]
+        assert sleeper.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        runner._LIVE.discard(sleeper)
+        sleeper.kill()
+
+
+def test_sigterm_is_taken_as_an_interrupt_that_says_how_to_continue():
+    from server.bench.suite.cli import RESUME_HINT, _terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt, match="run the same command again"), _terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+    assert signal.getsignal(signal.SIGTERM) is before and "resumes" in RESUME_HINT

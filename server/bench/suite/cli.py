@@ -8,9 +8,12 @@ import importlib.metadata
 import json
 import platform
 import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from common.errors import FedloraError
 from common.provenance import made
 from server.bench.suite import plots
 from server.bench.suite.adopt import NOT_RECORDED, adopt, stored_config
-from server.bench.suite.plan import PROFILES, profile, runs
+from server.bench.suite.plan import PROFILES, Run, profile, runs
 from server.bench.suite.records import RECORDS, restore, save
 from server.bench.suite.report import FIGURES, markdown
 from server.bench.suite.runner import ROOT, execute_all, finished
@@ -132,7 +135,8 @@ def suite(
     ``adopted``: finished run directories to take as plan runs first (server/bench/suite/adopt.py);
     ``stored_only``: run nothing, and list the commands with no finished run as missing;
     ``scope``: the seeds to run (None: all), how many runs go at once, and the directory of the
-    committed run records (restored from before anything runs, written after)."""
+    committed run records (restored from before anything runs, each written as its run ends, and
+    all written again at the end, adopted and reused ones included)."""
     p = profile(profile_name)
     wanted = set().union(*(_needed(s) for s in sections))
     plan = [
@@ -146,10 +150,15 @@ def suite(
     took = adopt(plan, adopted, out / "runs", echo)
     start = time.monotonic()
     done, missing = [], []
+
+    def keep(run: Run, record: dict) -> None:  # a finished run's record, kept as it ends
+        if records is not None:
+            save([{"run": run, **record}], records, now)
+
     outcomes = (
         [finished(run, out / "runs") for run in plan]
         if stored_only
-        else execute_all(plan, out / "runs", echo, scope.jobs, now)
+        else execute_all(plan, out / "runs", echo, scope.jobs, now, keep)
     )
     for run, record in zip(plan, outcomes, strict=True):
         if record is None:
@@ -279,7 +288,8 @@ def run(args: argparse.Namespace) -> int:
     records = Path(args.docs) / FIGURES / RECORDS if args.docs else None
     scope = Scope(seeds, args.jobs, records)
     adopted = [Path(a) for a in args.adopt]
-    results = suite(args.profile, out, sections, echo, adopted, args.stored_only, scope)
+    with _terminate_as_interrupt():
+        results = suite(args.profile, out, sections, echo, adopted, args.stored_only, scope)
     if args.docs:
         publish(out, Path(args.docs))
     if args.json:
@@ -292,3 +302,28 @@ def run(args: argparse.Namespace) -> int:
             + (f"; {len(failed)} failed runs" if failed else "")
         )
     return 1 if any(n.startswith("failed:") for s in results["sections"] for n in s["notes"]) else 0
+
+
+#: what the interrupted suite says (fedlora prints "fedlora: interrupted; <this>" and exits 130)
+RESUME_HINT = "run the same command again: finished runs are reused, an interrupted federation resumes"
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler's stop) taken as Ctrl-C while the suite runs: the commands under
+    way are stopped (server/bench/suite/runner.py), not left running without it. The previous
+    handler comes back after (the suite may run inside another program: a test session)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(RESUME_HINT)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        raise KeyboardInterrupt(str(exc) or RESUME_HINT) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)

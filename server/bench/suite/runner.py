@@ -8,7 +8,10 @@ A directory whose command is the same and whose outputs exist is reused, not run
 
 Several runs may go at once (:func:`execute_all`, ``--jobs``): each ``simulate`` then runs its clients
 in its own process (``--workers 1``, a simulation setting: results do not depend on it) on
-cores/jobs torch threads, and every run records its own wall time and peak resident memory."""
+cores/jobs torch threads, and every run records its own wall time and peak resident memory.
+
+An interrupted invocation (Ctrl-C, or SIGTERM, which the suite takes as one) stops the commands
+running under it, so none is left behind; the next invocation resumes an interrupted federation."""
 
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from server.bench.suite.plan import Run
 from server.workers import available_cores
 
 OUTPUTS = ("summary.json", "result.json", "audit.json", "output.json")
+#: the commands running now (each thread of :func:`execute_all` waits on its own), stopped with the suite
+_LIVE: set[subprocess.Popen] = set()
 
 
 def output_file(run_dir: Path) -> str | None:
@@ -99,8 +104,12 @@ def execute(
             stderr=log,
             text=True,
         )
-        stdout = proc.stdout.read() if proc.stdout else ""
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak memory (ru_maxrss: KiB on Linux)
+        _LIVE.add(proc)
+        try:
+            stdout = proc.stdout.read() if proc.stdout else ""
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak memory (ru_maxrss: KiB on Linux)
+        finally:
+            _LIVE.discard(proc)
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = round(time.monotonic() - start, 1)
     record = {"command": command, "wall_s": wall, "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
@@ -121,11 +130,31 @@ def execute(
 
 
 def execute_all(
-    plan: Sequence[Run], runs_dir: Path, echo: Callable[[str], None], jobs: int = 1, made: dict | None = None
+    plan: Sequence[Run],
+    runs_dir: Path,
+    echo: Callable[[str], None],
+    jobs: int = 1,
+    made: dict | None = None,
+    on_done: Callable[[Run, dict], None] | None = None,
 ) -> list[dict]:
-    """:func:`execute` every run of ``plan``, ``jobs`` at a time; the records in ``plan``'s order."""
+    """:func:`execute` every run of ``plan``, ``jobs`` at a time; the records in ``plan``'s order.
+    ``on_done(run, record)`` as each run ends (the suite keeps its record at once: an invocation of
+    hours may not reach its end). An exception here (an interrupt) stops the commands running."""
+
+    def one(run: Run) -> dict:
+        record = execute(run, runs_dir, echo, jobs, made)
+        if on_done is not None:
+            on_done(run, record)
+        return record
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # each thread waits on its own child
-        return list(pool.map(lambda run: execute(run, runs_dir, echo, jobs, made), plan))
+        try:
+            return list(pool.map(one, plan))
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # no run not yet started starts now
+            for proc in list(_LIVE):
+                proc.terminate()
+            raise
 
 
 def _collect(run_dir: Path) -> None:
