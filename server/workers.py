@@ -102,7 +102,7 @@ class WorkerPoolGrid(InProcessGrid):
         ctx = _context(client_ref, cohort_ref)
         self._tasks, self._done = ctx.Queue(), ctx.Queue()
         nodes = {node: dict(c.node_config) for node, c in self.contexts.items()}
-        origin = (os.getpid(), dict(os.environ))
+        server, environ = os.getpid(), dict(os.environ)
         self._procs = [
             ctx.Process(
                 target=_serve,
@@ -113,8 +113,7 @@ class WorkerPoolGrid(InProcessGrid):
                     nodes,
                     dict(run_config),
                     run_id,
-                    k,
-                    origin,
+                    (server, k, environ),
                 ),
                 daemon=True,
                 name=f"fedlora-worker-{k}",
@@ -239,16 +238,15 @@ def _serve(
     nodes: dict[int, dict],
     run_config: dict,
     run_id: int,
-    index: int,
-    origin: tuple[int, dict[str, str]],
+    worker: tuple[int, int, dict[str, str]],
 ) -> None:
-    """Worker ``index``: one torch thread (on CUDA, GPU ``index`` of several), the ClientApp and the
-    batched engine's cohort handler (``refs``; "" for none), a Context per node, in the server's
-    environment (``origin``: its pid, its ``os.environ``; multiprocessing sets the working directory);
-    answers until told to stop or until the server's process is gone. SIGINT is ignored: the server
-    stops it."""
+    """A worker, ``worker = (server pid, index, server's os.environ)``: one torch thread (on CUDA, GPU
+    ``index`` of several), the ClientApp and the batched engine's cohort handler (``refs``; "" for
+    none), a Context per node, in the server's environment (multiprocessing sets the working
+    directory); answers until told to stop or until the server's process is gone. SIGINT is ignored:
+    the server stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    server, environ = origin
+    server, index, environ = worker
     os.environ.clear()
     os.environ.update(environ)
     import torch

@@ -51,7 +51,7 @@ def _metrics(out) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in lines]
 
 
-@pytest.mark.slow  # make test-all; make test keeps its ledger twin below and the worker pool's own tests
+@pytest.mark.slow  # make test-all (as its ledger twin below); make test keeps the worker pool's own tests below
 @pytest.mark.integration
 def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
     """One worker (the server's process, on one thread as every worker runs) and two workers."""
@@ -63,6 +63,7 @@ def test_one_and_two_workers_give_the_same_federation(tmp_path, one_thread):
     assert split["local-training"] > 0  # the workers' phases come back with their replies
 
 
+@pytest.mark.slow  # make test-all: ~30 s, and make test is at its 15-minute budget; make test keeps the pool's own tests
 @pytest.mark.integration
 def test_one_and_two_workers_charge_the_same_ledger(tmp_path, one_thread):
     dp = dict(mechanism="dp-fedavg", threat_model="central", noise_multiplier=1.0, clip=0.5)
