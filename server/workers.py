@@ -56,6 +56,7 @@ from flwr.common.serde import (
 from common import timing
 from common.device import resolve_device
 from common.errors import FedloraError
+from common.signals import handlers_while
 from server.inprocess import InProcessGrid, call_app, clients_bar, is_train_round, load_component
 
 log = logging.getLogger("fedlora.workers")
@@ -217,14 +218,8 @@ def _sigint_ignored() -> Iterator[None]:
     starts with it ignored (an ignored signal stays ignored across exec and fork; a handler does
     not). An interrupt in these milliseconds is lost (the user presses Ctrl-C again); off the main
     thread, where the handler cannot be changed, the workers ignore it from :func:`_serve` on."""
-    if threading.current_thread() is not threading.main_thread():
+    with handlers_while({signal.SIGINT: signal.SIG_IGN}):
         yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _unused(msg: Message, ctx: Context) -> Message:

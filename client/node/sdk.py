@@ -50,6 +50,7 @@ from common.data.owner import LABEL, TEXT, OwnerData, check_labels, owner_data, 
 from common.errors import FedloraError
 from common.flower_processes import flower_env, flower_executable, free_port, toml_pairs
 from common.secagg import identity
+from common.signals import handlers_while
 
 #: mechanisms whose guarantee is per example (sample-level) and per node (client-level)
 SAMPLE_LEVEL = tuple(m for m, (opt, _) in MECHANISMS.items() if opt != "none")
@@ -502,20 +503,16 @@ def _bindable(port: int) -> bool:
 def run_supernode(argv: list[str], env: Mapping[str, str]) -> int:
     """Run ``argv`` in the foreground; SIGTERM and Ctrl-C stop it cleanly. Returns its exit code."""
     proc = subprocess.Popen(argv, env=dict(env))
-    previous = None
-    with contextlib.suppress(ValueError):  # not the main thread: the caller handles signals
-        previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:  # the SuperNode got the Ctrl-C too (same process group)
+    # off the main thread nothing is installed: the caller handles signals
+    with handlers_while({signal.SIGTERM: lambda *_: proc.terminate()}):
         try:
-            return proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
             return proc.wait()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        except KeyboardInterrupt:  # the SuperNode got the Ctrl-C too (same process group)
+            try:
+                return proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return proc.wait()
 
 
 # --- checks ----------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from common.signals import handlers_while
+
 _held = {"depth": 0, "pending": False}  # see holding_interrupts()
 
 
@@ -22,12 +24,8 @@ def _interrupt(signum: int, frame: object) -> None:
 def interrupts_shut_down() -> Iterator[None]:
     """SIGINT and SIGTERM to ``fedlora`` raise KeyboardInterrupt (so the processes are still shut
     down), except inside :func:`holding_interrupts`."""
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with handlers_while({signal.SIGINT: _interrupt, signal.SIGTERM: _interrupt}):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @contextmanager

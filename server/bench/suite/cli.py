@@ -10,7 +10,6 @@ import platform
 import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from common.errors import FedloraError
 from common.provenance import made
+from common.signals import handlers_while
 from server.bench.suite import plots
 from server.bench.suite.adopt import NOT_RECORDED, adopt, stored_config
 from server.bench.suite.plan import PROFILES, Run, profile, runs
@@ -313,17 +313,12 @@ def _terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM (``kill``, a scheduler's stop) taken as Ctrl-C while the suite runs: the commands under
     way are stopped (server/bench/suite/runner.py), not left running without it. The previous
     handler comes back after (the suite may run inside another program: a test session)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(RESUME_HINT)
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        yield
+        with handlers_while({signal.SIGTERM: interrupt}):
+            yield
     except KeyboardInterrupt as exc:
         raise KeyboardInterrupt(str(exc) or RESUME_HINT) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
