@@ -4,7 +4,8 @@ repository alone.
 ``<records>/<key>.json`` (kilobytes: no adapter, no checkpoint) holds a finished run's command, wall
 time and peak memory, the date, commit and device it ran on, where it was adopted from, its output
 (the ``summary.json``, ``result.json``, ``audit.json`` or bench JSON the report reads) and the fields
-of its ``metrics.jsonl`` that the report reads (:data:`METRIC_KEYS`). With ``--docs DIR`` the suite
+of its ``metrics.jsonl`` that the report reads (:data:`METRIC_KEYS`), with the held-out curve
+(:data:`HELD_OUT`). With ``--docs DIR`` the suite
 restores, before it runs anything, every plan run whose directory holds no output from the record
 of the same command under ``DIR/results/runs/``, and afterwards writes a record for every finished
 run there: deleting every local run directory and running the documented command again makes the
@@ -25,6 +26,8 @@ from server.bench.suite.runner import OUTPUTS, finished, output_file
 RECORDS = "runs"
 #: the metrics.jsonl fields the report reads (server/bench/suite/sections.py: ε by round, bytes and replies)
 METRIC_KEYS = ("round", "eps_gdp", "eps_tight", "tight_accountant", "bytes_up", "replied")
+#: the held-out metrics of an evaluation line, kept with its phase: a reader sees the curve, not only the end
+HELD_OUT = ("accuracy", "loss", "perplexity", "positive_rate")
 #: a run directory's command.json fields a record keeps
 KEPT = ("command", "wall_s", "peak_rss_mb", "made", "adopted_from")
 
@@ -34,8 +37,14 @@ def metrics_digest(path: Path) -> list[dict]:
     if not path.exists():
         return []
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    digest = [{k: line[k] for k in METRIC_KEYS if k in line} for line in lines]
-    return [d for d in digest if set(d) - {"round"}]
+    digest = []
+    for line in lines:
+        kept = {k: line[k] for k in METRIC_KEYS if k in line}
+        if any(line.get(k) is not None for k in HELD_OUT):
+            kept |= {k: line[k] for k in ("phase", *HELD_OUT) if line.get(k) is not None}
+        if set(kept) - {"round"}:
+            digest.append(kept)
+    return digest
 
 
 def save(done: Sequence[dict], records: Path, made: dict) -> int:
