@@ -11,8 +11,6 @@ import platform
 import subprocess
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]  # the repository, when the code runs from a checkout
 #: outputs the bench suite writes into the repository, which do not make the code differ from its commit
 OWN_OUTPUTS = (":!docs/RESULTS.md", ":!docs/results")
@@ -43,6 +41,8 @@ def commit(root: Path = ROOT) -> str:
 
 def device() -> str:
     """The machine in a few words: its GPU's name, or the CPU's core count and architecture."""
+    import torch  # here, not at import: a report that stamps no run loads no torch
+
     if torch.cuda.is_available():
         return f"cuda ({torch.cuda.get_device_name()})"
     return f"cpu ({os.cpu_count()} cores, {platform.machine()})"

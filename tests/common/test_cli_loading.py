@@ -30,6 +30,13 @@ def test_a_bench_imports_its_own_module_alone():
     assert loaded_after(["bench", "--help"], benches) == []
 
 
+def test_the_suite_s_help_loads_no_model_framework():
+    """``fedlora bench suite --help`` answers at once: torch, PEFT, Flower and matplotlib are loaded only
+    once the suite computes a plan's configurations, starts a run or draws a figure."""
+    heavy = ["torch", "peft", "flwr", "matplotlib", "transformers"]
+    assert loaded_after(["bench", "suite", "--help"], heavy) == []
+
+
 @pytest.mark.parametrize("bench", sorted(BENCHES))
 def test_every_bench_parses_its_help(bench):
     with pytest.raises(SystemExit) as stop:

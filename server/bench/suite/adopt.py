@@ -18,13 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from common.device import resolve_device
-from common.models.precision import resolve_precision
 from common.provenance import device
 from server.bench.suite.plan import Run
 from server.bench.suite.runner import finished
-from server.run_dir import NOT_IDENTITY
-from server.simulate import add_config_arguments, config_from_args
 
 #: options added later, each with the value that reproduces runs made before it (issue 26's columns
 #: of one's own dataset: the names every built-in dataset used, and no partition column)
@@ -47,6 +43,8 @@ OUTPUTS = {"simulate": ("summary.json", "wall_time_s"), "train-local": ("result.
 
 
 def _simulate_config(argv: list[str]) -> dict:
+    from server.simulate import add_config_arguments, config_from_args  # the whole run: only when used
+
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)
     return json.loads(json.dumps(asdict(config_from_args(parser.parse_args(argv)))))
@@ -78,6 +76,8 @@ def plan_config(run: Run) -> dict | None:
 
 def differences(planned: dict, stored: dict) -> list[str]:
     """Options in which a stored ``config.json`` differs from a planned configuration."""
+    from server.run_dir import NOT_IDENTITY
+
     planned, stored = _resolved(planned), {**PREDATED, **_resolved(stored)}
     missing = object()
     return [
@@ -91,6 +91,9 @@ def _resolved(config: dict) -> dict:
     """``config`` with ``precision`` as this machine resolves it for the run's device."""
     if "precision" not in config:
         return config
+    from common.device import resolve_device
+    from common.models.precision import resolve_precision
+
     device = resolve_device(config.get("device", "auto"))
     return {**config, "precision": resolve_precision(config["precision"], device)}
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from common.errors import FedloraError
 from common.provenance import made
 from common.signals import handlers_while
-from server.bench.suite import plots
 from server.bench.suite.adopt import NOT_RECORDED, adopt, stored_config
 from server.bench.suite.plan import PROFILES, Run, profile, runs
 from server.bench.suite.records import RECORDS, restore, save
@@ -173,6 +172,8 @@ def suite(
     }
     figures = out / FIGURES
     figures.mkdir(parents=True, exist_ok=True)
+    from server.bench.suite import plots  # matplotlib: only when a report is drawn
+
     plots.draw(built, figures)
     argv = [
         "fedlora",

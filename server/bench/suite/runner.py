@@ -27,7 +27,6 @@ from pathlib import Path
 
 from common.provenance import ROOT  # the repository (``python -m common.cli`` runs from here)
 from server.bench.suite.plan import Run
-from server.workers import available_cores
 
 OUTPUTS = ("summary.json", "result.json", "audit.json", "output.json")
 #: the commands running now (each thread of :func:`execute_all` waits on its own), stopped with the suite
@@ -93,6 +92,8 @@ def execute(
     env = {**os.environ, "TQDM_DISABLE": "1"}
     if jobs > 1:
         argv += ["--workers", "1"] if argv[0] == "simulate" else []
+        from server.workers import available_cores  # flwr and torch: only once runs start
+
         env.setdefault("OMP_NUM_THREADS", str(max(1, available_cores() // jobs)))
     start = time.monotonic()
     with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
