@@ -393,3 +393,42 @@ def test_sigterm_is_taken_as_an_interrupt_that_says_how_to_continue():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler raises here
     assert signal.getsignal(signal.SIGTERM) is before and "resumes" in RESUME_HINT
+
+
+def test_the_engine_is_how_a_federation_runs_not_what_it_is(tmp_path, monkeypatch):
+    """``--engine batched``: every ``simulate`` the suite starts, or resumes, runs with it, while its
+    command, and so its reuse and its record, stay the plan's (the engine is not part of a run's
+    identity: server/run_dir.py NOT_IDENTITY); other commands are left as they are."""
+    from server.bench.suite import runner
+
+    started: list[list[str]] = []
+    real = subprocess.Popen
+
+    def recorded(args, **kwargs):
+        started.append(list(args[3:]))  # after ``python -m common.cli``
+        return real([sys.executable, "-c", "print('{}')"], **kwargs)  # a JSON command prints {}
+
+    monkeypatch.setattr(runner.subprocess, "Popen", recorded)
+    fed = Run("x", "fed", ("simulate", "--preset", "small", "--rounds", "1"))
+    out = str(tmp_path / "fed" / "out")
+    first = execute(fed, tmp_path, lambda line: None, engine="batched")
+    assert started[-1] == [
+        "simulate",
+        "--preset",
+        "small",
+        "--rounds",
+        "1",
+        "--out",
+        out,
+        "--engine",
+        "batched",
+    ]
+    assert first["command"] == fed.command
+    (tmp_path / "fed" / "out" / "checkpoint.safetensors").parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "fed" / "out" / "checkpoint.safetensors").write_bytes(b"")  # an interrupted run
+    execute(fed, tmp_path, lambda line: None, engine="batched")
+    assert started[-1] == ["simulate", "--out", out, "--resume", "--engine", "batched"]
+    execute(_eps_run("eps"), tmp_path, lambda line: None, engine="batched")
+    assert "--engine" not in started[-1]
+    execute(fed, tmp_path, lambda line: None)  # auto: the command as planned
+    assert "--engine" not in started[-1]

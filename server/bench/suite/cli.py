@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.config import ENGINES
 from common.errors import FedloraError
 from common.provenance import made
 from common.signals import handlers_while
@@ -83,6 +84,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="runs at once (default 1); each simulate keeps its clients in-process on cores/N threads",
     )
     parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="client engine of every federation (default auto: sequential on a CPU): how a run is "
+        "executed, not what it computes, so its command and record are the same whichever "
+        "(batched measured 1.19x sequential on 2 CPU cores in fp32: docs/cohort-engine.md)",
+    )
+    parser.add_argument(
         "--seeds",
         default=None,
         metavar="S,S",
@@ -112,12 +121,14 @@ def _needed(name: str) -> set[str]:
 
 @dataclass(frozen=True)
 class Scope:
-    """Which seeds' runs a suite invocation makes (None: the profile's), how many at once, and the
-    directory of the committed run records (server/bench/suite/records.py; None: none)."""
+    """Which seeds' runs a suite invocation makes (None: the profile's), how many at once, the
+    directory of the committed run records (server/bench/suite/records.py; None: none) and the client
+    engine its federations run with (how they run, not what they compute)."""
 
     seeds: tuple[int, ...] | None = None
     jobs: int = 1
     records: Path | None = None
+    engine: str = "auto"
 
 
 def suite(
@@ -157,7 +168,7 @@ def suite(
     outcomes = (
         [finished(run, out / "runs") for run in plan]
         if stored_only
-        else execute_all(plan, out / "runs", echo, scope.jobs, now, keep)
+        else execute_all(plan, out / "runs", echo, scope.jobs, now, keep, scope.engine)
     )
     for run, record in zip(plan, outcomes, strict=True):
         if record is None:
@@ -183,6 +194,7 @@ def suite(
         *(["--stored-only"] if stored_only else []),
         *([f"--seeds {','.join(map(str, scope.seeds))}"] if scope.seeds is not None else []),
         *([f"--jobs {scope.jobs}"] if scope.jobs > 1 else []),
+        *([f"--engine {scope.engine}"] if scope.engine != "auto" else []),
     ]
     results = {
         "suite": {
@@ -287,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise FedloraError(f"--seeds {args.seeds}: not a comma-separated list of integers") from None
     records = Path(args.docs) / FIGURES / RECORDS if args.docs else None
-    scope = Scope(seeds, args.jobs, records)
+    scope = Scope(seeds, args.jobs, records, args.engine)
     adopted = [Path(a) for a in args.adopt]
     with _terminate_as_interrupt():
         results = suite(args.profile, out, sections, echo, adopted, args.stored_only, scope)

@@ -62,12 +62,19 @@ def finished(run: Run, runs_dir: Path, stored: dict | None = None) -> dict | Non
 
 
 def execute(
-    run: Run, runs_dir: Path, echo: Callable[[str], None], jobs: int = 1, made: dict | None = None
+    run: Run,
+    runs_dir: Path,
+    echo: Callable[[str], None],
+    jobs: int = 1,
+    made: dict | None = None,
+    engine: str = "auto",
 ) -> dict:
     """Run ``run`` (or reuse its finished directory); returns ``{"command", "wall_s", "peak_rss_mb",
     "made", "output", "error", "dir"}`` (``error``: the last line of a failed command, ``output`` then
     None). ``jobs``: how many runs share the machine (a ``simulate`` then keeps its clients
-    in-process); ``made``: the invocation's date, commit and device, recorded with a run it makes."""
+    in-process); ``made``: the invocation's date, commit and device, recorded with a run it makes;
+    ``engine``: the client engine a ``simulate`` runs with (client/cohort.py), which is how it runs,
+    not what it computes (server/run_dir.py NOT_IDENTITY): the command and its record stay the same."""
     run_dir = runs_dir / run.key
     command = run.command
     shown = " ".join(command)
@@ -90,6 +97,8 @@ def execute(
             argv += ["--out", str(out)]
         echo(f"[suite] run {run.key}: {shown}")
     env = {**os.environ, "TQDM_DISABLE": "1"}
+    if engine != "auto" and argv[0] == "simulate":
+        argv += ["--engine", engine]
     if jobs > 1:
         argv += ["--workers", "1"] if argv[0] == "simulate" else []
         from server.workers import available_cores  # flwr and torch: only once runs start
@@ -137,13 +146,15 @@ def execute_all(
     jobs: int = 1,
     made: dict | None = None,
     on_done: Callable[[Run, dict], None] | None = None,
+    engine: str = "auto",
 ) -> list[dict]:
     """:func:`execute` every run of ``plan``, ``jobs`` at a time; the records in ``plan``'s order.
     ``on_done(run, record)`` as each run ends (the suite keeps its record at once: an invocation of
-    hours may not reach its end). An exception here (an interrupt) stops the commands running."""
+    hours may not reach its end). An exception here (an interrupt) stops the commands running.
+    ``engine``: as :func:`execute`."""
 
     def one(run: Run) -> dict:
-        record = execute(run, runs_dir, echo, jobs, made)
+        record = execute(run, runs_dir, echo, jobs, made, engine)
         if on_done is not None:
             on_done(run, record)
         return record
