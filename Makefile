@@ -55,8 +55,9 @@ compose-check: $(COMPOSE_STAMP)
 run: $(STAMP)
 	$(VENV)/bin/fedlora simulate --preset default
 
+# --durations: the slowest tests in every CI log, for keeping make test within its 15 minutes
 test: $(STAMP) $(COMPOSE_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The fast unit suite: no real processes, no in-process federation, no end-to-end model run.
 test-unit: $(STAMP)
