@@ -54,6 +54,7 @@ from flwr.common.serde import (
 )
 
 from common import timing
+from common.cores import available_cores
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.signals import handlers_while
@@ -64,11 +65,6 @@ log = logging.getLogger("fedlora.workers")
 #: (sequence number, destination node, bytes of the phase times, bytes of the node's state)
 _HEADER = struct.Struct("<qqqq")
 _STOP = b""
-
-
-def available_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def resolve_workers(workers: int, device: str = "cpu") -> int:
@@ -325,4 +321,4 @@ def _alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["WorkerPoolGrid", "available_cores", "resolve_workers"]
+__all__ = ["WorkerPoolGrid", "resolve_workers"]

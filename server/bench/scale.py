@@ -37,11 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import PRECISIONS
+from common.cores import available_cores
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.flower_processes import flower_env, flower_executable, toml_pairs
 from common.models.registry import RANDOM, SHAPES
-from server.workers import available_cores, resolve_workers
+from server.workers import resolve_workers
 
 ROOT = Path(__file__).resolve().parents[2]  # the Flower app (pyproject.toml)
 

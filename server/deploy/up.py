@@ -3,13 +3,13 @@ SuperNodes up, run the app, and always shut down."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from common.cores import threads_each
 from common.errors import FedloraError
 from common.flower_processes import flower_env
 from server.deploy.control import flwr_run, register_node, wait_for_run, write_connection
@@ -38,7 +38,7 @@ def deploy_env(work_dir: Path, nodes: int, base: dict[str, str] | None = None) -
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     env.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (nodes + 1))))
+    env.setdefault("OMP_NUM_THREADS", str(threads_each(nodes + 1)))
     return env
 
 

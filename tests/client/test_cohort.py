@@ -18,6 +18,7 @@ import client.app as client_app
 from client.cohort import CohortUnsupported, Member, train_cohort
 from client.node.state import client_ledger
 from common.config import to_flat
+from common.cores import available_cores
 from common.models import adapter_state, load_adapter_state
 from common.models.lora import lora_layers
 from common.presets import preset
@@ -310,7 +311,7 @@ def test_workers_default_to_one_per_gpu_on_cuda(monkeypatch):
     monkeypatch.setattr(workers, "resolve_device", lambda name: torch.device(name))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
     assert workers.resolve_workers(0, "cuda") == 3 and workers.resolve_workers(2, "cuda") == 2
-    assert workers.resolve_workers(0, "cpu") == workers.available_cores()
+    assert workers.resolve_workers(0, "cpu") == available_cores()
 
 
 @pytest.mark.slow  # make test-all: real processes; make test keeps the in-process batched rounds and bench scale
@@ -330,14 +331,16 @@ def test_simulate_batched_over_two_workers_trains_every_sampled_client(tmp_path)
 def test_bench_scale_compares_the_engines_side_by_side(capsys):
     """`fedlora bench scale --engine sequential,batched`: one row per engine, each with its per-client
     time, clients per second and speedup against the sequential fp32 one-worker row."""
-    argv = ["bench", "scale", "--preset", "minilm-rt", "--populations", "4", "--cohort", "4", "--rounds", "2"]
-    argv += ["--engine", "sequential,batched", "--precisions", "fp32", "--workers", "1", "--json"]
+    argv = ["bench", "scale", "--preset", "minilm-rt-xdev", "--populations", "2", "--cohort", "2"]
+    argv += ["--rounds", "2", "--engine", "sequential,batched", "--precisions", "fp32"]
+    argv += ["--workers", "1", "--json"]
     assert run_cli(argv) == 0
     result = json.loads(capsys.readouterr().out)
     rows = {r["engine"]: r for r in result["rows"]}
     assert set(rows) == {"sequential", "batched"} and rows["sequential"]["speedup"] == 1.0
     batched = rows["batched"]
     assert batched["speedup"] == pytest.approx(rows["sequential"]["client_s"] / batched["client_s"], rel=0.02)
-    assert batched["clients_per_s"] == pytest.approx(1 / batched["client_s"], rel=0.02)
+    # clients_per_s is rounded to 2 decimals: ±0.005 where a slow machine makes it small
+    assert batched["clients_per_s"] == pytest.approx(1 / batched["client_s"], rel=0.02, abs=0.0051)
     assert result["device"].startswith("cpu")
     assert run_cli([*argv[:-1], "--engine", "diagonal"]) != 0

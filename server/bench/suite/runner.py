@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from common.cores import threads_each
 from common.provenance import ROOT  # the repository (``python -m common.cli`` runs from here)
 from server.bench.suite.plan import Run
 
@@ -101,9 +102,7 @@ def execute(
         argv += ["--engine", engine]
     if jobs > 1:
         argv += ["--workers", "1"] if argv[0] == "simulate" else []
-        from server.workers import available_cores  # flwr and torch: only once runs start
-
-        env.setdefault("OMP_NUM_THREADS", str(max(1, available_cores() // jobs)))
+        env.setdefault("OMP_NUM_THREADS", str(threads_each(jobs)))
     start = time.monotonic()
     with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
