@@ -14,7 +14,7 @@ from common.errors import FedloraError
 #: subcommand -> (module providing add_arguments(parser) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": (
-        "server.simulate",
+        "server.simulate_cli",
         "run a federation in-process (real ServerApp/ClientApp, no Ray)",
     ),
     "privacy": (

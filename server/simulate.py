@@ -1,10 +1,9 @@
-"""``fedlora simulate``: the real ServerApp and ClientApp, driven in-process by InProcessGrid."""
+"""The federation behind ``fedlora simulate`` (its command line: server/simulate_cli.py): the real
+ServerApp and ClientApp, driven in-process by InProcessGrid or a worker pool."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,14 +11,9 @@ from flwr.app import Context, Message, RecordDict
 
 from common.config import RunConfig, to_flat
 from common.device import resolve_device
-from common.errors import FedloraError
-from common.options import add_config_arguments as add_options
-from common.options import config_values
-from common.presets import PRESETS, preset
 from common.runtime import open_split
 from common.timing import reset, totals
 from server.inprocess import InProcessGrid, load_component
-from server.outcome import check_applied
 from server.run_dir import default_run_dir, write_json
 from server.workers import WorkerPoolGrid, resolve_workers
 
@@ -40,42 +34,6 @@ def engine_of(cfg: RunConfig) -> str:
     if cfg.engine != "auto":
         return cfg.engine
     return AUTO_ENGINE[resolve_device(cfg.device).type]
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--preset``, one ``--option`` per declared :class:`RunConfig` option (defaults come from the
-    preset), ``--out`` and ``--resume``."""
-    parser.add_argument("--preset", default="default", choices=sorted(PRESETS), help="base configuration")
-    add_options(parser)
-    parser.add_argument(
-        "--out",
-        dest="out_dir",
-        default=None,
-        help="run directory (default runs/<time>-<model>-<dataset>)",
-    )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        default=None,
-        help="continue the run in --out after a crash, from its checkpoint and ledger (its stored configuration)",
-    )
-
-
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The preset with the given options; with ``--resume``, the run's stored configuration (options
-    given too must agree with it, which the run directory checks)."""
-    overrides = {**config_values(args), "out_dir": args.out_dir, "resume": args.resume}
-    if not args.resume:
-        return preset(args.preset, **overrides).check_federated()
-    if not args.out_dir:
-        raise FedloraError("--resume needs --out RUN_DIR")
-    stored = Path(args.out_dir) / "config.json"
-    try:
-        values = json.loads(stored.read_text(encoding="utf-8"))
-        base = RunConfig(**values)
-    except (OSError, ValueError, TypeError) as exc:
-        raise FedloraError(f"cannot resume: {stored} is missing or unreadable ({exc})") from None
-    return base.replace(**{k: v for k, v in overrides.items() if v is not None}).check_federated()
 
 
 #: (real ClientApp, message, context) -> reply: stands between the server and a node (e.g. audit canaries)
@@ -128,29 +86,3 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
         summary["time_split_s"] = totals()
         write_json(summary_path, summary)
     return run_dir
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    """``fedlora simulate``: 0 once the run applied a round; when it applied none, exit 1
-    (:class:`server.outcome.NoRoundApplied`) with one line saying why. Ctrl-C (KeyboardInterrupt)
-    carries the command that continues the run once its run directory exists (common/cli.py prints
-    ``fedlora: interrupted; continue with: fedlora simulate --resume --out DIR``)."""
-    cfg = config_from_args(args)
-    run_dir = Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg)
-    try:
-        simulate(cfg, run_dir)
-    except KeyboardInterrupt:
-        if not (run_dir / "config.json").is_file():
-            raise  # nothing written yet: nothing to continue
-        raise KeyboardInterrupt(f"continue with: {resume_command(run_dir)}") from None
-    check_applied(run_dir)
-    return 0
-
-
-def resume_command(run_dir: Path) -> str:
-    """The command that continues the run in ``run_dir`` (its stored configuration)."""
-    return f"fedlora simulate --resume --out {shlex.quote(str(run_dir))}"

@@ -74,7 +74,8 @@ from server.exchange import exchange
 from server.inprocess import InProcessGrid, load_component
 from server.public_prior import public_increments
 from server.releases import RunHandles
-from server.simulate import CLIENT_APP, add_config_arguments, config_from_args
+from server.simulate import CLIENT_APP
+from server.simulate_cli import add_config_arguments, config_from_args
 
 ORDERS = ("client", "decode-then-aggregate", "aggregate-then-decode")
 #: RunConfig options the bench sets itself (it runs every codec and order, noise from --epsilon)

@@ -35,7 +35,8 @@ from server.bench.codec import collect_increments, collection_config, errors, st
 from server.evaluation import Evaluator
 from server.inprocess import InProcessGrid, load_component
 from server.public_prior import public_increments
-from server.simulate import CLIENT_APP, add_config_arguments, config_from_args
+from server.simulate import CLIENT_APP
+from server.simulate_cli import add_config_arguments, config_from_args
 
 
 def kept(codec: Codec, layout: Layout, truths: Sequence[AdapterState]) -> dict[str, float]:

@@ -67,7 +67,7 @@ def test_simulate_and_train_local_share_option_names():
     import argparse
 
     from client.train_local import add_arguments as local_arguments
-    from server.simulate import add_config_arguments
+    from server.simulate_cli import add_config_arguments
 
     def dests(add):
         parser = argparse.ArgumentParser()

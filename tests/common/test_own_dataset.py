@@ -183,7 +183,7 @@ def test_skip_bad_rows_and_labels_reach_the_reader_from_the_command_line():
     import argparse
 
     from common.runtime import columns_of
-    from server.simulate import add_config_arguments, config_from_args
+    from server.simulate_cli import add_config_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)

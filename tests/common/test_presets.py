@@ -31,7 +31,7 @@ def test_unknown_preset_names_the_available_ones():
 def test_flat_form_and_simulate_start_from_the_preset():
     """A Flower run config's ``preset`` key and ``simulate --preset`` apply the preset before the other
     options (without one: ``default``)."""
-    from server.simulate import add_config_arguments, config_from_args
+    from server.simulate_cli import add_config_arguments, config_from_args
 
     assert from_flat({"preset": "small", "rounds": "2"}) == preset("small", rounds=2)
     assert from_flat({}) == preset("default")

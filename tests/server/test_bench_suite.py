@@ -193,7 +193,7 @@ def test_every_planned_federation_is_a_valid_configuration(name):
     otherwise surface hours into the full suite)."""
     import argparse
 
-    from server import simulate
+    from server import simulate_cli as simulate
 
     planned = [r for r in runs(profile(name)) if r.argv[0] == "simulate"]
     assert planned
@@ -210,7 +210,7 @@ def test_the_correlated_noise_arms_hold_the_same_participation_rule(name):
     import argparse
 
     from common.privacy.ftrl_plan import auto_bands
-    from server import simulate
+    from server import simulate_cli as simulate
 
     planned = [r for r in runs(profile(name)) if r.section == "correlated-noise"]
     assert planned
@@ -257,7 +257,7 @@ def test_the_big_silo_federates_each_method_at_its_validated_settings_and_the_wi
     import argparse
 
     from common.presets import PRESETS
-    from server import simulate
+    from server import simulate_cli as simulate
     from server.bench.suite.adopt import _train_local_config
     from server.bench.suite.plan import BIGSILO_TUNED, _bigsilo
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from common.provenance import device
 from server.bench.suite.plan import Run
 from server.bench.suite.runner import finished
+from server.simulate_cli import add_config_arguments, config_from_args
 
 #: options added later, each with the value that reproduces runs made before it (issue 26's columns
 #: of one's own dataset: the names every built-in dataset used, and no partition column)
@@ -43,8 +44,6 @@ OUTPUTS = {"simulate": ("summary.json", "wall_time_s"), "train-local": ("result.
 
 
 def _simulate_config(argv: list[str]) -> dict:
-    from server.simulate import add_config_arguments, config_from_args  # the whole run: only when used
-
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)
     return json.loads(json.dumps(asdict(config_from_args(parser.parse_args(argv)))))
