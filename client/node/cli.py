@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from client.node.policy import TRUST
 from common.config import MECHANISMS
+from common.privacy.threat import TRUST
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,22 +31,9 @@ from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
 from common.privacy.plan import plan_noise, uncovered
 from common.privacy.report import apart
-from common.privacy.threat import THREATS
+from common.privacy.threat import THREATS, TRUST
 
 TOLERANCE = 1e-6  # relative: a calibrated plan lands on its target up to round-off
-
-#: trust setting -> what it protects (docs/sdk.md, ``fedlora node --trust``)
-TRUST = {
-    "none": "only releases whose noise this node adds itself (local noise): its epsilon holds against "
-    "everyone, the server included",
-    "aggregate": "also distributed noise summed by secure aggregation (--threat-model secure-aggregation "
-    "and secure-aggregation-hidden: the server sees only the sum of the survivors' noised updates, even "
-    "a server that deviates from the protocol, as long as no identity on the node's roster is the "
-    "server's or colludes with it)",
-    "server": "also central noise, distributed noise without secure aggregation and --encode-at server: "
-    "the server sees this node's clipped (or raw) update, and the epsilon holds only against "
-    "everyone else",
-}
 
 _TRUST_ORDER = {name: rank for rank, name in enumerate(TRUST)}  # none < aggregate < server
 
@@ -230,4 +217,4 @@ def _flag(value: object) -> bool:
     raise ValueError(value)
 
 
-__all__ = ["TRUST", "NodePolicy", "planned_client_epsilon"]
+__all__ = ["NodePolicy", "planned_client_epsilon"]

@@ -44,11 +44,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from client.node.policy import TRUST
 from common.config import MECHANISMS
 from common.data.owner import LABEL, TEXT, OwnerData, check_labels, owner_data, read_jsonl, write_jsonl
 from common.errors import FedloraError
 from common.flower_processes import flower_env, flower_executable, free_port, toml_pairs
+from common.privacy.threat import TRUST
 from common.secagg import identity
 from common.signals import handlers_while
 

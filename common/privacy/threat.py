@@ -26,6 +26,20 @@ ACTIVE_SERVER = (
 ALWAYS_VISIBLE = "who was sampled, who replied and when (node ids, counts, dropouts: server-side records)"
 
 
+#: trust setting -> what it protects (docs/sdk.md, ``fedlora node --trust``)
+TRUST = {
+    "none": "only releases whose noise this node adds itself (local noise): its epsilon holds against "
+    "everyone, the server included",
+    "aggregate": "also distributed noise summed by secure aggregation (--threat-model secure-aggregation "
+    "and secure-aggregation-hidden: the server sees only the sum of the survivors' noised updates, even "
+    "a server that deviates from the protocol, as long as no identity on the node's roster is the "
+    "server's or colludes with it)",
+    "server": "also central noise, distributed noise without secure aggregation and --encode-at server: "
+    "the server sees this node's clipped (or raw) update, and the epsilon holds only against "
+    "everyone else",
+}
+
+
 @dataclass(frozen=True)
 class Guarantee:
     """``adjacency``: the neighbouring datasets; ``observer``: who cannot tell them apart;

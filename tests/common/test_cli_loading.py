@@ -37,6 +37,28 @@ def test_the_suite_s_help_loads_no_model_framework():
     assert loaded_after(["bench", "suite", "--help"], heavy) == []
 
 
+HEAVY = ["torch", "peft", "flwr", "transformers", "numpy", "server.simulate"]
+
+
+@pytest.mark.parametrize("command", ["simulate", "node"])
+def test_a_data_owner_s_first_commands_answer_help_without_a_model_framework(command):
+    """``fedlora simulate --help`` and ``fedlora node --help`` answer at once (they took ~10 s)."""
+    assert loaded_after([command, "--help"], HEAVY) == []
+
+
+def test_simulate_refuses_bad_options_before_the_federation_stack_loads():
+    """The options are checked into a configuration first: server/simulate.py loads only once a run
+    starts."""
+    heavy = [m for m in HEAVY if m != "numpy"]
+    refused = (
+        "import json, sys\nfrom common.cli import main\n"
+        "code = main(['simulate', '--rounds', '0', '--out', 'never'])\n"
+        f"print(json.dumps([code, sorted(m for m in {heavy!r} if m in sys.modules)]))"
+    )
+    done = subprocess.run([sys.executable, "-c", refused], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == [2, []] and "rounds" in done.stderr
+
+
 @pytest.mark.parametrize("bench", sorted(BENCHES))
 def test_every_bench_parses_its_help(bench):
     with pytest.raises(SystemExit) as stop:

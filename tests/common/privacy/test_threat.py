@@ -11,9 +11,8 @@ import math
 
 import pytest
 
-from client.node.policy import TRUST
 from common.config import THREAT_MODELS
-from common.privacy.threat import CLIENT_LEVEL, THREATS, ThreatModel
+from common.privacy.threat import CLIENT_LEVEL, THREATS, TRUST, ThreatModel
 
 SIGMA, CLIP = 0.8, 0.5
 
