@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "privacy planning: epsilon for a noise level, noise for a budget; ledgers",
     ),
     "train-local": (
-        "client.train_local",
+        "client.train_local_cli",
         "train one client centrally with a local (DP) optimizer; held-out accuracy and sample-level epsilon",
     ),
     "bench": (

@@ -19,14 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
-from client.train_local import (
-    LOCAL_MECHANISMS,
-    SHARD_OPTIONS,
-    check_node,
-    config_of,
-    local_defaults,
-    train_local,
-)
+from client.train_local import train_local
+from client.train_local_cli import LOCAL_MECHANISMS, SHARD_OPTIONS, check_node, config_of, local_defaults
 from common.errors import FedloraError
 from common.options import add_config_arguments
 

@@ -179,7 +179,7 @@ def _client_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig
 
 
 def _mia_configs(args: argparse.Namespace, arms: list[str]) -> list[RunConfig]:
-    from client.train_local import local_defaults
+    from client.train_local_cli import local_defaults
 
     defaults = {k: v for k, v in local_defaults().items() if v is not None}  # one node, the whole split
     base = {**defaults, **(QUICK_MIA if args.quick else {}), "seed": args.seed}

@@ -40,9 +40,10 @@ def test_the_suite_s_help_loads_no_model_framework():
 HEAVY = ["torch", "peft", "flwr", "transformers", "numpy", "server.simulate"]
 
 
-@pytest.mark.parametrize("command", ["simulate", "node"])
+@pytest.mark.parametrize("command", ["simulate", "train-local", "node"])
 def test_a_data_owner_s_first_commands_answer_help_without_a_model_framework(command):
-    """``fedlora simulate --help`` and ``fedlora node --help`` answer at once (they took ~10 s)."""
+    """``fedlora simulate --help``, ``train-local --help`` and ``node --help`` answer at once (each took
+    ~10 s beside two runs)."""
     assert loaded_after([command, "--help"], HEAVY) == []
 
 

@@ -356,7 +356,7 @@ def test_audit_mia_plan_is_independent_of_the_inclusion_vector(tmp_path, monkeyp
     """The noise plan (N, hence q and σ) is made for the real examples + every canary: the same for
     two seeds whose inclusion vectors differ in size (9 and 3 of 10 canaries included)."""
     import server.audit.mia as mia
-    from client.train_local import local_defaults
+    from client.train_local_cli import local_defaults
     from common.config import RunConfig
 
     planned, real_plan = [], mia.local_plan

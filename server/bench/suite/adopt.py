@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from client.train_local_cli import add_arguments, config_of, local_record
 from common.provenance import device
 from server.bench.suite.plan import Run
 from server.bench.suite.runner import finished
@@ -50,8 +51,6 @@ def _simulate_config(argv: list[str]) -> dict:
 
 
 def _train_local_config(argv: list[str]) -> dict:
-    from client.train_local import add_arguments, config_of, local_record  # the bench runs the real client
-
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser)
     args = parser.parse_args(argv)
