@@ -11,11 +11,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from common.errors import FedloraError
 from common.progress import bar
+
+if TYPE_CHECKING:
+    import torch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +60,7 @@ def generate(
 ) -> str:
     """The continuation of ``prompt`` (without the prompt): greedy when ``temperature`` is 0, else
     nucleus sampling seeded by ``seed``."""
+    import torch
     from transformers import LogitsProcessorList
 
     inputs = tokenizer(prompt, return_tensors="pt").to(next(model.parameters()).device)

@@ -26,7 +26,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import optimize, stats
 
 from common.errors import FedloraError
 from common.privacy.gdp import eps_for_delta
@@ -41,6 +40,8 @@ def one_run_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
     """P[≥ v correct of r guesses] under (ε, δ)-DP with m canaries (Steinke et al. 2023, Algorithm 2)."""
     if not 0 <= v <= r <= m:
         raise ValueError(f"need 0 <= v <= r <= m, got v={v}, r={r}, m={m}")
+    from scipy import stats  # here, not at import: `fedlora audit --help` reads this module's minimums
+
     q = 1.0 / (1.0 + math.exp(-eps))  # accuracy of ε-DP randomized response
     beta = stats.binom.sf(v - 1, r, q)  # P[Bin(r, q) ≥ v]
     if delta == 0 or v == 0:
@@ -61,6 +62,8 @@ def one_run_epsilon(m: int, r: int, v: int, delta: float, confidence: float = 0.
         hi *= 2
         if hi > 1e3:  # cannot happen for finite m: ≥ v correct has probability ≥ q^r > 0
             return math.inf
+    from scipy import optimize
+
     return float(optimize.brentq(lambda e: one_run_p_value(m, r, v, e, delta) - p, 0.0, hi, xtol=1e-6))
 
 
@@ -95,6 +98,8 @@ def clopper_pearson_upper(k, n: int, alpha: float):
     k = np.asarray(k)
     if n < 1 or (k < 0).any() or (k > n).any():
         raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    from scipy import stats
+
     upper = np.where(k == n, 1.0, stats.beta.ppf(1.0 - alpha, k + 1, np.maximum(n - k, 1)))
     return float(upper) if upper.ndim == 0 else upper
 
@@ -142,6 +147,8 @@ def auc(scores_in: Sequence[float], scores_out: Sequence[float]) -> float:
     a, b = np.asarray(scores_in, dtype=float), np.asarray(scores_out, dtype=float)
     if len(a) == 0 or len(b) == 0:
         return math.nan
+    from scipy import stats
+
     ranks = stats.rankdata(np.concatenate([a, b]))
     return float((ranks[: len(a)].sum() - len(a) * (len(a) + 1) / 2) / (len(a) * len(b)))
 

@@ -19,66 +19,38 @@ Isolation is Flower's default, ``subprocess``: the SuperLink and each SuperNode 
 Modules: ``deployment`` (options, work directory, result), ``run_config``, ``tls``,
 ``processes`` (start, log, shut down by PID), ``interrupts``, ``flower`` (SuperLink and
 SuperNodes), ``control`` (the ``flwr`` CLI), ``up`` (the whole deployment) and ``cli``. The small
-functions re-exported here are what tests/server/test_deploy.py composes.
+functions re-exported here (loaded on first use: ``fedlora deploy --help`` needs none of
+``up``'s imports) are what tests/server/test_deploy.py composes.
 """
 
-from server.deploy.control import (
-    CONNECTION,
-    flwr_cli,
-    flwr_run,
-    follow_run,
-    list_nodes,
-    register_node,
-    run_status,
-    wait_for_run,
-    write_connection,
-)
-from server.deploy.deployment import (
-    REPO,
-    Deployment,
-    Options,
-    Result,
-    RunFailed,
-    load_deployment,
-    save_deployment,
-)
-from server.deploy.flower import start_superlink, start_supernode, wait_for_nodes
-from server.deploy.processes import Proc, leftovers, shutdown, spawn
-from server.deploy.run_config import parse_run_config, resolve_run_config
-from server.deploy.tls import Tls, generate_certs
-from server.deploy.up import bring_up, deploy_resume, deploy_up, prepare, run_and_wait
+from common.lazy import lazy_exports
 
-__all__ = [
-    "CONNECTION",
-    "REPO",
-    "Deployment",
-    "Options",
-    "Proc",
-    "Result",
-    "RunFailed",
-    "Tls",
-    "bring_up",
-    "deploy_resume",
-    "deploy_up",
-    "flwr_cli",
-    "flwr_run",
-    "follow_run",
-    "generate_certs",
-    "leftovers",
-    "list_nodes",
-    "load_deployment",
-    "parse_run_config",
-    "prepare",
-    "register_node",
-    "resolve_run_config",
-    "run_and_wait",
-    "run_status",
-    "save_deployment",
-    "shutdown",
-    "spawn",
-    "start_superlink",
-    "start_supernode",
-    "wait_for_nodes",
-    "wait_for_run",
-    "write_connection",
-]
+_EXPORTS = {
+    "server.deploy.control": (
+        "CONNECTION",
+        "flwr_cli",
+        "flwr_run",
+        "follow_run",
+        "list_nodes",
+        "register_node",
+        "run_status",
+        "wait_for_run",
+        "write_connection",
+    ),
+    "server.deploy.deployment": (
+        "REPO",
+        "Deployment",
+        "Options",
+        "Result",
+        "RunFailed",
+        "load_deployment",
+        "save_deployment",
+    ),
+    "server.deploy.flower": ("start_superlink", "start_supernode", "wait_for_nodes"),
+    "server.deploy.processes": ("Proc", "leftovers", "shutdown", "spawn"),
+    "server.deploy.run_config": ("parse_run_config", "resolve_run_config"),
+    "server.deploy.tls": ("Tls", "generate_certs"),
+    "server.deploy.up": ("bring_up", "deploy_resume", "deploy_up", "prepare", "run_and_wait"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from server.deploy.deployment import REPO, Options
 from server.deploy.interrupts import interrupts_shut_down
-from server.deploy.up import check_result, deploy_resume, deploy_up
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +93,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 
 def run(args: argparse.Namespace) -> int:
+    from server.deploy.up import check_result, deploy_resume, deploy_up  # the run's stack, not --help's
+
     def echo(line: str) -> None:
         print(line, flush=True)
 

@@ -40,11 +40,16 @@ def test_the_suite_s_help_loads_no_model_framework():
 HEAVY = ["torch", "peft", "flwr", "transformers", "numpy", "server.simulate"]
 
 
-@pytest.mark.parametrize("command", ["simulate", "train-local", "node"])
+@pytest.mark.parametrize("command", ["simulate", "train-local", "node", "deploy", "generate"])
 def test_a_data_owner_s_first_commands_answer_help_without_a_model_framework(command):
-    """``fedlora simulate --help``, ``train-local --help`` and ``node --help`` answer at once (each took
-    ~10 s beside two runs)."""
+    """``fedlora simulate --help``, ``train-local --help``, ``node --help``, ``deploy --help`` and
+    ``generate --help`` answer at once (each took 4-10 s beside two runs)."""
     assert loaded_after([command, "--help"], HEAVY) == []
+
+
+def test_the_audit_s_help_loads_no_model_framework():
+    """The audit's options read the statistics module's minimums; scipy's stats load when it computes."""
+    assert loaded_after(["audit", "client", "--help"], [*HEAVY[:4], "scipy.stats", "server.simulate"]) == []
 
 
 def test_simulate_refuses_bad_options_before_the_federation_stack_loads():
