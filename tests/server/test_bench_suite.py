@@ -86,6 +86,9 @@ def test_tiny_suite_writes_every_section_from_the_runs_outputs(tiny):
             assert f"(results/{name})" in md
     assert "accuracy-vs-epsilon.png" in sections["client-level"]["figures"]
     assert "(not run in this profile)" in md  # scale is not in the tiny profile
+    assert sections["scale"]["made"] is None  # nothing of it was made: its heading names no date
+    scale = md.split(f"## {sections['scale']['title']}")[1].split("\n## ")[0]
+    assert "Made on" not in scale and "Made on" in md
     for run in runs(profile("tiny")):
         assert " ".join(run.command) in md
 

@@ -322,7 +322,8 @@ def test_the_records_folder_is_not_ignored_by_git():
 
 def test_a_section_names_every_commit_of_its_newest_runs_recorded_ones_first():
     """Runs of one date made at two commits, one from before runs stamped themselves: the section
-    names both (a run of an older date names none); no stamp at all: the invocation's."""
+    names both (a run of an older date names none); no stamp at all: the invocation's; no finished
+    run: none (a section that is not run yet was not made today)."""
     from server.bench.suite.cli import _made
 
     fedavg, dp = _client_runs()
@@ -334,4 +335,5 @@ def test_a_section_names_every_commit_of_its_newest_runs_recorded_ones_first():
     ]
     made = _made(done, "client-level", {"date": "2026-12-01", "commit": "now", "device": cpu})
     assert made == {"date": "2026-11-29", "commit": "4771a3f, not recorded", "device": cpu}
-    assert _made(done[:0], "client-level", {"commit": "now"}) == {"commit": "now"}
+    assert _made([{"run": fedavg}], "client-level", {"commit": "now"}) == {"commit": "now"}
+    assert _made(done[:0], "client-level", {"commit": "now"}) is None

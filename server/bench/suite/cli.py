@@ -224,11 +224,15 @@ def suite(
     return results
 
 
-def _made(done: Sequence[dict], section: str, now: dict) -> dict:
+def _made(done: Sequence[dict], section: str, now: dict) -> dict | None:
     """When, at which commit and where a section's newest runs were made (its runs' own stamps, so a
-    report regenerated from committed records names the same; ``now`` where no run carries one): the
-    newest date, with every commit its runs of that date name (recorded ones first)."""
-    stamps = [d["made"] for d in done if d.get("made") and d["run"].section in _needed(section)]
+    report regenerated from committed records names the same; ``now`` where no run carries one; None
+    where the section has no finished run: nothing was made): the newest date, with every commit its
+    runs of that date name (recorded ones first)."""
+    ran = [d for d in done if d["run"].section in _needed(section)]
+    if not ran:
+        return None
+    stamps = [d["made"] for d in ran if d.get("made")]
     if not stamps:
         return now
     newest = max(stamps, key=lambda m: m["date"])

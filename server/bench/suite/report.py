@@ -79,7 +79,7 @@ def markdown(results: dict) -> str:
         if sec["commands"]:
             out += [
                 "",
-                f"Commands ({sec['wall_s']:.0f} s on {sec.get('made', suite)['device']}; a comment names the seeds an arm ran):",
+                f"Commands ({sec['wall_s']:.0f} s on {(sec.get('made') or suite)['device']}; a comment names the seeds an arm ran):",
                 "",
                 "```console",
             ]
