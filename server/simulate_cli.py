@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     carries the command that continues the run once its run directory exists (common/cli.py prints
     ``fedlora: interrupted; continue with: fedlora simulate --resume --out DIR``)."""
     cfg = config_from_args(args)  # refused input answers before the federation stack loads
+    from common.models.registry import resolve_model
+
+    resolve_model(cfg.model)  # so does a model that is not there (a Hub id: its config, transformers alone)
     from server.outcome import check_applied
     from server.run_dir import default_run_dir
     from server.simulate import simulate

@@ -205,10 +205,13 @@ def test_a_run_that_sampled_nobody_exits_1_and_says_it_trained_nothing(tmp_path,
 @pytest.mark.process
 def test_an_uncached_hub_id_fails_fast_in_one_line_without_network_settings(tmp_path):
     """With HF_HUB_OFFLINE unset (and no network here), an uncached Hub id is refused at once: the
-    project sets the offline default before the Hugging Face libraries read it."""
+    project sets the offline default before the Hugging Face libraries read it. The refusal is timed
+    after transformers' config machinery is imported (its import alone took 3 s beside two runs), and
+    the command refuses it before the federation stack loads."""
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     timed = (
-        "import time, common, transformers; from common.models.registry import resolve_model; "
+        "import time, common; from transformers import AutoConfig; "
+        "from common.models.registry import resolve_model; "
         "from common.errors import FedloraError\n"
         "t = time.perf_counter()\n"
         "try:\n    resolve_model('nobody/no-such-model')\nexcept FedloraError:\n    pass\n"
