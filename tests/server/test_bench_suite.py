@@ -435,3 +435,32 @@ def test_the_engine_is_how_a_federation_runs_not_what_it_is(tmp_path, monkeypatc
     assert "--engine" not in started[-1]
     execute(fed, tmp_path, lambda line: None)  # auto: the command as planned
     assert "--engine" not in started[-1]
+
+
+def test_a_resumed_federation_records_the_whole_run_s_wall_time_and_keeps_its_log(tmp_path, monkeypatch):
+    """A federation interrupted in an earlier session resumes: its log goes on after the earlier
+    session's lines, and its record's ``wall_s`` is the summary's ``wall_time_s`` (every session's
+    rounds), not the resuming session's seconds alone (a 300-round run recorded 4,078 s of 14,686)."""
+    from server.bench.suite import runner
+
+    real = subprocess.Popen
+    finish = (
+        "import json, pathlib, sys; out = pathlib.Path(sys.argv[1]); "
+        "(out / 'summary.json').write_text(json.dumps({'wall_time_s': 14685.93})); "
+        "print('session 2', file=sys.stderr)"
+    )
+
+    def resumed(args, **kwargs):
+        assert list(args[3:6]) == ["simulate", "--out", str(tmp_path / "fed" / "out")] and "--resume" in args
+        return real([sys.executable, "-c", finish, args[5]], **kwargs)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", resumed)
+    fed = Run("x", "fed", ("simulate", "--preset", "small", "--rounds", "300"))
+    (tmp_path / "fed" / "out").mkdir(parents=True)
+    (tmp_path / "fed" / "out" / "checkpoint.safetensors").write_bytes(b"")
+    (tmp_path / "fed" / "command.json").write_text(json.dumps({"command": list(fed.command)}))
+    (tmp_path / "fed" / "log.txt").write_text("session 1\n")
+    record = execute(fed, tmp_path, lambda line: None)
+    assert record["error"] is None and record["wall_s"] == 14685.9
+    assert json.loads((tmp_path / "fed" / "command.json").read_text())["wall_s"] == 14685.9
+    assert (tmp_path / "fed" / "log.txt").read_text().splitlines() == ["session 1", "session 2"]

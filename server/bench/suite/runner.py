@@ -75,7 +75,9 @@ def execute(
     None). ``jobs``: how many runs share the machine (a ``simulate`` then keeps its clients
     in-process); ``made``: the invocation's date, commit and device, recorded with a run it makes;
     ``engine``: the client engine a ``simulate`` runs with (client/cohort.py), which is how it runs,
-    not what it computes (server/run_dir.py NOT_IDENTITY): the command and its record stay the same."""
+    not what it computes (server/run_dir.py NOT_IDENTITY): the command and its record stay the same.
+    A federation interrupted earlier resumes from its checkpoint, its log continues, and its
+    ``wall_s`` is the whole run's (the summary's ``wall_time_s``), not the last session's alone."""
     run_dir = runs_dir / run.key
     command = run.command
     shown = " ".join(command)
@@ -89,7 +91,10 @@ def execute(
         (run_dir / name).unlink(missing_ok=True)
     (run_dir / "command.json").write_text(json.dumps({"command": command}) + "\n", encoding="utf-8")
     argv, out = list(command[1:]), run_dir / "out"
-    if same and run.output == "dir" and argv[0] == "simulate" and (out / "checkpoint.safetensors").exists():
+    resumed = (
+        same and run.output == "dir" and argv[0] == "simulate" and (out / "checkpoint.safetensors").exists()
+    )
+    if resumed:
         argv = ["simulate", "--out", str(out), "--resume"]  # an interrupted federation continues
         echo(f"[suite] resume {run.key}: {shown}")
     else:
@@ -104,7 +109,7 @@ def execute(
         argv += ["--workers", "1"] if argv[0] == "simulate" else []
         env.setdefault("OMP_NUM_THREADS", str(threads_each(jobs)))
     start = time.monotonic()
-    with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
+    with open(run_dir / "log.txt", "a" if resumed else "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "common.cli", *argv],
             cwd=ROOT,
@@ -132,10 +137,13 @@ def execute(
         (run_dir / "output.json").write_text(stdout, encoding="utf-8")
     else:
         _collect(run_dir)
+    output = None if error else output_of(run_dir)
+    if resumed and output and "wall_time_s" in output:  # the whole run's, every session's rounds (summary)
+        record["wall_s"] = round(output["wall_time_s"], 1)
     (run_dir / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
     if error:
         echo(f"[suite] FAILED {run.key} ({wall:.0f} s): {error}")
-    return {**record, "output": None if error else output_of(run_dir), "error": error, "dir": str(run_dir)}
+    return {**record, "output": output, "error": error, "dir": str(run_dir)}
 
 
 def execute_all(
