@@ -464,3 +464,40 @@ def test_a_resumed_federation_records_the_whole_run_s_wall_time_and_keeps_its_lo
     assert record["error"] is None and record["wall_s"] == 14685.9
     assert json.loads((tmp_path / "fed" / "command.json").read_text())["wall_s"] == 14685.9
     assert (tmp_path / "fed" / "log.txt").read_text().splitlines() == ["session 1", "session 2"]
+
+
+def test_a_run_stopped_by_the_suite_s_interrupt_is_reported_stopped_not_failed(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM stops the commands under way: each says it was stopped (the next invocation
+    takes it up again), not FAILED; a command that fails on its own is still FAILED."""
+    from server.bench.suite import runner
+
+    real_popen, real_execute = subprocess.Popen, runner.execute
+    monkeypatch.setattr(
+        runner.subprocess,
+        "Popen",
+        lambda args, **kw: real_popen([sys.executable, "-c", "import time; time.sleep(60)"], **kw),
+    )
+
+    def execute_or_stop(run, *args):
+        if run.key == "stop":  # Ctrl-C once the other command runs
+            deadline = time.monotonic() + 30
+            while not runner._LIVE and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise KeyboardInterrupt
+        return real_execute(run, *args)
+
+    monkeypatch.setattr(runner, "execute", execute_or_stop)
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute_all([_eps_run("stop"), _eps_run("long")], tmp_path, said.append, jobs=2)
+    long = [line for line in said if " long" in line]
+    assert long[0].startswith("[suite] run long: fedlora privacy epsilon")
+    assert long[1].startswith("[suite] stopped (the next invocation takes it up again) long (")
+    assert not any("FAILED" in line for line in said)
+    monkeypatch.setattr(
+        runner.subprocess,
+        "Popen",
+        lambda args, **kw: real_popen([sys.executable, "-c", "raise SystemExit(3)"], **kw),
+    )
+    runner.execute_all([_eps_run("broken")], tmp_path, said.append)
+    assert said[-1].startswith("[suite] FAILED broken")

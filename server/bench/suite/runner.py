@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,8 @@ from server.bench.suite.plan import Run
 OUTPUTS = ("summary.json", "result.json", "audit.json", "output.json")
 #: the commands running now (each thread of :func:`execute_all` waits on its own), stopped with the suite
 _LIVE: set[subprocess.Popen] = set()
+#: set while an interrupted suite stops them: a command that ends then was stopped, it did not fail
+_STOPPING = threading.Event()
 
 
 def output_file(run_dir: Path) -> str | None:
@@ -142,7 +145,8 @@ def execute(
         record["wall_s"] = round(output["wall_time_s"], 1)
     (run_dir / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
     if error:
-        echo(f"[suite] FAILED {run.key} ({wall:.0f} s): {error}")
+        verb = "stopped (the next invocation takes it up again)" if _STOPPING.is_set() else "FAILED"
+        echo(f"[suite] {verb} {run.key} ({wall:.0f} s): {error}")
     return {**record, "output": output, "error": error, "dir": str(run_dir)}
 
 
@@ -166,10 +170,12 @@ def execute_all(
             on_done(run, record)
         return record
 
+    _STOPPING.clear()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # each thread waits on its own child
         try:
             return list(pool.map(one, plan))
         except BaseException:
+            _STOPPING.set()
             pool.shutdown(wait=False, cancel_futures=True)  # no run not yet started starts now
             for proc in list(_LIVE):
                 proc.terminate()
