@@ -501,3 +501,28 @@ def test_a_run_stopped_by_the_suite_s_interrupt_is_reported_stopped_not_failed(t
     )
     runner.execute_all([_eps_run("broken")], tmp_path, said.append)
     assert said[-1].startswith("[suite] FAILED broken")
+
+
+def test_federations_left_interrupted_are_taken_up_before_new_runs(tmp_path, monkeypatch):
+    """An invocation resumes the federations an earlier one left interrupted (a checkpoint of this very
+    command, no output) before it starts any new run; the records stay in the plan's order."""
+    from server.bench.suite import runner
+
+    started: list[list[str]] = []
+    real = subprocess.Popen
+
+    def recorded(args, **kwargs):
+        started.append(list(args[3:]))
+        return real([sys.executable, "-c", "pass"], **kwargs)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", recorded)
+    new, left, other = (Run("x", k, ("simulate", "--preset", "small", "--rounds", "3")) for k in "abc")
+    for run, command in ((left, left.command), (other, ["fedlora", "simulate", "--rounds", "9"])):
+        (tmp_path / run.key / "out").mkdir(parents=True)
+        (tmp_path / run.key / "out" / "checkpoint.safetensors").write_bytes(b"")
+        (tmp_path / run.key / "command.json").write_text(json.dumps({"command": command}))
+    assert [runner.interrupted(r, tmp_path) for r in (new, left, other)] == [False, True, False]
+    records = runner.execute_all([new, left, other], tmp_path, lambda line: None)
+    assert started[0] == ["simulate", "--out", str(tmp_path / "b" / "out"), "--resume"]
+    assert [s[-1] for s in started[1:]] == [str(tmp_path / "a" / "out"), str(tmp_path / "c" / "out")]
+    assert [r["dir"] for r in records] == [str(tmp_path / k) for k in "abc"]

@@ -65,6 +65,19 @@ def finished(run: Run, runs_dir: Path, stored: dict | None = None) -> dict | Non
     return {**stored, "output": output, "error": None, "dir": str(run_dir), "reused": True}
 
 
+def interrupted(run: Run, runs_dir: Path) -> bool:
+    """Whether ``run`` is a federation stopped before its end, which :func:`execute` resumes from its
+    checkpoint (its directory was made by this very command and holds no output of it yet)."""
+    run_dir = runs_dir / run.key
+    return (
+        run.output == "dir"
+        and run.argv[:1] == ("simulate",)
+        and (run_dir / "out" / "checkpoint.safetensors").exists()
+        and _stored(run_dir).get("command") == run.command
+        and finished(run, runs_dir) is None
+    )
+
+
 def execute(
     run: Run,
     runs_dir: Path,
@@ -85,18 +98,15 @@ def execute(
     command = run.command
     shown = " ".join(command)
     stored = _stored(run_dir)
-    same = stored.get("command") == command
     if (found := finished(run, runs_dir, stored)) is not None:
         echo(f"[suite] reuse {run.key}: {shown}")
         return found
+    resumed = interrupted(run, runs_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in OUTPUTS:  # a stale output from another command must not be read as this one's
         (run_dir / name).unlink(missing_ok=True)
     (run_dir / "command.json").write_text(json.dumps({"command": command}) + "\n", encoding="utf-8")
     argv, out = list(command[1:]), run_dir / "out"
-    resumed = (
-        same and run.output == "dir" and argv[0] == "simulate" and (out / "checkpoint.safetensors").exists()
-    )
     if resumed:
         argv = ["simulate", "--out", str(out), "--resume"]  # an interrupted federation continues
         echo(f"[suite] resume {run.key}: {shown}")
@@ -159,7 +169,8 @@ def execute_all(
     on_done: Callable[[Run, dict], None] | None = None,
     engine: str = "auto",
 ) -> list[dict]:
-    """:func:`execute` every run of ``plan``, ``jobs`` at a time; the records in ``plan``'s order.
+    """:func:`execute` every run of ``plan``, ``jobs`` at a time, the federations an earlier invocation
+    left interrupted first; the records in ``plan``'s order.
     ``on_done(run, record)`` as each run ends (the suite keeps its record at once: an invocation of
     hours may not reach its end). An exception here (an interrupt) stops the commands running.
     ``engine``: as :func:`execute`."""
@@ -170,10 +181,13 @@ def execute_all(
             on_done(run, record)
         return record
 
+    # interrupted federations first (their checkpoints are hours of work), then the plan's order
+    order = sorted(range(len(plan)), key=lambda i: not interrupted(plan[i], runs_dir))
     _STOPPING.clear()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # each thread waits on its own child
         try:
-            return list(pool.map(one, plan))
+            records = dict(zip(order, pool.map(one, [plan[i] for i in order]), strict=True))
+            return [records[i] for i in range(len(plan))]
         except BaseException:
             _STOPPING.set()
             pool.shutdown(wait=False, cancel_futures=True)  # no run not yet started starts now
