@@ -398,20 +398,27 @@ def test_sigterm_is_taken_as_an_interrupt_that_says_how_to_continue():
     assert signal.getsignal(signal.SIGTERM) is before and "resumes" in RESUME_HINT
 
 
-def test_the_engine_is_how_a_federation_runs_not_what_it_is(tmp_path, monkeypatch):
-    """``--engine batched``: every ``simulate`` the suite starts, or resumes, runs with it, while its
-    command, and so its reuse and its record, stay the plan's (the engine is not part of a run's
-    identity: server/run_dir.py NOT_IDENTITY); other commands are left as they are."""
+def _record_starts(monkeypatch) -> list[list[str]]:
+    """The argv (after ``python -m common.cli``) of every command the suite's runner starts from now
+    on; each runs as a child that prints ``{}`` (a JSON command's output) and exits."""
     from server.bench.suite import runner
 
     started: list[list[str]] = []
     real = subprocess.Popen
 
     def recorded(args, **kwargs):
-        started.append(list(args[3:]))  # after ``python -m common.cli``
-        return real([sys.executable, "-c", "print('{}')"], **kwargs)  # a JSON command prints {}
+        started.append(list(args[3:]))
+        return real([sys.executable, "-c", "print('{}')"], **kwargs)
 
     monkeypatch.setattr(runner.subprocess, "Popen", recorded)
+    return started
+
+
+def test_the_engine_is_how_a_federation_runs_not_what_it_is(tmp_path, monkeypatch):
+    """``--engine batched``: every ``simulate`` the suite starts, or resumes, runs with it, while its
+    command, and so its reuse and its record, stay the plan's (the engine is not part of a run's
+    identity: server/run_dir.py NOT_IDENTITY); other commands are left as they are."""
+    started = _record_starts(monkeypatch)
     fed = Run("x", "fed", ("simulate", "--preset", "small", "--rounds", "1"))
     out = str(tmp_path / "fed" / "out")
     first = execute(fed, tmp_path, lambda line: None, engine="batched")
@@ -508,14 +515,7 @@ def test_federations_left_interrupted_are_taken_up_before_new_runs(tmp_path, mon
     command, no output) before it starts any new run; the records stay in the plan's order."""
     from server.bench.suite import runner
 
-    started: list[list[str]] = []
-    real = subprocess.Popen
-
-    def recorded(args, **kwargs):
-        started.append(list(args[3:]))
-        return real([sys.executable, "-c", "pass"], **kwargs)
-
-    monkeypatch.setattr(runner.subprocess, "Popen", recorded)
+    started = _record_starts(monkeypatch)
     new, left, other = (Run("x", k, ("simulate", "--preset", "small", "--rounds", "3")) for k in "abc")
     for run, command in ((left, left.command), (other, ["fedlora", "simulate", "--rounds", "9"])):
         (tmp_path / run.key / "out").mkdir(parents=True)

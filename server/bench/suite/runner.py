@@ -65,17 +65,17 @@ def finished(run: Run, runs_dir: Path, stored: dict | None = None) -> dict | Non
     return {**stored, "output": output, "error": None, "dir": str(run_dir), "reused": True}
 
 
-def interrupted(run: Run, runs_dir: Path) -> bool:
+def interrupted(run: Run, runs_dir: Path, stored: dict | None = None) -> bool:
     """Whether ``run`` is a federation stopped before its end, which :func:`execute` resumes from its
-    checkpoint (its directory was made by this very command and holds no output of it yet)."""
+    checkpoint (its directory was made by this very command and holds no output of it yet).
+    ``stored``: its command.json, if read."""
     run_dir = runs_dir / run.key
-    return (
-        run.output == "dir"
-        and run.argv[:1] == ("simulate",)
-        and (run_dir / "out" / "checkpoint.safetensors").exists()
-        and _stored(run_dir).get("command") == run.command
-        and finished(run, runs_dir) is None
-    )
+    if run.output != "dir" or run.argv[:1] != ("simulate",):
+        return False
+    if not (run_dir / "out" / "checkpoint.safetensors").exists():
+        return False
+    stored = _stored(run_dir) if stored is None else stored
+    return stored.get("command") == run.command and finished(run, runs_dir, stored) is None
 
 
 def execute(
@@ -101,7 +101,7 @@ def execute(
     if (found := finished(run, runs_dir, stored)) is not None:
         echo(f"[suite] reuse {run.key}: {shown}")
         return found
-    resumed = interrupted(run, runs_dir)
+    resumed = interrupted(run, runs_dir, stored)
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in OUTPUTS:  # a stale output from another command must not be read as this one's
         (run_dir / name).unlink(missing_ok=True)
