@@ -337,3 +337,21 @@ def test_a_section_names_every_commit_of_its_newest_runs_recorded_ones_first():
     assert made == {"date": "2026-11-29", "commit": "4771a3f, not recorded", "device": cpu}
     assert _made([{"run": fedavg}], "client-level", {"commit": "now"}) == {"commit": "now"}
     assert _made(done[:0], "client-level", {"commit": "now"}) is None
+
+
+def test_docs_results_md_is_what_the_committed_records_make(tmp_path, monkeypatch):
+    """Issue 52, on the repository itself: docs/RESULTS.md is byte for byte what
+    ``fedlora bench suite --stored-only --docs docs`` makes from the committed records alone, in a
+    directory with no run, at another commit and on another machine (the page names where its runs
+    were made, not who regenerates it); it shows the same figures and nothing older."""
+    repo = Path(__file__).resolve().parents[2]
+    docs = tmp_path / "docs"
+    shutil.copytree(repo / "docs" / "results" / "runs", docs / "results" / "runs")
+    (docs / "results" / "stale.png").write_bytes(b"\x89PNG")  # a figure no section draws any more
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("common.provenance.commit", lambda: "fffffff")
+    monkeypatch.setattr("common.provenance.device", lambda: "cuda (NVIDIA H200)")
+    assert main(["bench", "suite", "--stored-only", "--docs", "docs"]) == 0
+    assert (docs / "RESULTS.md").read_bytes() == (repo / "docs" / "RESULTS.md").read_bytes()
+    figures = sorted(p.name for p in (docs / "results").glob("*.png"))
+    assert figures == sorted(p.name for p in (repo / "docs" / "results").glob("*.png"))

@@ -28,6 +28,7 @@ from server.bench.suite.runner import ROOT, execute_all, finished
 from server.bench.suite.sections import BUILDERS
 
 SECTIONS = tuple(BUILDERS)
+DEFAULT_OUT = "bench-results"
 PACKAGES = ("torch", "transformers", "peft", "flwr", "opacus", "dp-accounting")
 
 
@@ -46,9 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="full",
         help="full (the real presets, 3 seeds: hours on a CPU), quick, or tiny (the suite's smoke test)",
     )
-    parser.add_argument(
-        "--out", default="bench-results", help="directory for runs/, results.json, RESULTS.md"
-    )
+    parser.add_argument("--out", default=DEFAULT_OUT, help="directory for runs/, results.json, RESULTS.md")
     parser.add_argument(
         "--sections",
         default=",".join(SECTIONS),
@@ -175,12 +174,12 @@ def suite(
             missing.append(" ".join(run.command))
         else:
             done.append({"run": run, **record})
-    device = now["device"]
+    # where the reported runs were made (their stamps), so a report regenerated from records
+    # elsewhere names the same devices; this machine only where no run is stamped
+    device = ", ".join(sorted({d["made"]["device"] for d in done if d.get("made")})) or now["device"]
     if records is not None:
         save(done, records, now)
-    built = {
-        name: BUILDERS[name](done, device) if name == "speed" else BUILDERS[name](done) for name in sections
-    }
+    built = {name: BUILDERS[name](done) for name in sections}
     figures = out / FIGURES
     figures.mkdir(parents=True, exist_ok=True)
     from server.bench.suite import plots  # matplotlib: only when a report is drawn
@@ -198,7 +197,7 @@ def suite(
     ]
     results = {
         "suite": {
-            "command": " ".join([*argv, f"--out {out}"]),
+            "command": " ".join([*argv, *([f"--out {out}"] if str(out) != DEFAULT_OUT else [])]),
             "profile": profile_name,
             "date": now["date"],
             "device": device,
@@ -267,11 +266,17 @@ def _public(section: dict) -> dict:
     return {**section, "rows": rows}
 
 
-def publish(out: Path, docs: Path) -> None:
-    """Copy ``RESULTS.md`` and its figures into ``docs``."""
+def publish(out: Path, docs: Path, results: dict) -> None:
+    """Copy ``RESULTS.md`` and the figures its sections show into ``docs``, and remove the figures
+    it no longer shows (a section with no run draws none), so ``docs`` holds what one regeneration
+    makes and nothing older."""
     (docs / FIGURES).mkdir(parents=True, exist_ok=True)
-    for png in (out / FIGURES).glob("*.png"):
-        shutil.copyfile(png, docs / FIGURES / png.name)
+    shown = {name for sec in results["sections"] for name in sec["figures"]}
+    for png in (docs / FIGURES).glob("*.png"):
+        if png.name not in shown:
+            png.unlink()
+    for name in sorted(shown):
+        shutil.copyfile(out / FIGURES / name, docs / FIGURES / name)
     shutil.copyfile(out / "RESULTS.md", docs / "RESULTS.md")
 
 
@@ -308,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
     with _terminate_as_interrupt():
         results = suite(args.profile, out, sections, echo, adopted, args.stored_only, scope)
     if args.docs:
-        publish(out, Path(args.docs))
+        publish(out, Path(args.docs), results)
     if args.json:
         print(json.dumps(results, ensure_ascii=False))
     else:

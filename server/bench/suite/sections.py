@@ -576,8 +576,10 @@ def communication(done: Sequence[dict]) -> dict:
     return sec
 
 
-def speed(done: Sequence[dict], device: str) -> dict:
-    """PRISM vs dp-adamw step (``bench prism-step``) and each client-level arm's round time split."""
+def speed(done: Sequence[dict]) -> dict:
+    """PRISM vs dp-adamw step (``bench prism-step``) and each client-level arm's round time split;
+    whether any time is a GPU's is read from the runs' own stamps, not from the machine that writes
+    the report (a report regenerated from records elsewhere says the same)."""
     step = [d for d in done if d["run"].section == "speed"]
     sec = _base("speed", "Speed: DP steps and where a round's time goes", step)
     sec["columns"] = ["what", "seconds", "share / ratio"]
@@ -634,8 +636,11 @@ def speed(done: Sequence[dict], device: str) -> dict:
                     "share / ratio": f"{1 / per:,.0f} replies / s",
                 }
             )
-    if not device.startswith("cuda"):
-        sec["notes"].append("GPU timings: not produced (no GPU on this machine); every time here is CPU")
+    timed = [d for d in done if d["run"].section in ("speed", "client-level")]
+    if not any((d.get("made") or {}).get("device", "").startswith("cuda") for d in timed):
+        sec["notes"].append(
+            "GPU timings: not produced (no run here was made on a GPU); every time here is CPU"
+        )
     sec["notes"].append(
         "round split: seconds summed over the seed-0 run's rounds in one process (`fedlora simulate`); "
         "the rest of a round's time is messaging and checkpoints; the release per reply is a codec's "
@@ -664,7 +669,7 @@ def scale(done: Sequence[dict]) -> dict:
     return sec
 
 
-#: section name -> builder (``speed`` also takes the device)
+#: section name -> builder
 BUILDERS: dict[str, Callable[..., dict]] = {
     "client-level": client_level,
     "correlated-noise": correlated_noise,
