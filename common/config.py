@@ -95,6 +95,15 @@ MODEL, FEDERATION, SERVER_OPT, LOCAL, SAMPLE_DP, CLIENT_DP, PUBLIC, DR_ENCODER, 
 )
 
 
+def _lora_init_help() -> str:
+    """``--lora-init``'s help, naming each local optimizer's own init from its descriptor."""
+    own: dict[str, list[str]] = {}
+    for spec in LOCAL_OPTIMIZERS.values():
+        own.setdefault(spec.lora_init, []).append(spec.name)
+    defaults = "; ".join(f"{init} for {', '.join(names)}" for init, names in own.items())
+    return f"LoRA init: balanced (full-rank factors) or peft (PEFT's: B = 0); default the local optimizer's own: {defaults}"
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a federation, each option declared once. Units: ``lr`` per local
@@ -149,7 +158,7 @@ class RunConfig:
     targets: str = option("", "comma-separated LoRA target modules (default: the model's)", MODEL)
     lora_init: str = option(
         "",
-        "LoRA init: balanced (full rank; default with a DP local optimizer but wishart) or peft",
+        _lora_init_help(),
         MODEL,
         choices=LORA_INITS,
     )
