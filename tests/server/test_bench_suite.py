@@ -235,8 +235,15 @@ def test_the_correlated_noise_section_pairs_each_budget_s_first_arm_with_the_oth
 
     mf, same, amp = Arm("mf", (), 3.0), Arm("same", (), 3.0), Arm("amp", (), 3.0)
     accs = {mf: (0.76, 0.75, 0.78), same: (0.74, 0.75, 0.75), amp: (0.77, 0.74, 0.79)}
+    made = {"date": "2026-11-30", "commit": "abc1234", "device": "cpu"}
     done = [
-        {"run": Run("correlated-noise", f"k{i}{s}", (), arm=arm, seed=s), "output": out(a), "error": None}
+        {
+            "run": Run("correlated-noise", f"k{i}{s}", (), arm=arm, seed=s),
+            "output": out(a),
+            "error": None,
+            "wall_s": 1000.0 * (i + 1) + s,
+            "made": made,
+        }
         for i, (arm, values) in enumerate(accs.items())
         for s, a in enumerate(values)
         if not (arm is amp and s == 2)  # an unfinished seed: paired over the seeds both ran
@@ -250,6 +257,12 @@ def test_the_correlated_noise_section_pairs_each_budget_s_first_arm_with_the_oth
         == "mf − same, points by seed (0, 1, 2): +2.0, +0.0, +3.0; mean +1.7 ± 1.5, standard error 0.9"
     )
     assert paired[1] == "mf − amp, points by seed (0, 1): -1.0, +1.0; mean +0.0 ± 1.4, standard error 1.0"
+    # the runs behind each mean, one line each: seed, accuracy, wall time, commit
+    runs = [n for n in sec["notes"] if n.startswith("run ")]
+    assert len(runs) == 8
+    assert (
+        runs[4] == "run k11 (same, seed 1): 0.750 after the last round, 2,001 s, made 2026-11-30 at abc1234"
+    )
 
 
 @pytest.mark.parametrize("winner", [None, "ffa"])

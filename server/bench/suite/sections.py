@@ -171,6 +171,27 @@ def _paired(rows: Sequence[dict], done: Sequence[dict], section: str) -> list[st
     return notes
 
 
+def _per_run(done: Sequence[dict], section: str) -> list[str]:
+    """One line per finished run of ``section``, in plan order: its arm and seed, held-out accuracy
+    after the last round, the frozen base's precision where recorded, its whole wall time (every
+    session of a resumed run) and when and at which commit it was made: the runs behind each mean."""
+    lines = []
+    for arm, group in _group(done, section):
+        for d in group:
+            if not d["output"]:
+                continue
+            made = d.get("made") or {}
+            precision = d["output"].get("precision")
+            lines.append(
+                f"run {d['run'].key} ({arm.label}, seed {d['run'].seed}): "
+                f"{d['output']['after']['accuracy']:.3f} after the last round"
+                + (f", {precision} base" if precision else "")
+                + f", {d.get('wall_s') or 0:,.0f} s"
+                + (f", made {made['date']} at {made['commit']}" if made else "")
+            )
+    return lines
+
+
 def correlated_noise(done: Sequence[dict]) -> dict:
     """Banded matrix-factorization DP-FTRL against DP-FedAvg charged under the same participation rule
     and against amplified DP-FedAvg (issue 51): the accuracy table, and each budget's first arm
@@ -183,6 +204,7 @@ def correlated_noise(done: Sequence[dict]) -> dict:
         "up per round (MB)",
     )
     sec["notes"] += _paired(sec["rows"], done, "correlated-noise")
+    sec["notes"] += _per_run(done, "correlated-noise")
     sec["notes"] += _client_guarantees(done, "correlated-noise")
     return sec
 
