@@ -27,6 +27,7 @@ from client.node.shard import load_own_shard, node_shard
 from client.node.state import sample_ledger
 from common.data.owner import read_jsonl
 from common.errors import FedloraError
+from common.flower_processes import free_port
 from common.models import adapter_state
 from common.presets import preset
 from common.privacy.ledger import Charge
@@ -677,12 +678,6 @@ def test_readme_sdk_example_is_in_the_readme_and_compiles():
     assert "sdk.prepare_data(" in source and "sdk.join(" in source
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(argv: list[str], log: Path, **kwargs) -> subprocess.Popen:
     """A process in its own session (so that it and its children are stopped together)."""
     return subprocess.Popen(
@@ -732,7 +727,7 @@ def _process_env() -> dict[str, str]:
 @pytest.mark.slow
 def test_readme_sdk_example_joins_a_real_federation(tmp_path):
     scripts, env = Path(sys.executable).parent, _process_env()
-    port = _free_port()
+    port = free_port()
     link_home, cli_home, owner = tmp_path / "link", tmp_path / "cli", tmp_path / "owner"
     for d in (link_home, cli_home, owner):
         d.mkdir()
@@ -842,7 +837,7 @@ def test_an_own_csv_federation_is_joined_by_nodes_holding_only_their_own_files(t
     (--text-column/--label-column/--labels; its data has two of the three classes). The label names
     give both the federation's class indices; the command the SDK prints is the one it runs."""
     scripts, env = Path(sys.executable).parent, _process_env()
-    port = _free_port()
+    port = free_port()
     federation, link_home, cli_home = tmp_path / "federation", tmp_path / "link", tmp_path / "cli"
     owner_a, owner_b = tmp_path / "owner-a", tmp_path / "owner-b"
     for d in (federation, link_home, cli_home, owner_a, owner_b):
