@@ -29,7 +29,7 @@ from common.models.lora import lora_layers, lora_norm
 from common.privacy.ledger import Ledger
 from common.privacy.release import global_norm
 from common.provenance import made
-from common.runtime import initial_adapter, open_model, open_split
+from common.runtime import base_precision, initial_adapter, open_model, open_split
 from common.tasks import make_task
 from common.tasks.base import Task
 from common.tasks.training import Trainee
@@ -94,6 +94,7 @@ def train_local(
         "eval_examples": len(test),
         "pooling": cfg.pooling,
         "head_init": cfg.head_init,
+        "precision": base_precision(cfg, device),  # the frozen base's, as resolved on this machine
         **step_settings(cfg, plan),
         "before": before[task.metric],
         task.metric: metrics[task.metric],

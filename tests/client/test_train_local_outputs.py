@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from common.models.precision import native_bf16
 from tests.conftest import run_cli
 
 TINY_LOCAL = [
@@ -62,6 +63,8 @@ PUBLISHED = {
     "prism_floor",
     # when, at which commit and on what device the run was made: the code and the machine, no data
     "made",
+    # the frozen base's precision as this machine resolved --precision: an option and the machine
+    "precision",
 }
 
 
@@ -75,6 +78,7 @@ def test_dp_run_publishes_no_realised_batch_sizes(tmp_path, capsys):
     assert not {"examples-used", "empty-batches"} & set(result)
     assert set(result) <= PUBLISHED, set(result) - PUBLISHED
     assert result["steps"] == 2 and result["privacy"]["epsilon"] > 0
+    assert result["precision"] == ("bf16" if native_bf16("cpu") else "fp32")  # auto, as resolved here
     assert "sample-level epsilon" in printed and "empty" not in printed and "examples-used" not in printed
 
 
