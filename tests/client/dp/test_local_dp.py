@@ -190,7 +190,7 @@ def test_config_checks_local_optimizer_settings():
     # each method its own init (issue 52): FFA-LoRA's is PEFT's random A (frozen) and B = 0
     assert RunConfig(mechanism="ffa", sample_epsilon=3).check().init_kind == "peft"
     assert RunConfig(mechanism="ffa", sample_epsilon=3, lora_init="balanced").check().init_kind == "balanced"
-    assert preset("minilm-rt-silo").init_kind == "balanced"  # pinned to the init it was validated with
+    assert preset("minilm-rt-silo").init_kind == "peft"  # ffa's own, re-measured (docs/prism.md)
 
 
 FAST_LOCAL = [
