@@ -265,7 +265,7 @@ def test_the_correlated_noise_section_pairs_each_budget_s_first_arm_with_the_oth
     )
 
 
-@pytest.mark.parametrize("winner", [None, "ffa"])
+@pytest.mark.parametrize("winner", [None, "ffa", "dp-adamw"])
 def test_the_big_silo_federates_each_method_at_its_validated_settings_and_the_winner_alone(winner):
     """Every cross-silo federation of the full profile runs the big-silo preset with its method's
     validated options; the winner (once known) adds its federation with the public prior and each
@@ -299,6 +299,7 @@ def test_the_big_silo_federates_each_method_at_its_validated_settings_and_the_wi
     for arm in alone_arms:
         alone = _train_local_config([*alone_base[1:], *arm.argv])
         assert (alone["mechanism"], alone["lr"], alone["users_per_client"]) == (winner, configs[-1].lr, 7)
+        assert alone["lora_init"] == configs[-1].lora_init, "a node alone starts from its federation's init"
 
 
 @pytest.mark.parametrize("preset", ["smollm2-shakespeare-silo", "smollm2-shakespeare-bigsilo"])
