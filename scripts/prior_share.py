@@ -20,8 +20,14 @@ from safetensors.torch import load_file
 
 from autoencoder.layout import Layout
 from common.config import RunConfig
+from server import checkpoint
 from server.evaluation import Evaluator
 from server.public_prior import BASIS_FILE
+
+
+def _config(run: Path) -> RunConfig:
+    """The configuration ``run`` (a ``fedlora simulate`` directory) was made with."""
+    return RunConfig(**json.loads((run / "config.json").read_text(encoding="utf-8")))
 
 
 def main() -> None:
@@ -29,9 +35,10 @@ def main() -> None:
     ap.add_argument("prior_run", type=Path, help="a run directory with a public basis")
     ap.add_argument("runs", type=Path, nargs="+", help="run directories of the same model and seed")
     args = ap.parse_args()
-    cfg = RunConfig(**json.loads((args.prior_run / "config.json").read_text()))
+    cfg = _config(args.prior_run)
     init = Evaluator(cfg).initial_state()
-    layout = Layout.from_shapes({k: tuple(v.shape) for k, v in init.items()}, 1)
+    shapes = {k: tuple(v.shape) for k, v in init.items()}
+    layout = Layout.from_shapes(shapes, 1)
     basis = load_file(str(args.prior_run / BASIS_FILE))["basis"].float()  # (D, K), orthonormal columns
     k = basis.shape[1]
     print(
@@ -39,11 +46,11 @@ def main() -> None:
     )
     same = ("model", "seed", "rank", "targets", "init_kind")
     for run in args.runs:
-        other = RunConfig(**json.loads((run / "config.json").read_text()))
+        other = _config(run)
         if diff := [f for f in same if getattr(other, f) != getattr(cfg, f)]:
             raise SystemExit(f"prior_share: {run} differs from {args.prior_run} in {', '.join(diff)}")
-        last = load_file(str(run / "checkpoint.safetensors"))
-        u = layout.to_vector({n: last[n].float() - init[n].float() for n in layout.names}).float()
+        last, _, _ = checkpoint.load(run / checkpoint.CHECKPOINT_FILE, shapes)  # refuses another adapter
+        u = layout.to_vector({n: last[n].float() - init[n].float() for n in layout.names})
         inside = float((basis.T @ u).norm() ** 2 / u.norm() ** 2)
         print(f"{run}: |update| {float(u.norm()):.3f}, share of |update|^2 in the basis {inside:.2e}")
 
