@@ -16,13 +16,11 @@ import argparse
 import json
 from pathlib import Path
 
-from safetensors.torch import load_file
-
 from autoencoder.layout import Layout
 from common.config import RunConfig
 from server import checkpoint
 from server.evaluation import Evaluator
-from server.public_prior import BASIS_FILE
+from server.public_prior import BASIS_FILE, load_basis
 
 
 def _config(run: Path) -> RunConfig:
@@ -39,7 +37,7 @@ def main() -> None:
     init = Evaluator(cfg).initial_state()
     shapes = {k: tuple(v.shape) for k, v in init.items()}
     layout = Layout.from_shapes(shapes, 1)
-    basis = load_file(str(args.prior_run / BASIS_FILE))["basis"].float()  # (D, K), orthonormal columns
+    basis = load_basis(args.prior_run / BASIS_FILE, layout)[0].basis  # (D, K), orthonormal columns
     k = basis.shape[1]
     print(
         f"D = {layout.num_coords:,}, K = {k}: a random K-dimensional subspace holds {k / layout.num_coords:.2e}"
