@@ -10,6 +10,11 @@ deletes it, so a node answers an unmask request at most once per round.
 The node's identity key and the federation's roster (common/secagg/identity.py) come from its node
 config: ``identity-key`` (a private key file) and ``secagg-roster`` (one OpenSSH public key per
 line). A node without them refuses a secure round in one line before it trains.
+
+Every signature the node makes (its round keys, its survivor set) is committed first to its signing
+record (client/node/signed.py), keyed by its identity, the Flower run and the round: it signs no
+(run, round) twice, across restarts. The round's parameters name the run; a node refuses a round of
+another run than its own.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
+from client.node import signed
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size
@@ -27,7 +33,7 @@ from common.privacy.secure_release import SecureRelease
 from common.secagg import identity, keys, prf, protocol
 from common.secagg import wire as sw
 from common.secagg.identity import Identity
-from common.secagg.protocol import Client, Held, PublicKeys
+from common.secagg.protocol import Client, Held, Params, PublicKeys
 from common.wire import TrainInstruction
 
 STATE = "secagg-state"  # context.state record of the round in progress
@@ -74,6 +80,7 @@ def _save(context: Context, client: Client, x: bytes) -> None:
         "least": client.least,
         "stage": client.stage,
         "signed": sw.pack_ids(sorted(client.signed)),
+        **sw.transcript_values(client.transcript),
         "x": x,
     }
     context.state[STATE] = sw.config_record(values)
@@ -99,6 +106,7 @@ def _load(context: Context, round_number: int) -> tuple[Client, bytes]:
         least=int(v["least"]),
         stage=str(v["stage"]),
         signed=frozenset(np.frombuffer(v.get("signed", b""), dtype="<u8").tolist()),
+        transcript=sw.transcript_from(v),
     )
     return client, v["x"]  # (unpacked by the one stage that needs it)
 
@@ -110,12 +118,29 @@ def begin(
     encoded input ``x`` (d,) -> the signed public keys to advertise (the train reply's ``secagg``
     values). ``least``: the fewest survivors the node unmasks for (its plan's min-replies). Checks
     the parameters (one-line error) and the input range before anything is kept."""
-    params = sw.params_from(values, round_number)
+    params = _own_run(sw.params_from(values, round_number), context)
     protocol.check_input(params, x)
     me, _ = credentials(dict(context.node_config))
     client, public = protocol.setup(params, node, me, least)
+    _record(context, me, params, "keys", params.digest)
     _save(context, client, np.asarray(x).astype(_words(params.bits)).tobytes())
     return sw.keys_values(public)
+
+
+def _own_run(params: Params, context: Context) -> Params:
+    """``params``, or a one-line refusal when they name another run than this node's own."""
+    if params.run_id != context.run_id:
+        raise FedloraError(
+            f"secure aggregation: the round names run {params.run_id}, this node is in run {context.run_id}; "
+            "nothing sent"
+        )
+    return params
+
+
+def _record(context: Context, me: Identity, params: Params, kind: str, digest: bytes) -> None:
+    """Commit to the node's signing record that ``me`` signs ``kind`` for this round (refused if it has)."""
+    node = dict(context.node_config)
+    signed.record(node, identity.fingerprint(me.public), params.run_id, params.round_number, kind, digest)
 
 
 def train_reply(
@@ -144,7 +169,7 @@ def prepare(ins: TrainInstruction, cfg: RunConfig, context: Context) -> tuple[Se
         raise FedloraError("secure aggregation needs a client-level release (--mechanism dp-fedavg)")
     release = SecureRelease(noise.secure, {k: tuple(v.shape) for k, v in ins.global_state.items()})
     values = sw.fields(RecordDict(dict(ins.records)), ins.round)
-    release.check_params(sw.params_from(values, ins.round), context.node_id, ins.noise_std)
+    release.check_params(_own_run(sw.params_from(values, ins.round), context), context.node_id, ins.noise_std)
     credentials(dict(context.node_config))
     return release, values
 
@@ -164,8 +189,10 @@ def _stage(run: Callable[[Client, bytes, dict, Context], dict[str, object]]):
 
 
 def _share(client: Client, x: bytes, values: dict, context: Context) -> dict[str, object]:
-    _, roster = credentials(dict(context.node_config))
-    client, outbox = protocol.share_keys(client, sw.peers_from(values), roster)
+    me, roster = credentials(dict(context.node_config))
+    client, outbox = protocol.share_keys(
+        client, sw.peers_from(values), roster, sw.transcript_from(values), me
+    )
     _save(context, client, x)
     return sw.tokens_values(outbox)
 
@@ -180,6 +207,7 @@ def _mask(client: Client, x: bytes, values: dict, context: Context) -> dict[str,
 def _check(client: Client, x: bytes, values: dict, context: Context) -> dict[str, object]:
     me, _ = credentials(dict(context.node_config))
     client, signature = protocol.check_survivors(client, sw.survivors_from(values), me)
+    _record(context, me, client.params, "survivors", client.transcript_digest)
     _save(context, client, x)
     return sw.signature_values(client.node_id, signature)
 

@@ -99,11 +99,14 @@ def secure_sum(
     ``gate(survivors)``, called once the masked inputs are in and before any unmask request goes
     out, returns why the sum must not be unmasked (empty: go on), e.g. a charge over the budget.
     The survivors then sign the survivor set (consistency check) and the unmask request carries
-    their signatures: a node unmasks only for a set that a majority of the round signed."""
+    their signatures: a node unmasks only for a set that a majority of the round signed, each
+    signature bound to the round's transcript (every advertised node's signed keys), which the share
+    stage sends to every node."""
     result = SecureSum(None, [], {"keys": sorted(advertised)})
     try:
         routed = protocol.route_keys(params, advertised)
-        peers = {node: sw.peers_values(routed[node]) for node in advertised}
+        transcript = sw.transcript_values(protocol.transcript(advertised))
+        peers = {node: {**sw.peers_values(routed[node]), **transcript} for node in advertised}
         outboxes = _stage(
             grid, "train.secagg_share", params, peers, lambda n, v: sw.tokens_from(v), result, timeout
         )
@@ -121,7 +124,7 @@ def secure_sum(
             "train.secagg_check",
             params,
             {node: check for node in masked},
-            lambda n, v: (advertised[n].identity, sw.signature_from(v, n)),
+            lambda n, v: (advertised[n], sw.signature_from(v, n)),
             result,
             timeout,
         )
@@ -200,7 +203,7 @@ def secagg_round(
     plan = ctx.release.plan
     release = SecureRelease(plan.secure, ctx.shapes)
     seed = os.urandom(32)
-    params = release.params(rnd, tuple(sampled), seed)
+    params = release.params(rnd, tuple(sampled), seed, ctx.grid.run.run_id)
     messages = train_messages(release, params, state)
     record.bytes_down = sum(message_bytes(m) for m in messages)
     expected = ctx.release.expected(

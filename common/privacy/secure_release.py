@@ -47,12 +47,13 @@ class SecureRelease:
         """Std of each client's Skellam share, in units of the update (√(μ/m) / s)."""
         return self.plan.share_std
 
-    def params(self, rnd: int, sampled: tuple[int, ...], public_seed: bytes) -> Params:
-        """Server: round ``rnd``'s protocol parameters for the ``sampled`` nodes (their words are the
-        padded rotation's D coordinates of b bits; the graph from :func:`round_graph`)."""
+    def params(self, rnd: int, sampled: tuple[int, ...], public_seed: bytes, run_id: int = 0) -> Params:
+        """Server: round ``rnd`` of run ``run_id``'s protocol parameters for the ``sampled`` nodes
+        (their words are the padded rotation's D coordinates of b bits; the graph from
+        :func:`round_graph`)."""
         k, t = round_graph(self.plan, len(sampled))
         return Params(
-            rnd, tuple(sorted(sampled)), k, t, self.plan.bits, self.plan.padded, public_seed
+            rnd, tuple(sorted(sampled)), k, t, self.plan.bits, self.plan.padded, public_seed, run_id
         ).validate()
 
     def check_params(self, params: Params, node: int, noise_std: float) -> None:

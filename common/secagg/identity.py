@@ -7,11 +7,17 @@ Against a server that deviates from the protocol, two things must not rest on th
   neighbour's signature against the federation's roster before it seals a share. A server that
   substitutes its own keys, or adds nodes of its own, is refused (Bonawitz §6, round 0-1).
 - **who survived.** Before any share is revealed, each survivor signs the survivor set it was given
-  (consistency check, Bonawitz §6 round 4) and unmasks only for a set that carries valid signatures
-  of a strict majority of the round's nodes, itself among them. An honest node signs one set per
-  round, so two different sets cannot both gather a majority: the server cannot tell some nodes that
-  u survived (to collect shares of its self-mask b_u) and others that u's neighbours dropped (to
-  collect their mask keys s_v), the attack that recovers x_u exactly.
+  (consistency check, Bonawitz §6 round 4), bound to the round's transcript (every node's signed
+  round keys, :func:`transcript_digest`, whose entries for itself and its neighbours each node has
+  checked), and unmasks only for a set that carries valid signatures of a strict majority of the
+  round's nodes, itself among them, each counted only from the identity the transcript names for
+  that node. An honest node signs one set per round, and its fresh round keys are in the
+  transcript, so two different sets cannot both gather a majority, not even with signatures
+  replayed from another run or round, or from nodes shown another view of this one: the server
+  cannot tell some nodes that u survived (to collect shares of its self-mask b_u) and others that
+  u's neighbours dropped (to collect their mask keys s_v), the attack that recovers x_u exactly.
+  A node also keeps a durable record of the (run, round) it has signed (client/node/signed.py)
+  and signs none twice, across restarts.
 
 What remains assumed: the roster (the operator's list of node identity keys, distributed out of band
 as Flower's registered SuperNode keys are) names real, distinct data owners, none of whom colludes
@@ -25,6 +31,7 @@ Signing keys come from the OS CSPRNG (``cryptography``/OpenSSL).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import struct
 from dataclasses import dataclass, field
@@ -128,6 +135,20 @@ def public_line(line: bytes) -> bytes:
     return key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
 
 
+def fingerprint(public: bytes) -> str:
+    """``ssh-keygen -l``'s fingerprint of an OpenSSH public key line: ``SHA256:`` and the unpadded
+    base64 of the SHA-256 of the key blob (what owners read to each other to compare keys)."""
+    blob = base64.b64decode(public.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def roster_digest(path: str) -> tuple[str, int]:
+    """``(SHA-256 hex of the roster file's bytes, its number of keys)``: what the owners of a
+    federation compare out of band before they join (the file is checked by :func:`load_roster`)."""
+    keys = load_roster(path)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest(), len(keys)
+
+
 @lru_cache(maxsize=16)
 def load_roster(path: str) -> frozenset[bytes]:
     """The federation's roster: one OpenSSH public key per line (``#`` comments and blank lines
@@ -184,16 +205,38 @@ def verify(public: bytes, signature: bytes, data: bytes, roster: frozenset[bytes
 
 
 def round_digest(
-    round_number: int, node_ids: tuple[int, ...], numbers: tuple[int, ...], seed: bytes
+    run_id: int, round_number: int, node_ids: tuple[int, ...], numbers: tuple[int, ...], seed: bytes
 ) -> bytes:
-    """SHA-256 of a round's public parameters (its number, its node ids, k, t, b, d and its public
-    seed): what every signature of the round is bound to, so a node that was shown other parameters
-    than its neighbours cannot be made to accept their keys or their survivor set."""
+    """SHA-256 of a round's public parameters (its Flower run id, its number, its node ids, k, t, b,
+    d and its public seed): what every key signature of the round is bound to, so a node that was
+    shown other parameters than its neighbours cannot be made to accept their keys."""
     h = hashlib.sha256(_DOMAIN + b"/params")
-    h.update(struct.pack("<QQ", round_number, len(node_ids)))
+    h.update(struct.pack("<QQQ", run_id, round_number, len(node_ids)))
     h.update(struct.pack(f"<{len(node_ids)}Q", *node_ids))
     h.update(struct.pack(f"<{len(numbers)}Q", *numbers))
     h.update(seed)
+    return h.digest()
+
+
+def entry_digest(node: int, public: bytes, cipher: bytes, mask: bytes) -> bytes:
+    """SHA-256 of node ``node``'s signed round keys: its identity's public line and its two round
+    public keys (one entry of a round's transcript)."""
+    h = hashlib.sha256(_DOMAIN + b"/entry" + struct.pack("<QH", node, len(public)))
+    h.update(public + cipher + mask)
+    return h.digest()
+
+
+def transcript_digest(digest: bytes, entries: dict[int, bytes]) -> bytes:
+    """SHA-256 of a round's transcript: the round's parameters (``digest``) and every node's
+    :func:`entry_digest` (``entries``: node -> entry, in node order). Every survivor-set signature
+    is bound to it, and each node has checked its own entry and its neighbours' in it: the node's
+    fresh round keys are in it, so no signature of another run, round or view of the round can be
+    counted in this one (Bonawitz et al. 2017 §6 bind the consistency check to the round the same
+    way)."""
+    ids = sorted(entries)
+    h = hashlib.sha256(_DOMAIN + b"/transcript" + digest + struct.pack(f"<Q{len(ids)}Q", len(ids), *ids))
+    for v in ids:
+        h.update(entries[v])
     return h.digest()
 
 
@@ -208,10 +251,11 @@ def survivors_digest(survivors: frozenset[int]) -> bytes:
     return hashlib.sha256(_DOMAIN + b"/set" + struct.pack(f"<Q{len(ids)}Q", len(ids), *ids)).digest()
 
 
-def survivors_statement(digest: bytes, node: int, survivors: bytes) -> bytes:
+def survivors_statement(transcript: bytes, node: int, survivors: bytes) -> bytes:
     """What node ``node`` signs in the consistency check: the survivor set it was given, by its
-    :func:`survivors_digest` ``survivors``, for the round of ``digest``."""
-    return _DOMAIN + b"/survivors" + digest + struct.pack("<Q", node) + survivors
+    :func:`survivors_digest` ``survivors``, for the round whose :func:`transcript_digest` is
+    ``transcript``."""
+    return _DOMAIN + b"/survivors" + transcript + struct.pack("<Q", node) + survivors
 
 
 def majority(nodes: int) -> int:
@@ -224,6 +268,8 @@ __all__ = [
     "IDENTITY_KEY",
     "ROSTER",
     "Identity",
+    "entry_digest",
+    "fingerprint",
     "forget_checks",
     "keys_statement",
     "load_identity",
@@ -232,9 +278,11 @@ __all__ = [
     "new_identity",
     "provision",
     "public_line",
+    "roster_digest",
     "round_digest",
     "save_identity",
     "survivors_digest",
     "survivors_statement",
+    "transcript_digest",
     "verify",
 ]

@@ -64,7 +64,8 @@ class Params:
 
     ``node_ids``: the round's distinct node ids (< 2^64); ``k``: neighbours per node; ``threshold``:
     t, the shares needed to reconstruct a secret; ``bits``: b, the modulus 2^b of the masked sum;
-    ``length``: d, coordinates per input; ``public_seed``: fixes the neighbour graph (>= 16 bytes).
+    ``length``: d, coordinates per input; ``public_seed``: fixes the neighbour graph (>= 16 bytes);
+    ``run_id``: the Flower run the round belongs to (each node checks it is its own run's).
     """
 
     round_number: int
@@ -74,6 +75,7 @@ class Params:
     bits: int
     length: int
     public_seed: bytes
+    run_id: int = 0
 
     def validate(self) -> Params:
         """``self``, or a one-line :class:`SecAggError` (a FedloraError) naming the broken rule.
@@ -91,6 +93,8 @@ class Params:
             raise SecAggError(f"inputs need at least one coordinate, got length {self.length}")
         if len(set(self.node_ids)) != n or (n and not 0 <= min(self.node_ids) <= max(self.node_ids) < 2**64):
             raise SecAggError("node ids must be distinct integers in [0, 2^64)")
+        if not 0 <= self.run_id < 2**64:
+            raise SecAggError(f"the run id must be an integer in [0, 2^64), got {self.run_id}")
         if len(self.public_seed) < 16:
             raise SecAggError(f"the public graph seed needs at least 16 bytes, got {len(self.public_seed)}")
         if k < 2:
@@ -116,7 +120,7 @@ class Params:
     def digest(self) -> bytes:
         """SHA-256 of these parameters: what every signature of the round is bound to."""
         numbers = (self.k, self.threshold, self.bits, self.length)
-        return identity.round_digest(self.round_number, self.node_ids, numbers, self.public_seed)
+        return identity.round_digest(self.run_id, self.round_number, self.node_ids, numbers, self.public_seed)
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,9 @@ STAGES = ("keys", "shared", "masked", "checked")
 class Client:
     """One client's state after a stage. The secrets never leave it except as Shamir shares.
     ``least``: the fewest survivors it unmasks for (its own plan's min-replies; at least t);
-    ``stage``: the last stage it completed (:data:`STAGES`); ``signed``: the survivor set it signed."""
+    ``stage``: the last stage it completed (:data:`STAGES`); ``signed``: the survivor set it signed;
+    ``transcript``: the round's transcript it checked in :func:`share_keys` (node -> its
+    :func:`identity.entry_digest`), to which its survivor-set signature is bound."""
 
     params: Params
     node_id: int
@@ -160,6 +166,12 @@ class Client:
     least: int = 0
     stage: str = "keys"
     signed: frozenset[int] = frozenset()
+    transcript: Mapping[int, bytes] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def transcript_digest(self) -> bytes:
+        """:func:`identity.transcript_digest` of this client's round transcript."""
+        return identity.transcript_digest(self.params.digest, dict(self.transcript))
 
     def after(self, stage: str, request: str) -> None:
         """Refuse ``request`` unless ``stage`` is the stage this client completed last."""
@@ -173,10 +185,11 @@ class Client:
 @dataclass(frozen=True)
 class UnmaskRequest:
     """The server's stage-4 request: who sent a masked input (``survivors``, U_3) and the survivors'
-    signatures of that set, signer -> (its identity's public key, signature)."""
+    signatures of that set, signer -> (the round keys it advertised, its identity's public line
+    among them; its signature of the set)."""
 
     survivors: frozenset[int]
-    signatures: Mapping[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
+    signatures: Mapping[int, tuple[PublicKeys, bytes]] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -237,28 +250,64 @@ def _check_signed(client: Client, peers: Mapping[int, PublicKeys], roster: froze
         raise SecAggError(f"node {me} refuses to share: two neighbours advertise the same identity")
 
 
+def transcript(advertised: Mapping[int, PublicKeys]) -> dict[int, bytes]:
+    """Stage 1 (server): the round's transcript, node -> :func:`identity.entry_digest` of the signed
+    round keys it advertised (U_1); the same for every node."""
+    return {v: identity.entry_digest(v, p.identity, p.cipher, p.mask) for v, p in advertised.items()}
+
+
+def _check_transcript(client: Client, own: PublicKeys, peers: Mapping[int, PublicKeys], entries) -> None:
+    """Refuse a transcript that lists nodes outside the round, lists this node's or a neighbour's
+    round keys other than this node knows them, or lists a neighbour whose keys it was not sent."""
+    params, me = client.params, client.node_id
+    if not set(entries) <= set(params.node_ids):
+        raise SecAggError(f"node {me} refuses to share: the round's transcript names nodes outside the round")
+    listed = params.neighbours[me] & set(entries)
+    if listed != set(peers):
+        raise SecAggError(
+            f"node {me} refuses to share: the transcript lists neighbours {sorted(listed)}, it was sent "
+            f"the keys of {sorted(peers)}"
+        )
+    for v, p in [(me, own), *peers.items()]:
+        if entries.get(v) != identity.entry_digest(v, p.identity, p.cipher, p.mask):
+            raise SecAggError(
+                f"node {me} refuses to share: the round's transcript lists other keys for node {v} "
+                "than this node holds"
+            )
+
+
 def share_keys(
-    client: Client, peers: Mapping[int, PublicKeys], roster: frozenset[bytes]
+    client: Client,
+    peers: Mapping[int, PublicKeys],
+    roster: frozenset[bytes],
+    entries: Mapping[int, bytes],
+    me: Identity,
 ) -> tuple[Client, dict[int, bytes]]:
     """Stage 1 (client): seal one share of b_u and one of s_u for each neighbour that advertised keys.
 
     Refuses when a neighbour's keys are not signed by a distinct identity of ``roster`` (the
-    federation's public identity keys), when fewer than t neighbours advertised (the secrets could
-    not be recovered), when a peer is no neighbour or reuses a key, or when it already shared.
-    Returns the new state and receiver -> sealed token.
+    federation's public identity keys), when the round's transcript ``entries`` (:func:`transcript`)
+    does not list exactly this node's own keys (``me``: its identity) and the neighbours' keys it was
+    sent, when fewer than t neighbours advertised (the secrets could not be recovered), when a peer
+    is no neighbour or reuses a key, or when it already shared. Returns the new state (the
+    transcript kept: its survivor-set signature is bound to it) and receiver -> sealed token.
     """
-    params, me = client.params, client.node_id
+    params, node = client.params, client.node_id
     client.after("keys", "share")
-    if not set(peers) <= params.neighbours[me] or any(p.node_id != v for v, p in peers.items()):
-        raise SecAggError(f"node {me} was sent keys of nodes that are not its neighbours: {sorted(peers)}")
+    if not set(peers) <= params.neighbours[node] or any(p.node_id != v for v, p in peers.items()):
+        raise SecAggError(f"node {node} was sent keys of nodes that are not its neighbours: {sorted(peers)}")
     _check_signed(client, peers, roster)
+    own = PublicKeys(
+        node, keys.public_bytes(client.cipher_key), keys.public_bytes(client.mask_key), me.public
+    )
+    _check_transcript(client, own, peers, entries)
     if len(peers) < params.threshold:
         raise SecAggError(
-            f"node {me}: only {len(peers)} neighbours advertised keys, threshold is {params.threshold}"
+            f"node {node}: only {len(peers)} neighbours advertised keys, threshold is {params.threshold}"
         )
     published = [key for p in peers.values() for key in (p.cipher, p.mask)]
     if len(set(published)) != len(published):
-        raise SecAggError(f"node {me}: neighbours advertised repeated public keys")
+        raise SecAggError(f"node {node}: neighbours advertised repeated public keys")
     order = sorted(peers)
     seed_shares = shamir.split(client.self_seed, params.threshold, len(order))
     key_shares = shamir.split(keys.private_to_scalar(client.mask_key), params.threshold, len(order))
@@ -266,8 +315,11 @@ def share_keys(
     outbox = {}
     for v, seed_share, key_share in zip(order, seed_shares, key_shares, strict=True):
         payload = len(seed_share).to_bytes(2, "little") + seed_share + key_share
-        outbox[v] = keys.seal_share(pair_keys[v], _pair_where(client, me, v), payload)
-    return replace(client, peers=dict(peers), share_keys=pair_keys, stage="shared"), outbox
+        outbox[v] = keys.seal_share(pair_keys[v], _pair_where(client, node, v), payload)
+    shared = replace(
+        client, peers=dict(peers), share_keys=pair_keys, stage="shared", transcript=dict(entries)
+    )
+    return shared, outbox
 
 
 def route_shares(params: Params, outboxes: Mapping[int, Mapping[int, bytes]]) -> dict[int, dict[int, bytes]]:
@@ -367,32 +419,40 @@ def check_survivors(client: Client, survivors: frozenset[int], me: Identity) -> 
             f"node {node} refuses to sign: {len(survivors)} survivors < {need} (its min-replies "
             f"{client.least}, a majority of the round's {len(params.node_ids)} nodes)"
         )
-    statement = identity.survivors_statement(params.digest, node, identity.survivors_digest(survivors))
+    statement = identity.survivors_statement(
+        client.transcript_digest, node, identity.survivors_digest(survivors)
+    )
     return replace(client, stage="checked", signed=survivors), me.sign(statement)
 
 
 def unmask_request(
-    survivors: Collection[int], signatures: Mapping[int, tuple[bytes, bytes]] | None = None
+    survivors: Collection[int], signatures: Mapping[int, tuple[PublicKeys, bytes]] | None = None
 ) -> UnmaskRequest:
-    """Stage 4 (server): U_3 = the nodes whose masked input arrived, with their signatures of it."""
+    """Stage 4 (server): U_3 = the nodes whose masked input arrived, with their signatures of it
+    (signer -> (its advertised round keys, signature))."""
     return UnmaskRequest(frozenset(survivors), dict(signatures or {}))
 
 
-def _signers(client: Client, request: UnmaskRequest, roster: frozenset[bytes], need: int) -> int:
-    """How many distinct roster identities among the survivors validly signed ``request.survivors``
-    (counted up to ``need``: the check stops once a majority is found)."""
-    digest, owners = client.params.digest, set()
-    survivors = identity.survivors_digest(request.survivors)
-    for v, (public, signature) in sorted(request.signatures.items()):
+def count_signers(client: Client, request: UnmaskRequest, roster: frozenset[bytes], need: int) -> int:
+    """How many survivors validly signed ``request.survivors`` for this round's transcript, each
+    counted only from the identity the transcript names for it (the one that signed its round keys),
+    up to ``need`` (the check stops once a majority is found). One identity presented for two
+    signers is refused outright."""
+    me, entries, owners = client.node_id, client.transcript, set()
+    statement_of = identity.survivors_statement
+    transcript, survivors = client.transcript_digest, identity.survivors_digest(request.survivors)
+    for v, (signed, signature) in sorted(request.signatures.items()):
         if len(owners) >= need:
             break
-        statement = identity.survivors_statement(digest, v, survivors)
+        if signed.identity in owners:
+            raise SecAggError(f"node {me} refuses to unmask: one identity signs for two nodes")
         if (
             v in request.survivors
-            and public not in owners
-            and identity.verify(public, signature, statement, roster)
+            and signed.node_id == v
+            and entries.get(v) == identity.entry_digest(v, signed.identity, signed.cipher, signed.mask)
+            and identity.verify(signed.identity, signature, statement_of(transcript, v, survivors), roster)
         ):
-            owners.add(public)
+            owners.add(signed.identity)
     return len(owners)
 
 
@@ -410,7 +470,7 @@ def unmask(client: Client, request: UnmaskRequest, roster: frozenset[bytes]) -> 
     if request.survivors != client.signed:
         raise SecAggError(f"node {me} refuses to unmask: the survivor set is not the one it signed")
     need = identity.majority(len(params.node_ids))
-    signers = _signers(client, request, roster, need)
+    signers = count_signers(client, request, roster, need)
     if signers < need:
         raise SecAggError(
             f"node {me} refuses to unmask: {signers} valid signatures of the survivor set, a majority "

@@ -8,16 +8,18 @@ Messages (server -> client, then the reply), each a ``RecordDict`` with one ``Co
     reply                              ``node``, ``cipher``, ``mask``, ``identity``, ``signature``:
                                        the node's public keys, signed by its identity
 ``train.secagg_share``                 ``nodes``, ``cipher``, ``mask``, ``identity``, ``signature``:
-                                       its neighbours' signed keys
+                                       its neighbours' signed keys; ``t-nodes``, ``t-entries``: the
+                                       round's transcript (every node's entry digest, 32 bytes each)
     reply                              ``nodes``, ``tokens``: one sealed pair of shares per neighbour
 ``train.secagg_mask``                  ``nodes``, ``tokens``: the shares sealed for it
     reply                              ``masked``: y_u, d words of b bits packed end to end
 ``train.secagg_check``                 ``survivors``
     reply                              ``node``, ``signature``: its signature of that set
-``train.secagg_unmask``                ``survivors``, ``signers``, ``identity``, ``signature``
+``train.secagg_unmask``                ``survivors``, ``signers``, ``identity``, ``cipher``, ``mask``,
+                                       ``signature``: each signer's round keys and its signature
     reply                              ``self-nodes``, ``self-shares``, ``key-nodes``, ``key-shares``
 
-Lists of node ids (``p-nodes``, ``nodes``, ``survivors``, ``signers``, ``self-nodes``, ``key-nodes``)
+Lists of node ids (``p-nodes``, ``nodes``, ``t-nodes``, ``survivors``, ``signers``, ``self-nodes``, ``key-nodes``)
 travel as 8-byte little-endian words packed end to end: the round's node list goes to every node
 in every stage, and read as Python lists it cost each node O(N) interpreted steps per message.
 
@@ -35,7 +37,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from common.secagg.protocol import Params, PublicKeys, UnmaskReply, UnmaskRequest
 from common.wire import InvalidReply, check_not_error
 
-SCHEMA = "fedlora-secagg/3"
+SCHEMA = "fedlora-secagg/4"
 RECORD = "secagg"
 STAGES = ("train.secagg_share", "train.secagg_mask", "train.secagg_check", "train.secagg_unmask")
 
@@ -104,6 +106,7 @@ def params_record(params: Params) -> dict[str, object]:
         "p-bits": params.bits,
         "p-length": params.length,
         "p-seed": params.public_seed,
+        "p-run": pack_ids([params.run_id]),  # (Flower's run ids are 64-bit unsigned)
     }
 
 
@@ -123,7 +126,15 @@ def params_from(values: Mapping, round_number: int) -> Params:
         scalars["p-bits"],
         scalars["p-length"],
         _blob(values, "p-seed"),
+        _run_id(values),
     ).validate()
+
+
+def _run_id(values: Mapping) -> int:
+    run = _ids(values, "p-run")
+    if len(run) != 1:
+        raise InvalidReply("p-run: not one run id")
+    return run[0]
 
 
 def keys_values(keys: PublicKeys) -> dict[str, object]:
@@ -159,6 +170,24 @@ def peers_from(values: Mapping) -> dict[int, PublicKeys]:
     nodes = _ids(values, "nodes")
     columns = [_blobs(values, key, len(nodes)) for key in _PEER_FIELDS]
     return {v: PublicKeys(v, *row) for v, *row in zip(nodes, *columns, strict=True)}
+
+
+_DIGEST = 32  # bytes of one transcript entry (SHA-256)
+
+
+def transcript_values(entries: Mapping[int, bytes]) -> dict[str, object]:
+    """The round's transcript (node -> entry digest, protocol.transcript) for the share stage: the
+    ids packed, the digests end to end in the same order."""
+    nodes = sorted(entries)
+    return {"t-nodes": pack_ids(nodes), "t-entries": b"".join(entries[v] for v in nodes)}
+
+
+def transcript_from(values: Mapping) -> dict[int, bytes]:
+    nodes = _ids(values, "t-nodes")
+    data = values.get("t-entries", b"")
+    if not isinstance(data, bytes) or len(data) != _DIGEST * len(nodes) or len(set(nodes)) != len(nodes):
+        raise InvalidReply(f"t-entries: not {len(nodes)} distinct nodes' {_DIGEST}-byte digests")
+    return {v: data[_DIGEST * i : _DIGEST * (i + 1)] for i, v in enumerate(nodes)}
 
 
 def tokens_values(tokens: Mapping[int, bytes]) -> dict[str, object]:
@@ -253,22 +282,30 @@ def signature_from(values: Mapping, node: int) -> bytes:
     return _blob(values, "signature")
 
 
+_SIGNER_FIELDS = ("identity", "cipher", "mask")
+
+
 def request_values(request: UnmaskRequest) -> dict[str, object]:
     signers = sorted(request.signatures)
     return {
         "survivors": pack_ids(sorted(request.survivors)),
         "signers": pack_ids(signers),
-        "identity": [request.signatures[v][0] for v in signers],
+        **{key: [getattr(request.signatures[v][0], key) for v in signers] for key in _SIGNER_FIELDS},
         "signature": [request.signatures[v][1] for v in signers],
     }
 
 
 def request_from(values: Mapping) -> UnmaskRequest:
     signers = _ids(values, "signers")
-    identities, signatures = (_blobs(values, key, len(signers)) for key in ("identity", "signature"))
+    identities, ciphers, masks, signatures = (
+        _blobs(values, key, len(signers)) for key in (*_SIGNER_FIELDS, "signature")
+    )
     return UnmaskRequest(
         frozenset(_ids(values, "survivors")),
-        {v: (i, s) for v, i, s in zip(signers, identities, signatures, strict=True)},
+        {
+            v: (PublicKeys(v, c, m, i), s)
+            for v, i, c, m, s in zip(signers, identities, ciphers, masks, signatures, strict=True)
+        },
     )
 
 
@@ -327,6 +364,8 @@ __all__ = [
     "survivors_values",
     "tokens_from",
     "tokens_values",
+    "transcript_from",
+    "transcript_values",
     "unmask_from",
     "unmask_values",
     "vector_from",

@@ -17,7 +17,7 @@ from flwr.clientapp import ClientApp
 from client import secure
 from common.privacy import discrete
 from common.privacy.skellam import rounding_norm_bound
-from common.secagg import keys, protocol
+from common.secagg import identity, keys, protocol
 from common.secagg import wire as sw
 from common.secagg.protocol import Params, PublicKeys
 from server.exchange import exchange
@@ -59,7 +59,7 @@ def _app(
 
 def _round(grid: InProcessGrid, rnd: int = 1, k: int = 4, t: int = 3, bits: int = BITS, length: int = LENGTH):
     nodes = tuple(sorted(grid.get_node_ids()))
-    params = Params(rnd, nodes, k, t, bits, length, os.urandom(16)).validate()
+    params = Params(rnd, nodes, k, t, bits, length, os.urandom(16), grid.run.run_id).validate()
     messages = [
         Message(
             sw.record(rnd, **sw.params_record(params)), dst_node_id=n, message_type="train", group_id=str(rnd)
@@ -114,7 +114,9 @@ def test_too_many_dropouts_fail_the_round_in_one_line():
 def test_a_node_refuses_parameters_that_break_the_threshold_rule():
     grid = InProcessGrid(_app(), 6, {}, raise_errors=False)
     rnd, nodes = 1, tuple(sorted(grid.get_node_ids()))
-    bad = Params(rnd, nodes, 4, 2, BITS, LENGTH, os.urandom(16))  # t = k/2: two disjoint share groups
+    bad = Params(
+        rnd, nodes, 4, 2, BITS, LENGTH, os.urandom(16), grid.run.run_id
+    )  # t = k/2: two disjoint share groups
     message = Message(
         sw.record(rnd, **sw.params_record(bad)), dst_node_id=nodes[0], message_type="train", group_id=str(rnd)
     )
@@ -175,14 +177,14 @@ class ActiveServer:
     """A server that deviates from the protocol, driving the real handlers stage by stage through the
     in-process grid (the audit's probes): it can rewrite what each node is sent at every stage."""
 
-    def __init__(self, grid: InProcessGrid, k: int = 4, t: int = 3):
+    def __init__(self, grid: InProcessGrid, k: int = 4, t: int = 3, seed: bytes | None = None):
         self.grid, self.rnd = grid, 1
         nodes = tuple(sorted(grid.get_node_ids()))
-        self.params = Params(self.rnd, nodes, k, t, BITS, LENGTH, os.urandom(16)).validate()
-        self.keys = {
-            node: sw.keys_from(values, node)
-            for node, values in self.send("train", {n: sw.params_record(self.params) for n in nodes}).items()
-        }
+        seed = seed or os.urandom(16)
+        self.params = Params(self.rnd, nodes, k, t, BITS, LENGTH, seed, grid.run.run_id).validate()
+        replies = self.send("train", {n: sw.params_record(self.params) for n in nodes})
+        self.keys = {node: sw.keys_from(v, node) for node, v in replies.items() if isinstance(v, dict)}
+        self.refused = {node: v for node, v in replies.items() if isinstance(v, str)}
 
     def send(self, stage: str, outgoing: dict[int, dict]) -> dict[int, dict | str]:
         """``outgoing[node]`` as ``stage`` to each node -> node -> its reply's values, or its refusal."""
@@ -201,8 +203,13 @@ class ActiveServer:
         return got
 
     def share(self, keys: dict[int, PublicKeys]) -> dict[int, dict | str]:
-        routed = protocol.route_keys(self.params, keys)
-        return self.send("train.secagg_share", {n: sw.peers_values(routed[n]) for n in keys})
+        routed, transcript = (
+            protocol.route_keys(self.params, keys),
+            sw.transcript_values(protocol.transcript(keys)),
+        )
+        return self.send(
+            "train.secagg_share", {n: {**sw.peers_values(routed[n]), **transcript} for n in keys}
+        )
 
     def mask(self, shared: dict[int, dict]) -> dict[int, dict | str]:
         inboxes = protocol.route_shares(self.params, {n: sw.tokens_from(v) for n, v in shared.items()})
@@ -210,7 +217,7 @@ class ActiveServer:
 
     def sign(self, survivors: frozenset[int], nodes) -> dict[int, tuple[bytes, bytes]]:
         replies = self.send("train.secagg_check", {n: sw.survivors_values(survivors) for n in nodes})
-        return {n: (self.keys[n].identity, sw.signature_from(v, n)) for n, v in replies.items()}
+        return {n: (self.keys[n], sw.signature_from(v, n)) for n, v in replies.items()}
 
 
 def test_an_active_server_cannot_substitute_a_nodes_keys():
@@ -223,9 +230,10 @@ def test_an_active_server_cannot_substitute_a_nodes_keys():
     (_, cipher), (_, mask) = keys.new_key_pair(), keys.new_key_pair()
     forged = dataclasses.replace(server.keys[victim], cipher=cipher, mask=mask)
     replies = server.share({**server.keys, victim: forged})
-    for node in server.params.neighbours[victim]:
+    refusing = server.params.neighbours[victim] | {victim}  # the victim: not its keys in the transcript
+    for node in refusing:
         assert isinstance(replies[node], str) and "refuses to share" in replies[node], replies[node]
-    assert all(isinstance(replies[n], dict) for n in set(replies) - server.params.neighbours[victim])
+    assert all(isinstance(replies[n], dict) for n in set(replies) - refusing)
 
 
 def test_an_active_server_cannot_split_the_survivor_set():
@@ -272,3 +280,83 @@ def test_a_node_refuses_a_second_share_or_mask_request():
     server.mask(shared)
     again = server.mask(shared)
     assert all(isinstance(r, str) and "refuses the mask request" in r for r in again.values())
+
+
+def _unmask_refusals(server: ActiveServer, story: frozenset[int], signatures: dict, nodes) -> dict:
+    """The unmask stage for ``nodes``, told ``story`` with ``signatures``: node -> reply or refusal."""
+    request = sw.request_values(protocol.unmask_request(story, signatures))
+    return server.send("train.secagg_unmask", {n: request for n in nodes})
+
+
+def test_signatures_replayed_from_another_run_with_the_same_seed_are_refused(tmp_path):
+    """The audit's replay through the real handlers: run 1 is honest (fixed seed) and the server keeps
+    every node's signature of "everyone survived"; run 2, same nodes, parameters and seed, tells the
+    victim and its share holders that everyone survived, topped up with run 1's signatures (the
+    audit's 0-refusal route to the victim's self-mask), while the rest sign a set without them.
+    Every holder refuses: no share of the victim's self-mask leaves any node."""
+    seed = os.urandom(16)
+    first = ActiveServer(InProcessGrid(_app(), 12, {}, run_id=1, state_root=tmp_path), seed=seed)
+    first.mask(first.share(first.keys))
+    everyone = frozenset(first.params.node_ids)
+    replayed = first.sign(everyone, everyone)
+    grid = InProcessGrid(_app(), 12, {}, run_id=2, state_root=tmp_path, raise_errors=False)
+    second = ActiveServer(grid, seed=seed)  # the same identities (state_root), another run
+    second.mask(second.share(second.keys))
+    victim = second.params.node_ids[0]
+    holders = sorted(second.params.neighbours[victim] | {victim})
+    rest = frozenset(everyone - set(holders))
+    fresh = second.sign(everyone, holders)
+    assert second.sign(rest, rest)  # the others sign the set without the victim's side: a majority
+    # run 1's signatures, each presented with its signer's keys of this run (those the transcript lists)
+    signatures = {**{n: (second.keys[n], replayed[n][1]) for n in rest}, **fresh}
+    replies = _unmask_refusals(second, everyone, signatures, holders)
+    assert all(
+        isinstance(r, str) and f"{len(holders)} valid signatures of the survivor set" in r
+        for r in replies.values()
+    ), replies
+
+
+def test_two_supernodes_under_one_node_id_cannot_lend_each_other_signatures(tmp_path):
+    """The audit's aliasing route: a SuperLink gives two real SuperNodes every node id (two grids over
+    the same ids, run and seed; a roster of twice the cohort). The server tells the victim's side of
+    one federation that everyone survived, topped up with the other federation's signatures of the
+    same set under the same ids. They are bound to the other transcript: every node refuses."""
+    seed = os.urandom(16)
+    grids = [
+        InProcessGrid(_app(), 10, {}, run_id=1, state_root=tmp_path / name, raise_errors=False)
+        for name in ("a", "b")
+    ]
+    roster = tmp_path / "roster.pub"
+    for grid in grids:
+        grid.provision()
+    roster.write_bytes(b"".join((tmp_path / name / "roster.pub").read_bytes() for name in ("a", "b")))
+    for grid in grids:
+        for context in grid.contexts.values():
+            context.node_config[identity.ROSTER] = str(roster)
+    real, alias = (ActiveServer(grid, seed=seed) for grid in grids)
+    assert real.params == alias.params
+    for server in (real, alias):
+        server.mask(server.share(server.keys))
+    everyone = frozenset(real.params.node_ids)
+    victim = real.params.node_ids[0]
+    side = sorted(real.params.neighbours[victim] | {victim})
+    lent = alias.sign(everyone, everyone - set(side))  # the aliases sign for the other ids
+    replies = _unmask_refusals(real, everyone, {**real.sign(everyone, side), **lent}, side)
+    assert all(
+        isinstance(r, str) and f"{len(side)} valid signatures of the survivor set" in r
+        for r in replies.values()
+    ), replies
+
+
+def test_a_restarted_node_refuses_a_round_it_already_signed(tmp_path):
+    """A node keeps what it signed in its state directory: after a restart (its round secrets gone)
+    the same (run, round) is refused at the keys stage by every node, while another run is answered."""
+    first = ActiveServer(InProcessGrid(_app(), 6, {}, run_id=5, state_root=tmp_path), seed=b"s" * 16)
+    assert len(first.keys) == 6 and len(list(tmp_path.glob("node-*/secagg-signed.sqlite"))) == 6
+    grid = InProcessGrid(_app(), 6, {}, run_id=5, state_root=tmp_path, raise_errors=False)
+    restarted = ActiveServer(grid, seed=b"s" * 16)
+    assert not restarted.keys and len(restarted.refused) == 6
+    assert all("already signed its keys for round 1 of run 5" in r for r in restarted.refused.values())
+    assert all(secure.STATE not in c.state for c in grid.contexts.values())  # nothing kept, nothing sent
+    other = ActiveServer(InProcessGrid(_app(), 6, {}, run_id=6, state_root=tmp_path), seed=b"s" * 16)
+    assert len(other.keys) == 6

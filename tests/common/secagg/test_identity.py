@@ -99,15 +99,16 @@ def test_provision_keeps_existing_keys_and_lists_them_all(tmp_path):
     assert roster == {identity.load_identity(str(p)).public for p in paths} and len(roster) == 3
 
 
-def test_every_statement_is_bound_to_the_round_the_node_and_the_set():
-    base = identity.round_digest(3, (1, 2, 3), (2, 2, 20, 64), b"s" * 32)
+def test_every_statement_is_bound_to_the_run_the_round_the_node_and_the_set():
+    base = identity.round_digest(7, 3, (1, 2, 3), (2, 2, 20, 64), b"s" * 32)
     others = [
-        identity.round_digest(4, (1, 2, 3), (2, 2, 20, 64), b"s" * 32),
-        identity.round_digest(3, (1, 2, 4), (2, 2, 20, 64), b"s" * 32),
-        identity.round_digest(3, (1, 2, 3), (2, 2, 21, 64), b"s" * 32),
-        identity.round_digest(3, (1, 2, 3), (2, 2, 20, 64), b"t" * 32),
+        identity.round_digest(7, 4, (1, 2, 3), (2, 2, 20, 64), b"s" * 32),
+        identity.round_digest(7, 3, (1, 2, 4), (2, 2, 20, 64), b"s" * 32),
+        identity.round_digest(7, 3, (1, 2, 3), (2, 2, 21, 64), b"s" * 32),
+        identity.round_digest(7, 3, (1, 2, 3), (2, 2, 20, 64), b"t" * 32),
+        identity.round_digest(8, 3, (1, 2, 3), (2, 2, 20, 64), b"s" * 32),  # another run
     ]
-    assert len({base, *others}) == 5
+    assert len({base, *others}) == 6
     me = identity.new_identity()
     roster = frozenset({me.public})
     survivors = identity.survivors_digest(frozenset({1, 2, 3}))
@@ -121,3 +122,50 @@ def test_every_statement_is_bound_to_the_round_the_node_and_the_set():
     ):
         assert not identity.verify(me.public, signed, statement, roster)
     assert identity.majority(6) == 4 and identity.majority(7) == 4 and identity.majority(1000) == 501
+
+
+def test_a_transcript_binds_every_nodes_identity_and_round_keys():
+    """The transcript digest changes with any node's identity or either round key, with the round's
+    parameters and with who is listed: a survivor-set signature bound to it cannot be counted in
+    another run, round or view of the round."""
+    base = identity.round_digest(1, 1, (1, 2), (1, 1, 8, 4), b"s" * 32)
+    a, b = identity.new_identity().public, identity.new_identity().public
+    entries = {
+        1: identity.entry_digest(1, a, b"c" * 32, b"m" * 32),
+        2: identity.entry_digest(2, b, b"d" * 32, b"n" * 32),
+    }
+    digest = identity.transcript_digest(base, entries)
+    variants = [
+        {**entries, 1: identity.entry_digest(1, b, b"c" * 32, b"m" * 32)},  # another identity
+        {**entries, 1: identity.entry_digest(1, a, b"x" * 32, b"m" * 32)},  # another cipher key
+        {**entries, 1: identity.entry_digest(1, a, b"c" * 32, b"x" * 32)},  # another mask key
+        {**entries, 1: identity.entry_digest(3, a, b"c" * 32, b"m" * 32)},  # signed for another id
+        {1: entries[1]},  # a node left out
+    ]
+    assert len({digest, *(identity.transcript_digest(base, v) for v in variants)}) == 6
+    other_round = identity.round_digest(1, 2, (1, 2), (1, 1, 8, 4), b"s" * 32)
+    assert identity.transcript_digest(other_round, entries) != digest
+
+
+def test_a_fingerprint_is_ssh_keygens(tmp_path):
+    """``identity.fingerprint`` prints what ``ssh-keygen -l`` prints for the same public key, and the
+    roster digest is the file's SHA-256 with its key count."""
+    import hashlib
+    import shutil
+    import subprocess
+
+    me = identity.new_identity()
+    identity.save_identity(me, tmp_path / "id")
+    if shutil.which("ssh-keygen"):
+        out = subprocess.run(["ssh-keygen", "-lf", str(tmp_path / "id.pub")], capture_output=True, text=True)
+        assert out.stdout.split()[1] == identity.fingerprint(me.public)
+    else:  # the same computation by hand: SHA-256 of the key blob, base64 without padding
+        import base64
+
+        blob = base64.b64decode(me.public.split()[1])
+        assert identity.fingerprint(me.public) == "SHA256:" + base64.b64encode(
+            hashlib.sha256(blob).digest()
+        ).decode().rstrip("=")
+    roster = tmp_path / "roster.pub"
+    roster.write_bytes(b"# owners\n" + me.public + b" alice\n" + identity.new_identity().public + b"\n")
+    assert identity.roster_digest(str(roster)) == (hashlib.sha256(roster.read_bytes()).hexdigest(), 2)

@@ -47,10 +47,10 @@ def share_all(p: sa.Params, never_share=()) -> tuple[dict, dict, dict]:
     clients, advertised = {}, {}
     for u in p.node_ids:
         clients[u], advertised[u] = sa.setup(p, u, IDENTITIES[u])
-    routed = sa.route_keys(p, advertised)
+    routed, entries = sa.route_keys(p, advertised), sa.transcript(advertised)
     outboxes = {}
     for u in p.node_ids:
-        clients[u], outbox = sa.share_keys(clients[u], routed[u], ROSTER)
+        clients[u], outbox = sa.share_keys(clients[u], routed[u], ROSTER, entries, IDENTITIES[u])
         if u not in never_share:
             outboxes[u] = outbox
     return clients, advertised, outboxes
@@ -75,7 +75,7 @@ def signed_request(r: Round, survivors, signers=None) -> sa.UnmaskRequest:
     signatures = {}
     for u in sorted(survivors if signers is None else signers):
         r.clients[u], signatures[u] = sa.check_survivors(r.clients[u], survivors, IDENTITIES[u])
-    return sa.unmask_request(survivors, {u: (IDENTITIES[u].public, s) for u, s in signatures.items()})
+    return sa.unmask_request(survivors, {u: (r.advertised[u], s) for u, s in signatures.items()})
 
 
 def finish(r: Round, dropped=(), silent=()) -> np.ndarray:
@@ -213,11 +213,12 @@ def test_substituted_keys_are_refused_by_every_neighbour_before_any_share_is_sea
     }
     for how, keys_of_victim in forged.items():
         routed = sa.route_keys(p, {**advertised, victim: keys_of_victim})
+        entries = sa.transcript({**advertised, victim: keys_of_victim})
         for u in p.neighbours[victim]:
             with pytest.raises(
                 SecAggError, match=f"node {u} refuses to share: node {victim}'s keys are not signed"
             ):
-                sa.share_keys(clients[u], routed[u], ROSTER)
+                sa.share_keys(clients[u], routed[u], ROSTER, entries, IDENTITIES[u])
             assert clients[u].stage == "keys", how  # nothing sealed, nothing kept
 
 
@@ -249,7 +250,7 @@ def test_every_stage_runs_once_and_in_order():
     me = r.params.node_ids[0]
     inbox = sa.route_shares(r.params, {})  # any inbox: the stage is refused before it is read
     with pytest.raises(SecAggError, match=f"node {me} refuses the share request: it is past the keys stage"):
-        sa.share_keys(r.clients[me], {}, ROSTER)
+        sa.share_keys(r.clients[me], {}, ROSTER, {}, IDENTITIES[me])
     with pytest.raises(SecAggError, match=f"node {me} refuses the mask request: it is past the shared stage"):
         sa.masked_input(r.clients[me], inbox.get(me, {}), r.inputs[me])
     request = signed_request(r, r.params.node_ids)
@@ -356,3 +357,85 @@ def test_the_server_takes_unmask_replies_only_from_survivors():
         SecAggError, match=rf"unmask replies from nodes that sent no masked input: \[{gone}\]"
     ):
         sa.unmask_sum(r.params, r.advertised, r.shared, survivors, [*replies, stray])
+
+
+def test_signatures_of_another_run_are_not_counted():
+    """The audit's replay: the server runs one round honestly, keeps every node's signature of
+    "everyone survived", then runs the same parameters and seed again (another run id, or the same:
+    the nodes' fresh round keys differ) and tops a minority's signatures up with the old ones. The
+    old signatures are bound to the old transcript: every honest node refuses to unmask."""
+    first = params(n=10, k=4, t=3)
+    old = run_to_masked(first)
+    replayed = signed_request(old, old.params.node_ids).signatures
+    for run_id in (first.run_id, first.run_id + 1):
+        again = run_to_masked(dataclasses.replace(first, run_id=run_id))
+        ids = again.params.node_ids
+        minority = set(ids[:4])
+        fresh = signed_request(again, ids, minority)
+        # the old signatures, presented with the old keys and with this run's keys of their signers
+        for signers in (replayed, {v: (again.advertised[v], sig) for v, (_, sig) in replayed.items()}):
+            request = sa.unmask_request(frozenset(ids), {**signers, **fresh.signatures})
+            for u in minority:
+                with pytest.raises(
+                    SecAggError, match=f"node {u} refuses to unmask: 4 valid signatures of the survivor set"
+                ):
+                    sa.unmask(again.clients[u], request, ROSTER)
+
+
+def test_a_signature_counts_only_from_the_identity_that_signed_the_nodes_round_keys():
+    """Another roster identity's valid signature of the set, presented for node v, is not v's: it is
+    not counted (the aliasing route: two SuperNodes under one node id). One identity presented for
+    two signers is refused outright."""
+    r = run_to_masked(params(n=10, k=4, t=3))
+    ids = r.params.node_ids
+    survivors = frozenset(ids)
+    request = signed_request(r, survivors, ids[:5])  # 5 of 10: one short of a majority
+    alias = identity.new_identity()  # a second SuperNode under node id ids[5], on the roster
+    roster = ROSTER | {alias.public}
+    statement = identity.survivors_statement(
+        r.clients[ids[0]].transcript_digest, ids[5], identity.survivors_digest(survivors)
+    )
+    aliased = dataclasses.replace(r.advertised[ids[5]], identity=alias.public)
+    for presented in (r.advertised[ids[5]], aliased):
+        topped = sa.unmask_request(
+            survivors, {**request.signatures, ids[5]: (presented, alias.sign(statement))}
+        )
+        with pytest.raises(SecAggError, match=f"node {ids[0]} refuses to unmask: 5 valid signatures"):
+            sa.unmask(r.clients[ids[0]], topped, roster)
+    twice = sa.unmask_request(survivors, {**request.signatures, ids[5]: request.signatures[ids[0]]})
+    with pytest.raises(SecAggError, match="one identity signs for two nodes"):
+        sa.unmask(r.clients[ids[1]], twice, ROSTER)
+
+
+def test_a_transcript_other_than_the_nodes_own_view_is_refused_before_any_share():
+    """The share stage's transcript must list this node's own round keys and exactly the neighbours'
+    keys it was sent, as it was sent them, and no node outside the round: otherwise nothing is sealed."""
+    p = params()
+    clients, advertised = {}, {}
+    for u in p.node_ids:
+        clients[u], advertised[u] = sa.setup(p, u, IDENTITIES[u])
+    me = p.node_ids[0]
+    routed, entries = sa.route_keys(p, advertised), sa.transcript(advertised)
+    neighbour = min(p.neighbours[me])
+    _, cipher = keys.new_key_pair()
+    forged_self = {
+        **entries,
+        me: identity.entry_digest(me, IDENTITIES[me].public, cipher, advertised[me].mask),
+    }
+    forged_peer = {
+        **entries,
+        neighbour: identity.entry_digest(
+            neighbour, IDENTITIES[9].public, advertised[neighbour].cipher, advertised[neighbour].mask
+        ),
+    }
+    withheld = {v: k for v, k in routed[me].items() if v != neighbour}
+    cases = [
+        (forged_self, routed[me], f"lists other keys for node {me}"),
+        (forged_peer, routed[me], f"lists other keys for node {neighbour}"),
+        (entries, withheld, "the transcript lists neighbours"),
+        ({**entries, 2**40: b"x" * 32}, routed[me], "names nodes outside the round"),
+    ]
+    for transcript, peers, message in cases:
+        with pytest.raises(SecAggError, match=f"node {me} refuses to share: .*{message}"):
+            sa.share_keys(clients[me], peers, ROSTER, transcript, IDENTITIES[me])
+        assert clients[me].stage == "keys"
