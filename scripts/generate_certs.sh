@@ -20,6 +20,13 @@
 #                            aggregation (node config secagg-roster; each node signs with its
 #                            supernode-K.key as identity-key: common/secagg/identity.py)
 #
+# Every node key is made here, on the operator's machine: for tests and trials on one host. Whoever
+# runs this holds every node's identity and can sign for any node, so a secure-aggregation run with
+# these keys holds only against parties other than them. In a federation of separate data owners
+# each owner makes their own keys (fedlora node keygen; ssh-keygen -t ecdsa -b 384 for the SuperNode
+# key), sends only the public lines, and checks the roster with the others: give --nodes 0 here
+# (CA and SuperLink certificate only) and see docs/deployment.md, "Node identities and the roster".
+#
 # Private keys are mode 0600, the rest 0644. The Flower images run as uid 49999: --owner 49999
 # hands the SuperLink and SuperNode private keys to that user (needs root, e.g. via sudo), or run
 # `sudo chown 49999 DIR/server.key DIR/supernode-*.key` afterwards.
@@ -212,5 +219,7 @@ if [[ $nodes -gt 0 ]]; then
     echo "Register them once the SuperLink runs with --enable-supernode-auth, e.g.:"
     echo "  flwr supernode register $out/supernode-1.pub <connection>"
     echo "roster.pub lists them all: the secure-aggregation roster (node config secagg-roster)."
+    echo "These node keys were made here, so whoever holds $out/ can sign for every node: for tests and"
+    echo "local trials only. Separate data owners make their own (fedlora node keygen; docs/deployment.md)."
 fi
 echo "Keep ca.key offline; only ca.crt is needed by nodes and the flwr CLI."

@@ -30,6 +30,11 @@ the budget covers your node's whole history, kept in the sample-level privacy le
 
 **State.** ``state_dir`` (default ``~/.fedlora/node``) holds that ledger, the encoders a
 DR-Encoder run sends, and Flower's own node files; keep it across restarts.
+
+**Identity (secure aggregation).** Make your own identity key (:func:`keygen`, or ``ssh-keygen -t
+ed25519``) and send only its public line to the operator, who assembles the roster; compare the
+roster's SHA-256 and key count with the other owners. With ``trust="aggregate"`` a node refuses to
+start without a roster that lists its identity.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,6 +62,8 @@ from common.signals import handlers_while
 SAMPLE_LEVEL = tuple(m for m, (opt, _) in MECHANISMS.items() if opt != "none")
 CLIENT_LEVEL = tuple(m for m, (_, rel) in MECHANISMS.items() if rel != "none")
 DEFAULT_STATE_DIR = Path("~/.fedlora/node")
+# keygen's default: outside the state directory, so clearing that keeps the identity on the roster
+DEFAULT_IDENTITY = Path("~/.fedlora/identity")
 DATA_FILE = "data.jsonl"  # where join() writes in-memory data, inside the state directory
 PORT_FILE = "node-port"  # the ClientApp port chosen for this state directory (command() and join() agree)
 LABELS = "labels"  # node config: the federation's class names, comma-separated (client/node/shard.py)
@@ -313,6 +321,9 @@ class NodeConfig:
         if self.trust not in TRUST:
             raise FedloraError(f"trust must be one of {', '.join(TRUST)}, got '{self.trust}'")
         _check_transport(self.insecure, self.root_certificates, self.auth_key)
+        identity_key = _existing(self.identity_key or self.auth_key, "identity key")
+        roster = _existing(self.roster, "roster")
+        _check_roster(self.trust, identity_key, roster)
         if self.model is not None:
             from common.models import resolve_model
 
@@ -335,8 +346,8 @@ class NodeConfig:
             state_dir=state_dir,
             root_certificates=_existing(self.root_certificates, "root certificates"),
             auth_key=_existing(self.auth_key, "authentication key"),
-            identity_key=_existing(self.identity_key or self.auth_key, "identity key"),
-            roster=_existing(self.roster, "roster"),
+            identity_key=identity_key,
+            roster=roster,
             model=_model_ref(self.model),
             port=self.port if self.port is not None else node_port(state_dir),
         )
@@ -379,6 +390,19 @@ class NodeConfig:
         argv += ["--host", "127.0.0.1", "--port", str(self.port)]
         return [*argv, "--node-config", toml_pairs(self.node_config())]
 
+    def identity_lines(self) -> list[str]:
+        """What a (checked) node with a roster says before it starts: its identity's fingerprint and
+        the roster's SHA-256 and key count, the numbers its owner compares with the other owners."""
+        if self.roster is None:
+            return []
+        me = identity.load_identity(str(self.identity_key))
+        digest, count = identity.roster_digest(str(self.roster))
+        return [
+            f"node identity {identity.fingerprint(me.public)} ({self.identity_key}): on the roster",
+            f"roster {self.roster}: {count} keys, sha256 {digest} (compare both with the other data "
+            "owners, out of band, before the first round)",
+        ]
+
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The node's environment: Flower's files under the state directory, and this Python's
         scripts first on ``PATH`` (the SuperNode starts ``flower-superexec`` from ``PATH``)."""
@@ -396,7 +420,7 @@ def command(
 ) -> list[str]:
     """The ``flower-supernode`` command line that :func:`join` would run (nothing is started).
     Same arguments as :func:`join`; in-memory data is written to ``<state_dir>/data.jsonl``."""
-    return _configure(superlink, data, mechanism, epsilon, **options).command()
+    return configure(superlink, data, mechanism, epsilon, **options).command()
 
 
 def join(
@@ -442,22 +466,72 @@ def join(
             ``none`` (default: only local noise, your ε holds against the server too), ``aggregate``
             (also distributed noise summed by secure aggregation: your ε holds against a server
             that may deviate from the protocol, as long as no roster identity is the server's or
-            colludes with it) or ``server`` (also central noise, distributed noise and
-            ``--encode-at server``: your ε then holds against everyone but the server).
+            colludes with it; with node keys the operator made, only against parties other than
+            the operator; needs ``roster``) or ``server`` (also central noise, distributed noise
+            and ``--encode-at server``: your ε then holds against everyone but the server).
         identity_key: the private key your node signs its secure-aggregation keys with (default:
-            ``auth_key``; Ed25519 or Flower's P-384 SuperNode key).
-        roster: the federation's identity public keys, one OpenSSH line per node, from its operator
-            (out of band, as the registered SuperNode keys): secure aggregation needs it.
+            ``auth_key``; Ed25519 or Flower's P-384 SuperNode key). Make it yourself
+            (:func:`keygen`) and keep it on your machine: whoever holds it can sign as your node.
+        roster: the federation's identity public keys, one OpenSSH line per node, assembled by its
+            operator from the lines the owners sent; compare its SHA-256 and key count with the
+            other owners. It must list your identity (checked before the node starts, which then
+            prints both numbers and your key's fingerprint on stderr).
     """
-    cfg = _configure(superlink, data, mechanism, epsilon, **options)
+    port_given = options.get("port") is not None
+    return start(configure(superlink, data, mechanism, epsilon, **options), port_given=port_given)
+
+
+def start(cfg: NodeConfig, *, print_command: bool = False, port_given: bool = False) -> int:
+    """Run a node from :func:`configure` in the foreground (what :func:`join` does), or with
+    ``print_command`` print its ``flower-supernode`` command line and run nothing. Either way a node
+    with a roster first says, on stderr, its identity's fingerprint and the roster's SHA-256 and
+    key count (:meth:`NodeConfig.identity_lines`)."""
+    for line in cfg.identity_lines():
+        print(line, file=sys.stderr, flush=True)
+    if print_command:
+        import shlex
+
+        print(shlex.join(cfg.command()), flush=True)
+        return 0
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    if options.get("port") is None and not _bindable(cfg.port):  # the remembered port is taken now
+    if not port_given and not _bindable(cfg.port):  # the remembered port is taken now
         (cfg.state_dir / PORT_FILE).unlink(missing_ok=True)
         cfg = replace(cfg, port=node_port(cfg.state_dir))
     return run_supernode(cfg.command(), cfg.environment())
 
 
-def _configure(superlink: str, data: Data, mechanism: str, epsilon: float | None, **options) -> NodeConfig:
+def keygen(path: str | os.PathLike = DEFAULT_IDENTITY) -> tuple[Path, bytes]:
+    """Make this node's identity key: a fresh Ed25519 key (OS CSPRNG) written to ``path`` as an
+    unencrypted OpenSSH private key (mode 0600), its public line to ``path.pub``. Returns the key's
+    absolute path and its public line (``ssh-ed25519 AAAA...``), what its owner sends the operator
+    for the roster. An existing key or ``.pub`` is never overwritten (the roster may list it): a
+    one-line error. ``ssh-keygen -t ed25519 -N '' -f PATH`` makes an equivalent key."""
+    key = Path(path).expanduser().absolute()
+    public = key.with_name(key.name + ".pub")
+    for existing in (key, public):
+        if existing.exists() or existing.is_symlink():
+            raise FedloraError(
+                f"{existing} exists: an identity key is never overwritten; choose another path"
+            )
+    try:
+        key.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # private from the start
+    except OSError as exc:
+        raise FedloraError(f"identity key {key}: {exc.strerror or exc}") from None
+    me = identity.new_identity()
+    try:
+        identity.save_identity(me, key)
+    except BaseException:
+        key.unlink(missing_ok=True)
+        raise
+    return key, me.public
+
+
+def configure(
+    superlink: str, data: Data, mechanism: str, epsilon: float | None = None, **options
+) -> NodeConfig:
+    """The checked :class:`NodeConfig` that :func:`command` prints and :func:`join` runs (same
+    arguments; in-memory data is written to ``<state_dir>/data.jsonl``)."""
     unknown = (
         set(options) - set(NodeConfig.__dataclass_fields__) - {"superlink", "data", "mechanism", "epsilon"}
     )
@@ -547,6 +621,26 @@ def _check_transport(insecure: bool, root_certificates: object, auth_key: object
         raise FedloraError("SuperNode authentication needs TLS: give root certificates instead of insecure")
 
 
+def _check_roster(trust: str, key: Path | None, roster: Path | None) -> None:
+    """A node that may take part in secure aggregation has a roster; a roster holds this node's own
+    identity (which must load): refused at start, in one line, not in the first secure round."""
+    if roster is None:
+        if trust == "aggregate":
+            raise FedloraError(
+                "trust aggregate is secure aggregation, which needs the federation's roster (fedlora node "
+                "--roster FILE, roster=): the identity public keys the data owners checked; nothing started"
+            )
+        return
+    if key is None:
+        raise FedloraError("a roster needs this node's identity key: --identity-key KEY (or --auth-key)")
+    me, members = identity.load_identity(str(key)), identity.load_roster(str(roster))
+    if me.public not in members:
+        raise FedloraError(
+            f"this node's identity key {key} ({identity.fingerprint(me.public)}) is not on the roster "
+            f"{roster}: send its public line to the operator; nothing started"
+        )
+
+
 def _existing(path: str | os.PathLike | None, what: str) -> Path | None:
     if path is None:
         return None
@@ -567,11 +661,14 @@ def _model_ref(model: str | None) -> str | None:
 __all__ = [
     "NodeConfig",
     "command",
+    "configure",
     "declared_labels",
     "free_port",
     "join",
+    "keygen",
     "load_data",
     "node_port",
     "prepare_data",
+    "start",
     "toml_pairs",
 ]

@@ -33,7 +33,8 @@ TRUST = {
     "aggregate": "also distributed noise summed by secure aggregation (--threat-model secure-aggregation "
     "and secure-aggregation-hidden: the server sees only the sum of the survivors' noised updates, even "
     "a server that deviates from the protocol, as long as no identity on the node's roster is the "
-    "server's or colludes with it)",
+    "server's or colludes with it; with node identity keys the operator made, which it can sign with, "
+    "the epsilon holds only against parties other than the operator)",
     "server": "also central noise, distributed noise without secure aggregation and --encode-at server: "
     "the server sees this node's clipped (or raw) update, and the epsilon holds only against "
     "everyone else",
