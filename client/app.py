@@ -27,7 +27,7 @@ from common.models import AdapterState, adapter_size, adapter_state
 from common.privacy.accountants import Event
 from common.privacy.ledger import Ledger
 from common.privacy.mechanism import mechanism_for
-from common.privacy.participation import SKIP_IDLE
+from common.privacy.participation import LEGACY_SKIP_IDLE, skips_idle
 from common.privacy.plan import STATS_ROUND, NoisePlan, plan_noise
 from common.tasks.training import StepSchedule
 from common.timing import phase
@@ -38,8 +38,14 @@ app = ClientApp()
 
 def _run(context: Context, global_state: AdapterState) -> tuple[RunConfig, int, int]:
     """``(cfg, partition id, partitions)``: the run config, checked against what the node accepts
-    (client/node/policy.py) before anything else: a run its policy refuses raises before any training."""
+    (client/node/policy.py) before anything else: a run its policy refuses raises before any training.
+    A node config holding :data:`LEGACY_SKIP_IDLE` (which once turned constant work off) is refused."""
     node = dict(context.node_config)
+    if LEGACY_SKIP_IDLE in node:
+        raise FedloraError(
+            f"node config {LEGACY_SKIP_IDLE!r} is not accepted: a node trains whatever its participation "
+            "coin says (only a simulation skips idle training); remove it. Nothing sent"
+        )
     cfg = _run_config(tuple(sorted(context.run_config.items())))
     NodePolicy.from_node_config(node).check_run(cfg, adapter_size(global_state))
     return cfg, *partition_of(node, cfg)
@@ -121,9 +127,11 @@ class Admitted:
 
 
 def admit(msg: Message, context: Context) -> Admitted:
-    """Admission of a train message, before any training: the run's config against the node's
-    policy, the round against the node's own plan (noise, transport, the participation coin), its
-    data and model loaded, its release ledger checked (a one-line refusal otherwise)."""
+    """Admission of a train message, before any training: the global adapter's values
+    (common/wire.py :func:`~common.wire.global_of`) and the run's config against the node's policy,
+    both before the participation coin is drawn, the round against the node's own plan (noise,
+    transport, the coin), its data and model loaded, its release ledger checked (a one-line refusal
+    otherwise)."""
     ins = TrainInstruction.from_record(msg.content)
     cfg, pid, parts = _run(context, ins.global_state)
     noise = plan_noise(cfg, adapter_size(ins.global_state))
@@ -170,17 +178,19 @@ def train_admitted(a: Admitted, context: Context) -> tuple[AdapterState, dict]:
 
 def trained(a: Admitted, local: AdapterState, metrics: dict) -> tuple[AdapterState, dict]:
     """``(increment, metrics)`` of an admitted message whose local steps ended at ``local``: the
-    increment the adapter's change (times 0 when the node's coin did not come up), the metrics
-    empty in a private run (neither the loss nor counts of Poisson-sampled examples are private)."""
+    increment the adapter's change (:func:`contribution`: zero when the node's coin did not come up
+    or its training diverged), the metrics empty in a private run (neither the loss nor counts of
+    Poisson-sampled examples are private). Every engine's local steps end here (client/cohort_round.py)."""
     increment = local_increment(local, a.ins.global_state, a.cfg.increment_form)
     return contribution(increment, a.contributes), ({} if a.cfg.private else metrics)
 
 
 def idle(a: Admitted, context: Context) -> bool:
     """Whether a simulated node skips the local steps of an admitted message: its hidden-participation
-    coin did not come up and the simulation's grid set :data:`SKIP_IDLE` (``--idle-training skip``).
+    coin did not come up and the simulation's grid set ``skip-idle`` in its ``context.state``
+    (``--idle-training skip``; common/privacy/participation.py :func:`skips_idle`: never node config).
     Its reply then carries the zero update that training would have been multiplied into."""
-    return not a.contributes and bool(context.node_config.get(SKIP_IDLE, False))
+    return not a.contributes and skips_idle(context.state)
 
 
 def batchable(a: Admitted) -> bool:
@@ -235,13 +245,18 @@ def takes_part(noise: NoisePlan | None) -> bool:
 
 
 def contribution(increment: AdapterState, coin: bool) -> AdapterState:
-    """``increment`` when this node's coin came up, else a zero update of the same shapes: every
-    coordinate kept or zeroed by one ``where``, the same work either way, so that its timing does not
-    show the coin (and a zero update is +0.0 everywhere, even where training diverged to nan)."""
-    return {
-        name: torch.where(torch.tensor(coin, device=value.device), value, 0.0)
-        for name, value in increment.items()
-    }
+    """``increment`` when this node's coin came up and every value of it is finite (releasable), else
+    a zero update of the same shapes (+0.0 everywhere): a node whose training diverged sends zero
+    whatever its coin, so nothing after this (encoding, the reply) can fail on the coin's account.
+    One flag tensor decides, every tensor kept or zeroed by one ``where`` on it: the same work either
+    way, no branch on the data, so that its timing does not show the coin either."""
+    if not increment:
+        return {}
+    device = next(iter(increment.values())).device
+    keep = torch.tensor(coin, device=device)
+    for value in increment.values():
+        keep = keep & value.isfinite().all().to(device)
+    return {name: torch.where(keep.to(value.device), value, 0.0) for name, value in increment.items()}
 
 
 def _train_steps(

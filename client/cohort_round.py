@@ -93,6 +93,9 @@ def _say_sequential(optimizer: str) -> None:
 
 
 def _cohort(group: list[int], admitted: dict[int, Admitted]) -> dict[int, tuple[AdapterState, dict]]:
+    """``(increment, metrics)`` of each of ``group`` (admitted messages of one model) trained as one
+    cohort, each through :func:`client.app.trained` as under the sequential engine: a member whose
+    coin did not come up, or whose local steps diverged (a non-finite increment), the zero update."""
     first = admitted[group[0]]
     bundle, members = first.shard.bundle, [cohort_member(admitted[i]) for i in group]
     cuda = bundle.device.type == "cuda"

@@ -4,7 +4,9 @@ Messages carry only what varies per round; static options (local steps, lr, seed
 clip, statistics settings) come from the run config that server and clients both hold.
 
 Train instruction (server -> client), message type ``train`` (:class:`TrainInstruction`):
-  ``global``  ArrayRecord   the round's global adapter state (absolute; see common.models.lora)
+  ``global``  ArrayRecord   the round's global adapter state (absolute; see common.models.lora);
+                            a node refuses one holding a non-finite value or one beyond
+                            ±``MAX_GLOBAL_VALUE`` (:func:`global_of`)
   ``config``  ConfigRecord  ``schema``, ``round``, ``noise-std`` (the client's noise share), ``clip``
                             (adaptive clipping only: the round's C); a
                             ``dr-encoder`` release adds ``codec``, ``ae-version``, ``latent-size``,
@@ -63,6 +65,12 @@ DATA_SOURCE = "data-source"  # train reply meta: where the node's examples came 
 DATA_SOURCES = ("partition", "own")  # its values: the run's partition, a data owner's own file
 _NPY_HEADERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
 _MAX_NPY_HEADER = 10_000  # bytes: numpy.lib.format's default max_header_size
+#: largest |value| a node accepts in a received global adapter (LoRA factors, dense entries such as a
+#: classification head): a real adapter's values are of order 0.1 (MiniLM's initial one: at most
+#: 0.07, tests/client/test_coin_outcomes.py) and rounds move them by lr-sized steps, so a value
+#: beyond it, like a non-finite one, is a poisoned or diverged broadcast, refused before anything
+#: depends on the node's hidden coin
+MAX_GLOBAL_VALUE = 1e4
 
 
 class InvalidReply(ValueError):
@@ -114,7 +122,7 @@ class TrainInstruction:
         clip = float(config.pop("clip", 0.0))
         if not (math.isfinite(clip) and clip >= 0):
             raise FedloraError(f"train instruction: clip must be >= 0 and finite, got {clip}")
-        return cls(rnd, from_record(content["global"]), std, config, records, clip)
+        return cls(rnd, global_of(content, "train instruction"), std, config, records, clip)
 
 
 @dataclass(frozen=True)
@@ -132,7 +140,19 @@ class StatsQuery:
     @classmethod
     def from_record(cls, content: RecordDict) -> StatsQuery:
         _config_of(content, "statistics query")
-        return cls(from_record(content["global"]))
+        return cls(global_of(content, "statistics query"))
+
+
+def global_of(content: RecordDict, what: str) -> AdapterState:
+    """The global adapter of an instruction's ``global`` record, every value finite and within
+    ±:data:`MAX_GLOBAL_VALUE`; a one-line :class:`~common.errors.FedloraError` otherwise (before the
+    node trains, or draws its participation coin: the refusal depends on the broadcast alone)."""
+    state = from_record(content["global"])
+    for name, value in state.items():
+        if not bool((value.abs() <= MAX_GLOBAL_VALUE).all()):  # (nan compares false)
+            bad = f"|values| > {MAX_GLOBAL_VALUE:g}" if bool(value.isfinite().all()) else "non-finite values"
+            raise FedloraError(f"{what}: global adapter {_short(name)} holds {bad}; refused before training")
+    return state
 
 
 def _config_of(content: RecordDict, what: str) -> dict:

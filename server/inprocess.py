@@ -15,14 +15,14 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from tqdm.auto import tqdm
 
 from common.privacy.ledger import LEDGER_SYNC
-from common.privacy.participation import SKIP_IDLE
+from common.privacy.participation import SIMULATION, SKIP_IDLE
 from common.progress import bar
 from common.secagg import identity
 
@@ -87,13 +87,15 @@ class InProcessGrid(Grid):
         cohort: CohortHandler | None = None,
     ) -> None:
         """``cohort``: trains a round's train messages together (the batched engine), else each
-        message goes to ``client_app``. ``state_root``: node k keeps its state (sample-level ledger) and its identity key (secure
-        aggregation, common/secagg/identity.py) in ``state_root/node-k``, beside the roster of every
-        node's public key (``state_root/roster.pub``; a temporary folder without ``state_root``); the
-        encoders the nodes receive are cached once, in ``state_root/shared``. The nodes' ledgers
+        message goes to ``client_app``. ``state_root``: node k keeps its state (ledgers, signing
+        record) and its identity key (secure aggregation, common/secagg/identity.py) in
+        ``state_root/node-k``, beside the roster of every node's public key
+        (``state_root/roster.pub``); the encoders the nodes receive are cached once, in
+        ``state_root/shared``; without ``state_root``, all of it in a temporary folder. The nodes' ledgers
         commit at ``ledger-sync = normal`` (client/node/state.py): they survive a crash of this
         process but not of the machine (the server's own ledger commits at ``full``). A run's
-        ``idle-training skip`` becomes each node's :data:`SKIP_IDLE`: only a simulation translates it."""
+        ``idle-training skip`` becomes each node's :data:`SKIP_IDLE`, in its ``context.state`` (never
+        its node config, which a deployed node's operator sets): only a simulation writes it."""
         self.client_app = client_app
         self.cohort = cohort
         self.raise_errors = raise_errors
@@ -103,6 +105,7 @@ class InProcessGrid(Grid):
         # without a state root: a temporary folder, removed with this grid (or at exit)
         self._scratch = None if state_root else tempfile.TemporaryDirectory(prefix="fedlora-nodes-")
         keys = Path(state_root or self._scratch.name)
+        skip_idle = run_config.get("idle-training") == "skip"
         self._identities = ([keys / f"node-{k}" / "identity" for k in range(num_nodes)], keys / "roster.pub")
         self.contexts = {
             FIRST_NODE_ID + k: Context(
@@ -112,19 +115,12 @@ class InProcessGrid(Grid):
                     "partition-id": k,
                     "num-partitions": num_nodes,
                     LEDGER_SYNC: "normal",  # one disk for every node: their syncs would queue
-                    SKIP_IDLE: run_config.get("idle-training") == "skip",
                     identity.IDENTITY_KEY: str(keys / f"node-{k}" / "identity"),
                     identity.ROSTER: str(keys / "roster.pub"),
-                    **(
-                        {
-                            "state-dir": str(state_root / f"node-{k}"),
-                            "encoder-cache": str(state_root / "shared"),
-                        }
-                        if state_root
-                        else {}
-                    ),
+                    "state-dir": str(keys / f"node-{k}"),
+                    "encoder-cache": str(keys / "shared"),
                 },
-                state=RecordDict(),
+                state=RecordDict({SIMULATION: ConfigRecord({SKIP_IDLE: skip_idle})}),
                 run_config=dict(run_config),
             )
             for k in range(num_nodes)

@@ -267,10 +267,12 @@ def choose_bits(
 
 
 def clip_l2(x: torch.Tensor, clip: float) -> torch.Tensor:
-    """Flat ``x`` in float64, scaled down to L2 norm ≤ ``clip`` (kept when already inside)."""
+    """Flat ``x`` in float64 (n,), scaled down to L2 norm ≤ ``clip`` (kept when already inside; zero
+    stays zero): x·min(1, C/max(‖x‖, tiny)) in tensor ops, the same work whatever the data (no branch
+    on the norm: constant work, as a hidden coin's zero update needs)."""
     flat = x.reshape(-1).to(torch.float64)
-    norm = float(torch.linalg.vector_norm(flat))
-    return flat * min(1.0, clip / norm) if norm > 0 else flat
+    norm = torch.linalg.vector_norm(flat).clamp(min=torch.finfo(torch.float64).tiny)
+    return flat * (clip / norm).clamp(max=1.0)
 
 
 def encode(

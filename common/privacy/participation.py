@@ -45,10 +45,24 @@ def contributes(rate: float) -> bool:
     return secrets.randbelow(2**53) < round(rate * 2**53)
 
 
-#: node config key that only the simulation's grids set (server/inprocess.py, from the run's
-#: ``idle-training``): a node whose hidden-participation coin did not come up skips its local steps.
-#: Deployed nodes never get it: they train whatever their coin says, so that no reply's timing shows it
-SKIP_IDLE = "simulated-skip-idle"
+#: ``context.state`` record that only the simulation's grids write, when they create their nodes'
+#: contexts (server/inprocess.py, from the run's ``idle-training``); its :data:`SKIP_IDLE` True: a node
+#: whose hidden-participation coin did not come up skips its local steps. A deployed node's state is
+#: its own (its SuperNode keeps it; no config or message sets it): it trains whatever its coin says,
+#: so that no reply's timing shows it
+SIMULATION = "fedlora-simulation"
+SKIP_IDLE = "skip-idle"
+#: the node config key that once carried the flag: a node whose node config holds it (any value)
+#: refuses rounds (client/app.py), since node config is the operator's to set
+LEGACY_SKIP_IDLE = "simulated-skip-idle"
+
+
+def skips_idle(state: Mapping[str, object]) -> bool:
+    """Whether a node's ``context.state`` says it is simulated with idle training skipped: its
+    :data:`SIMULATION` record holds :data:`SKIP_IDLE` as the bool True (strictly: any other value,
+    the string ``"true"`` included, is False)."""
+    record = state.get(SIMULATION)
+    return isinstance(record, Mapping) and record.get(SKIP_IDLE) is True
 
 
 def poisson_sample(node_ids: Sequence[int], rate: float, rng: np.random.Generator) -> list[int]:
@@ -303,6 +317,8 @@ class CappedCohorts:
 
 
 __all__ = [
+    "LEGACY_SKIP_IDLE",
+    "SIMULATION",
     "SKIP_IDLE",
     "CappedCohorts",
     "CyclicPoisson",
@@ -315,4 +331,5 @@ __all__ = [
     "group_of",
     "os_sampler",
     "poisson_sample",
+    "skips_idle",
 ]

@@ -1,11 +1,21 @@
-"""Reply validation: every field is checked before anything is decoded or used."""
+"""Reply validation: every field is checked before anything is decoded or used; a node's checks of
+what the server sends it."""
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from common.wire import SCHEMA, InvalidReply, parse_train_reply, train_reply
+from common.errors import FedloraError
+from common.wire import (
+    MAX_GLOBAL_VALUE,
+    SCHEMA,
+    InvalidReply,
+    StatsQuery,
+    TrainInstruction,
+    parse_train_reply,
+    train_reply,
+)
 from tests.harness import message_identity
 
 SHAPES = {"l.A": (4, 2), "l.B": (3, 2)}
@@ -116,3 +126,37 @@ def test_header_length_over_numpys_limit_is_refused_before_it_is_read():
     rec["l.A"] = Array(dtype=real.dtype, shape=real.shape, stype=real.stype, data=claim)
     with pytest.raises(InvalidReply, match=r"l\.A: undecodable array \(header of 4294967295 bytes"):
         parse_train_reply(_reply(_valid(increment=rec)), 3, SHAPES, META)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (float("nan"), "non-finite values"),
+        (float("inf"), "non-finite values"),
+        (-float("inf"), "non-finite values"),
+        (3e38, r"\|values\| > 10000"),
+        (-2 * MAX_GLOBAL_VALUE, r"\|values\| > 10000"),
+    ],
+)
+def test_a_node_refuses_a_global_adapter_out_of_range(value, reason):
+    """One coordinate of the broadcast out of range (non-finite, or beyond ±MAX_GLOBAL_VALUE) and
+    both instructions that carry it are refused in one line that names the tensor."""
+    state = _state()
+    state["l.B"][2, 1] = value
+    for sent, what in (
+        (TrainInstruction(3, state), "train instruction"),
+        (StatsQuery(state), "statistics query"),
+    ):
+        with pytest.raises(FedloraError, match=rf"^{what}: global adapter 'l\.B' holds {reason};") as err:
+            type(sent).from_record(sent.to_record())
+        assert "\n" not in str(err.value)
+
+
+def test_a_global_adapter_in_range_is_accepted():
+    """Values up to ±MAX_GLOBAL_VALUE pass unchanged (real adapters hold values of order 0.1:
+    tests/client/test_coin_outcomes.py)."""
+    state = _state(MAX_GLOBAL_VALUE)
+    state["l.A"][0, 0] = -MAX_GLOBAL_VALUE
+    for sent in (TrainInstruction(3, state), StatsQuery(state)):
+        got = type(sent).from_record(sent.to_record()).global_state
+        assert set(got) == set(state) and all(torch.equal(got[k], state[k]) for k in state)

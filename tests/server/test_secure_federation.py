@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message
 
 from client import app as app_module
 from client import secure
@@ -107,7 +107,7 @@ def test_dropouts_mid_protocol_complete_the_round_and_degrade_only_their_own_cha
     )
     assert [type(e) for e in node_ledger.events()] == [SkellamEvent, SkellamEvent]
     # the nodes that answered the unmask request keep no secrets (the killed ones never got that far)
-    assert [n for n, c in grid.contexts.items() if c.state] == [1002, 1003]
+    assert [n for n, c in grid.contexts.items() if secure.STATE in c.state] == [1002, 1003]
 
 
 def test_a_round_with_fewer_masked_inputs_than_min_replies_is_not_unmasked(tmp_path):
@@ -255,19 +255,19 @@ def test_a_simulated_idle_node_hands_its_transport_the_zero_update_training_woul
     """``--idle-training skip`` changes no reply: a node whose coin did not come up hands its
     transport the same increment whether it trained or skipped its steps, byte for byte (names,
     shapes, dtypes, +0.0 everywhere), and empty metrics either way; so the released sum is the same
-    function of the coins, and only the work differs. Without the simulation's :data:`SKIP_IDLE`
-    (every deployed node) the node trains."""
+    function of the coins, and only the work differs. Without the simulation's :data:`SKIP_IDLE` in
+    the node's ``context.state`` (every deployed node) the node trains."""
     monkeypatch.setattr(participation, "contributes", lambda rate: False)
     _, grid, train_message = _hidden_node(tmp_path, 1)
     context = grid.contexts[min(grid.contexts)]
-    assert context.node_config[participation.SKIP_IDLE] is False
+    assert context.state[participation.SIMULATION][participation.SKIP_IDLE] is False
     admitted = app_module.admit(train_message(1), context)
     assert not admitted.contributes and not app_module.idle(admitted, context)
     steps, real_steps = [], app_module._train_steps
     monkeypatch.setattr(app_module, "_train_steps", lambda *a: steps.append(1) or real_steps(*a))
     worked, worked_metrics = app_module.train_admitted(admitted, context)
     assert steps == [1]
-    context.node_config[participation.SKIP_IDLE] = True
+    context.state[participation.SIMULATION] = ConfigRecord({participation.SKIP_IDLE: True})
     skipped, skipped_metrics = app_module.train_admitted(admitted, context)
     assert steps == [1]  # no local step
     assert worked_metrics == skipped_metrics == {}
@@ -303,7 +303,9 @@ def _hidden_node(tmp_path: Path, rounds: int):
     return (
         client,
         grid,
-        lambda rnd: train_messages(release, release.params(rnd, tuple(nodes), bytes(32)), state)[0],
+        lambda rnd: train_messages(
+            release, release.params(rnd, tuple(nodes), bytes(32), grid.run.run_id), state
+        )[0],
     )
 
 

@@ -87,6 +87,32 @@ def test_rotation_spreads_a_spike():
     assert float(rotate(dense, signs).abs().max()) <= rotated_linf_bound(float(dense.norm()), 4096, 1e-6)
 
 
+@pytest.mark.parametrize(
+    ("norm", "dtype"),
+    [
+        (0.0, torch.float64),
+        (0.3, torch.float64),
+        (0.7, torch.float64),
+        (5.0, torch.float32),
+        (3e38, torch.float32),
+    ],
+)
+def test_clip_l2_scales_only_what_lies_outside_the_clip(norm, dtype):
+    """Clip C = 0.7: a zero vector stays zero (no nan), one inside (or on) the ball is unchanged, one
+    outside is scaled onto it, float64 (n,) whatever the input's dtype and shape; against numpy."""
+    clip = 0.7
+    direction = np.random.default_rng(4).normal(size=(6, 5))
+    x = torch.from_numpy(direction * (norm / np.linalg.norm(direction))).to(dtype)
+    flat = x.numpy().astype(np.float64).reshape(-1)
+    size = np.linalg.norm(flat)
+    want = flat * min(1.0, clip / size) if size > 0 else flat
+    got = clip_l2(x, clip)
+    assert got.dtype == torch.float64 and got.shape == (30,)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=0)
+    assert np.linalg.norm(got.numpy()) == pytest.approx(min(size, clip), rel=1e-12)
+    assert bool((got == 0).all()) == (norm == 0)  # (allclose above: no nan either)
+
+
 def test_conditional_rounding():
     x = torch.linspace(-3.3, 4.7, 256, dtype=torch.float64)
     bound = rounding_norm_bound(float(x.norm()), 256, 1e-3)
