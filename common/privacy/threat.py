@@ -18,8 +18,10 @@ if TYPE_CHECKING:  # the accountants import numpy: common/config.py imports this
 #: the server a secure-aggregation guarantee holds against, and what it assumes (common/secagg/identity.py)
 ACTIVE_SERVER = (
     "even one that deviates from the protocol (keys signed by roster identities, a survivor set signed "
-    "by a majority: SecAgg+ against an active server), assuming no roster identity is the server's or "
-    "colludes with it"
+    "by a majority, each signature bound to the round's transcript: SecAgg+ against an active server), "
+    "assuming no roster identity is the server's or colludes with it (node keys the operator made, as "
+    "a simulation or fedlora deploy makes them, are the operator's: then against parties other than "
+    "the operator)"
 )
 
 #: what the server sees of every sampled client whatever the mechanism: not covered by any epsilon

@@ -257,9 +257,12 @@ def transcript(advertised: Mapping[int, PublicKeys]) -> dict[int, bytes]:
 
 
 def _check_transcript(client: Client, own: PublicKeys, peers: Mapping[int, PublicKeys], entries) -> None:
-    """Refuse a transcript that lists nodes outside the round, lists this node's or a neighbour's
-    round keys other than this node knows them, or lists a neighbour whose keys it was not sent."""
+    """Refuse a neighbour under this node's own identity (one identity under two node ids), and a
+    transcript that lists nodes outside the round, lists this node's or a neighbour's round keys
+    other than this node knows them, or lists a neighbour whose keys it was not sent."""
     params, me = client.params, client.node_id
+    if any(p.identity == own.identity for p in peers.values()):
+        raise SecAggError(f"node {me} refuses to share: a neighbour advertises this node's own identity")
     if not set(entries) <= set(params.node_ids):
         raise SecAggError(f"node {me} refuses to share: the round's transcript names nodes outside the round")
     listed = params.neighbours[me] & set(entries)

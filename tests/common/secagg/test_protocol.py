@@ -435,6 +435,15 @@ def test_a_transcript_other_than_the_nodes_own_view_is_refused_before_any_share(
         (entries, withheld, "the transcript lists neighbours"),
         ({**entries, 2**40: b"x" * 32}, routed[me], "names nodes outside the round"),
     ]
+    borrowed = dict(routed[me])  # a neighbour's keys signed by this node's own identity for its id
+    borrowed[neighbour] = sa.PublicKeys(
+        neighbour,
+        cipher,
+        advertised[neighbour].mask,
+        IDENTITIES[me].public,
+        IDENTITIES[me].sign(identity.keys_statement(p.digest, neighbour, cipher, advertised[neighbour].mask)),
+    )
+    cases.append((sa.transcript({**advertised, neighbour: borrowed[neighbour]}), borrowed, "own identity"))
     for transcript, peers, message in cases:
         with pytest.raises(SecAggError, match=f"node {me} refuses to share: .*{message}"):
             sa.share_keys(clients[me], peers, ROSTER, transcript, IDENTITIES[me])
