@@ -12,7 +12,7 @@ from flwr.clientapp import ClientApp
 
 from autoencoder.layout import is_factor
 from client.cohort import Member
-from client.dp.sample_plan import SamplePlan, plan_sample_noise
+from client.dp.sample_plan import SamplePlan, plan_sample_noise, replan
 from client.drencoder.gradstats import local_stats, privatise
 from client.increment import increment as local_increment
 from client.local_update import local_update
@@ -269,11 +269,15 @@ def _train_steps(
     plan: SamplePlan | None,
 ) -> dict:
     """The round's local steps; under sample-level DP checked against and charged to the node's own
-    ledger first (settled ``applied`` once they ran)."""
+    ledger first (settled ``applied`` once they ran). A run whose history holds more steps than its
+    plan (a round interrupted and run again: a resumed server, a restarted node) is re-planned so
+    that it ends at or under its target (client/dp/sample_plan.py :func:`replan`)."""
     node = dict(context.node_config)
     ledger = None
     if plan is not None:  # sample-level DP: the node's own ledger, checked and charged before the steps
         ledger = held_ledger(node, LEDGER_FILE, "sample-level", _owner(cfg, pid, parts), cfg.delta)
+        remaining = (cfg.rounds - ins.round + 1) * cfg.local_steps  # this round's and every later one's
+        plan = replan(plan, _run_history(ledger, str(context.run_id)), remaining)
         future = (cfg.rounds - ins.round) * cfg.local_steps  # as if sampled every later round
         NodePolicy.from_node_config(node).check_sample_budget(
             ledger, plan.sigma, plan.sample_rate, cfg.local_steps + future
@@ -375,16 +379,31 @@ def _sample_plan(cfg: RunConfig, examples: int) -> SamplePlan:
     )
 
 
+def _run_history(ledger: Ledger, run: str) -> tuple[Event, ...]:
+    """The sample-level events ``ledger`` holds for run ``run``, its rounds' repeated attempts
+    (``<run>#<attempt>``) included, oldest first."""
+    return tuple(
+        Event(r["sigma"], r["p"], r["count"])
+        for r in ledger.rows()
+        if r["run"] == run or r["run"].startswith(f"{run}#")
+    )
+
+
 def _charge(ledger: Ledger, plan: SamplePlan, run: str, rnd: int, steps: int, kind: str) -> str:
     """Charge ``steps`` steps for round ``rnd``; a round run again (a resumed server, a retried
-    message) is a new release and is charged again, under ``<run>#<attempt>``. Returns the run key."""
+    message, a restarted node) is a new release and is charged again, under ``<run>#<attempt>``,
+    and an earlier attempt left ``charged`` (its process stopped mid-round) is settled
+    ``interrupted``: its charge stands. Returns the run key."""
     key, attempt = run, 1
     while True:
         try:
             ledger.charge(plan.charge(key, rnd, steps, kind))
             return key
         except FedloraError:
-            if ledger.row(key, rnd) is None:
+            row = ledger.row(key, rnd)
+            if row is None:
                 raise
+            if row["status"] == "charged":
+                ledger.settle(key, rnd, "interrupted")
             attempt += 1
             key = f"{run}#{attempt}"

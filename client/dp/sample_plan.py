@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from common.errors import FedloraError
 from common.privacy.accountants import Event
-from common.privacy.calibration import calibrate_sigma, epsilon_for
+from common.privacy.calibration import calibrate_sigma, epsilon_for, events_epsilon
 from common.privacy.ledger import Charge
 from common.privacy.wishart import WishartEpsilon, wishart_claim, wishart_epsilon, wishart_sigma
 
@@ -129,4 +130,64 @@ def plan_sample_noise(
     return SamplePlan(examples, q, steps, clip, sigma, delta, epsilon, projection)
 
 
-__all__ = ["SAMPLE_ACCOUNTANT", "SamplePlan", "plan_sample_noise"]
+def replan(plan: SamplePlan, history: Sequence[Event], remaining: int) -> SamplePlan:
+    """The plan for the rest of a run whose ledger already holds ``history`` (this run's charges,
+    interrupted attempts included) with ``remaining`` steps still to take, this round's included.
+
+    Unchanged when σ was given (no target), when the history is at most what the plan foresaw (its
+    steps, each at the plan's σ and rate), or when the history plus ``remaining`` steps at σ still meets the
+    target. Otherwise (a round charged, interrupted and run again: its steps were counted twice) σ
+    is calibrated again for the remaining steps after the history, so that the run ends at or under
+    its target (PLD, composed with the history); a one-line refusal when the history alone spends it.
+    Wishart plans are re-planned on their baseline (PLD) ε, which holds whatever M2's assumptions."""
+    if not plan.target_epsilon:
+        return plan
+    if _on_plan(plan, history, remaining):
+        return plan
+    ahead = (*history, Event(plan.sigma, plan.sample_rate, remaining))
+    if _epsilon(ahead, plan.delta) <= plan.target_epsilon * (1 + _TOLERANCE):
+        return plan
+    try:
+        sigma = calibrate_sigma(
+            SAMPLE_ACCOUNTANT,
+            plan.target_epsilon,
+            plan.delta,
+            plan.sample_rate,
+            remaining,
+            prior=tuple(history),
+        )
+    except ValueError:
+        raise FedloraError(
+            f"node: this run's sample-level history already spends its target epsilon "
+            f"{plan.target_epsilon:g} (a round interrupted and run again); not trained"
+        ) from None
+    log.warning(
+        "this run's sample-level history holds more than its plan (a round interrupted and run again): "
+        "noise multiplier %.4g -> %.4g for its %d remaining steps, to end at or under epsilon %g",
+        plan.sigma,
+        sigma,
+        remaining,
+        plan.target_epsilon,
+    )
+    return replace(plan, sigma=max(sigma, plan.sigma))
+
+
+_TOLERANCE = (
+    1e-6  # relative: the same composition grouped in other rounds lands on the target up to round-off
+)
+
+
+def _on_plan(plan: SamplePlan, history: Sequence[Event], remaining: int) -> bool:
+    """Whether ``history`` and the ``remaining`` steps are at most the plan's steps, all at its σ and
+    rate (a node not asked every round is under its plan: fewer steps of one mechanism, less ε)."""
+    return sum(e.count for e in history) + remaining <= plan.steps and all(
+        (e.sigma, e.p) == (plan.sigma, plan.sample_rate) for e in history
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _epsilon(events: tuple[Event, ...], delta: float) -> float:
+    return events_epsilon(SAMPLE_ACCOUNTANT, events, delta)
+
+
+__all__ = ["SAMPLE_ACCOUNTANT", "SamplePlan", "plan_sample_noise", "replan"]

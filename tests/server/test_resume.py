@@ -197,3 +197,40 @@ def test_a_secure_aggregation_run_resumes_with_each_clients_participations(tmp_p
     assert set(led.participations().values()) == {4}  # every node sampled (p = 1) in every charged round
     summary = json.loads((out / "summary.json").read_text())
     assert summary["client_privacy"]["eps_tight"] == led.spent()["eps_tight"] <= 8.0
+
+
+def test_a_sample_level_run_killed_mid_round_and_resumed_ends_within_its_target(tmp_path):
+    """The user's report: a cross-silo run (no client-level release, so no server ledger) killed while
+    its nodes train round 2, then --resume: round 2 runs again and every node charges it again. Each
+    node re-plans its remaining steps so that its own ledger ends at or under the run's sample-level
+    target, and the attempt the kill cut short is marked ``interrupted``, as docs/deployment.md says."""
+    from common.privacy.ledger import Ledger
+
+    out, target = tmp_path / "run", 3.0
+    silo = [
+        "simulate", "--preset", "minilm-rt-silo", "--num-clients", "2", "--rounds", "4",
+        "--local-steps", "3", "--batch-size", "16", "--max-train-examples", "200", "--eval-examples", "16",
+        "--sample-epsilon", str(target), "--workers", "1",
+    ]  # fmt: skip
+    proc = _fedlora(*silo, "--out", str(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledgers, deadline = (
+        [out / "nodes" / f"node-{k}" / "sample-ledger.sqlite" for k in (0, 1)],
+        time.monotonic() + 300,
+    )
+    while not any(
+        r["round"] == 2 and r["status"] == "charged" for p in ledgers if p.exists() for r in _rows(p)
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, "round 2 never started training"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = _finish("simulate", "--resume", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    twice = 0
+    for path in ledgers:
+        led = Ledger.open(path, "sample-level")
+        rows = led.rows()
+        twice += [r["round"] for r in rows].count(2) == 2  # round 2 charged again on resume ...
+        assert led.spent()["eps_tight"] <= target * (1 + 1e-6), rows  # ... every node within its target
+        assert {r["status"] for r in rows} <= {"applied", "interrupted"}
+    assert twice and any(r["status"] == "interrupted" for p in ledgers for r in _rows(p))
