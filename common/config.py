@@ -57,6 +57,8 @@ SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi")  # server/optimizers.py
 CLIENT_OPTIMIZERS = ("adamw", "sgd")  # client/local_update.py
 HEAD_INITS = ("random", "zero-shot")  # common/models/head_init.py
 POOLINGS = ("cls", "mean")  # common/models/pooling.py
+#: how a data owner's instruction data is recognised (common/data/instructions.py CHOICES)
+INSTRUCTION_FORMATS = ("auto", "chat", "alpaca", "prompt-completion", "none")
 
 
 # Validity rules an option may declare: (test, what a valid value is).
@@ -116,8 +118,8 @@ class RunConfig:
     dataset: str = option(
         "rotten-tomatoes",
         "rotten-tomatoes, bbc-news, news-articles (LM), boolq, shakespeare (LM), or your own "
-        "file.csv / .jsonl / .parquet (see --text-column, --label-column), or a directory with "
-        "train.<ext> and test.<ext> files",
+        "file.csv / .jsonl / .parquet (see --text-column, --label-column, --instruction-format), or a "
+        "directory with train.<ext> and test.<ext> files",
         MODEL,
     )
     text_column: str = option("text", "your own --dataset file's text column", MODEL)
@@ -125,6 +127,27 @@ class RunConfig:
         "label",
         "your own --dataset file's label column (classes read from the data); a column you name must "
         "exist, while a file without the default 'label' column is language modelling",
+        MODEL,
+    )
+    instruction_format: str = option(
+        "auto",
+        "your own --dataset file as instruction data (conversations, trained on the responses): "
+        "chat (a 'messages' column of {role, content} lists), alpaca (instruction, optional input "
+        "and system, output), prompt-completion (prompt, completion), auto (by the file's columns, "
+        "else as before) or none (a classification or language-modelling file)",
+        MODEL,
+        choices=INSTRUCTION_FORMATS,
+    )
+    prompt_column: str = option(
+        "",
+        "your own --dataset file's prompt column (default 'prompt'): implies "
+        "--instruction-format prompt-completion",
+        MODEL,
+    )
+    response_column: str = option(
+        "",
+        "your own --dataset file's response column (default 'completion'): implies "
+        "--instruction-format prompt-completion",
         MODEL,
     )
     labels: str = option(

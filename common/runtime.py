@@ -40,9 +40,19 @@ def open_split(cfg: RunConfig, num_clients: int | None = None) -> FederatedSplit
 
 def columns_of(cfg: RunConfig) -> Columns:
     """How to read a data owner's own ``--dataset`` file: its columns, the declared label set
-    (``--labels``, comma-separated) and ``--skip-bad-rows``."""
+    (``--labels``, comma-separated), ``--skip-bad-rows``, and ``--instruction-format`` with the
+    prompt and response columns of instruction data."""
     labels = tuple(name.strip() for name in cfg.labels.split(",") if name.strip())
-    return Columns(cfg.text_column, cfg.label_column, cfg.partition_by, labels, cfg.skip_bad_rows)
+    return Columns(
+        cfg.text_column,
+        cfg.label_column,
+        cfg.partition_by,
+        labels,
+        cfg.skip_bad_rows,
+        cfg.instruction_format,
+        cfg.prompt_column,
+        cfg.response_column,
+    )
 
 
 @lru_cache(maxsize=8)

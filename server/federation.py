@@ -428,6 +428,7 @@ def _summary(run: FederationRun) -> dict:
         **data_used(out.records()),  # own data, partitions, refusals (model card)
         "dataset_rows": len(evaluator.split.corpus),
         "dataset_classes": len(evaluator.split.corpus.label_names),
+        "data_format": getattr(evaluator.task, "data_format", ""),  # (conversations: common/tasks/chat.py)
         "stopped": run.stopped,
         "before": loop.before,
         "after": loop.after,

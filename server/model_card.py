@@ -215,6 +215,7 @@ def model_card(
         f"{summary['rounds_completed']} rounds of {cfg.local_steps} local step(s) of {cfg.batch_size} "
         f"examples; mechanism `{cfg.mechanism}`, LoRA rank {cfg.rank}, seed {cfg.seed}."
         f"{_file_facts(cfg, summary)}{_data_used(cfg, summary)}"
+        + (f" Data format: {summary['data_format']}." if summary.get("data_format") else "")
     )
     lines = [
         "---",

@@ -17,6 +17,14 @@ a CSV, JSONL, Parquet or plain-text file; the two may differ), gives its own tes
 rows then the test rows, the latter marked in :attr:`Corpus.given_test`. The column options apply to
 both files (a test file may lack the ``--partition-by`` column), and the classes are the union of
 both files' labels.
+
+Instruction and chat data (issue 76): a file whose columns are one of the forms of
+common/data/instructions.py (``messages``; ``instruction``/``output``; ``prompt``/``completion``, or
+the columns ``--prompt-column``/``--response-column`` name), picked by ``--instruction-format``
+(``auto``: by the columns; ``none``: read as above), is a corpus of conversations (task
+:data:`~common.data.conversation.TASK`, each text a conversation's canonical JSON, labels 0). A row
+that is not a conversation is a bad row like those above; a dataset directory's two files are both
+instruction data or neither.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from common.data import conversation, instructions
 from common.data.corpora import DATASETS, Corpus
 from common.data.owner import json_lines, read_text
 from common.errors import FedloraError
@@ -48,14 +57,19 @@ log = logging.getLogger("fedlora.data")
 @dataclass(frozen=True)
 class Columns:
     """How to read a user file: which columns hold the text, the label and the user (``""``: none),
-    the declared label set (``()``: any label), and whether bad rows are skipped (and counted)
-    rather than refused."""
+    the declared label set (``()``: any label), whether bad rows are skipped (and counted) rather
+    than refused, and how instruction data is recognised: ``instruction_format`` (one of
+    common/data/instructions.py ``CHOICES``) and the prompt and response columns of a
+    prompt-completion file (``""``: ``prompt``, ``completion``)."""
 
     text: str = "text"
     label: str = DEFAULT_LABEL
     user: str = ""
     labels: tuple[str, ...] = ()
     skip_bad_rows: bool = False
+    instruction_format: str = instructions.AUTO
+    prompt: str = ""
+    response: str = ""
 
     @property
     def label_required(self) -> bool:
@@ -137,6 +151,8 @@ def _check_declared(columns: Columns) -> None:
 @lru_cache(maxsize=8)
 def _load(resolved: str, _mtime: int, columns: Columns, name: str) -> Corpus:
     read = _read(Path(resolved), name, columns.skip_bad_rows)
+    if (chat := _conversations(name, [(read, name)], columns)) is not None:
+        return chat
     texts, values, users = _table(read, columns, name)
     skipped = _report_skipped(name, [read])
     if values is None:
@@ -152,6 +168,9 @@ def _load_dir(stamp: tuple, columns: Columns, name: str) -> Corpus:
     train_path, test_path = Path(stamp[0]), Path(stamp[2])
     train_read = _read(train_path, f"{name}/{train_path.name}", columns.skip_bad_rows)
     test_read = _read(test_path, f"{name}/{test_path.name}", columns.skip_bad_rows)
+    reads = [(train_read, f"{name}/{train_path.name}"), (test_read, f"{name}/{test_path.name}")]
+    if (chat := _conversations(name, reads, columns)) is not None:
+        return chat
     train = _table(train_read, columns, f"{name}/{train_path.name}")
     # a test file without the label column: the check below names both files
     test = _table(test_read, columns, f"{name}/{test_path.name}", need_user=False, need_label=False)
@@ -217,15 +236,12 @@ def _table(
     each labelled row has a label (in the declared set, if any): a bad row is refused or, with
     ``skip_bad_rows``, dropped and recorded in ``read.skipped``."""
     rows = read.rows
-    if not rows:
-        skipped = f" ({_bad_rows(len(read.skipped))} skipped)" if read.skipped else ""
-        raise FedloraError(f"--dataset {name}: no rows{skipped}")
-    found = list(rows[0][1])
+    found = _columns_found(read, name)
     columns_found = f"(columns: {', '.join(found)})"
     if columns.text not in found:
         raise FedloraError(f"--dataset {name}: no text column '{columns.text}' {columns_found}")
-    if need_user and columns.user and columns.user not in found:
-        raise FedloraError(f"--dataset {name}: no --partition-by column '{columns.user}' {columns_found}")
+    if need_user:
+        _check_user(found, columns, name)
     if columns.label not in found and columns.label_required and need_label:
         raise FedloraError(f"--dataset {name}: no --label-column '{columns.label}' {columns_found}")
     kept = [(w, r) for w, r in rows if str(r.get(columns.text) or "").strip()]
@@ -255,6 +271,77 @@ def _table(
     if not labelled:
         return texts, None, users
     return texts, tuple(str(r[columns.label]).strip() for _, r in kept), users
+
+
+def _columns_found(read: _Rows, name: str) -> list[str]:
+    """The columns of the file ``name`` (its first row's); a one-line error when it has no rows."""
+    if not read.rows:
+        skipped = f" ({_bad_rows(len(read.skipped))} skipped)" if read.skipped else ""
+        raise FedloraError(f"--dataset {name}: no rows{skipped}")
+    return list(read.rows[0][1])
+
+
+def _check_user(found: list[str], columns: Columns, name: str) -> None:
+    """The ``--partition-by`` column, if any, is one of the columns ``found`` in the file ``name``."""
+    if columns.user and columns.user not in found:
+        raise FedloraError(
+            f"--dataset {name}: no --partition-by column '{columns.user}' (columns: {', '.join(found)})"
+        )
+
+
+def _conversations(name: str, reads: list[tuple[_Rows, str]], columns: Columns) -> Corpus | None:
+    """The corpus ``name`` of conversations (common/data/conversation.py) of ``reads`` (each a
+    file's rows and its name in errors; a dataset directory's train file then its test file, whose
+    rows become the given test split), or None when no file is instruction data (by
+    ``columns.instruction_format`` and each file's columns: common/data/instructions.py). Checks as
+    :func:`_table` does (the user column in the first file, no file left without rows); a row that
+    is not a conversation is refused or, with ``skip_bad_rows``, dropped and recorded. A file of
+    instruction data beside one that is not, or with a label column named or a label set declared,
+    is a one-line error."""
+    found = [_columns_found(read, shown) for read, shown in reads]
+    forms = [
+        instructions.reading(cols, columns.instruction_format, columns.prompt, columns.response, shown)
+        for cols, (_, shown) in zip(found, reads, strict=True)
+    ]
+    if all(form is None for form in forms):
+        return None
+    if None in forms:  # a dataset directory: one file is instruction data, the other is not
+        lacks = forms.index(None)
+        has = 1 - lacks
+        raise FedloraError(
+            f"--dataset {name}: {reads[has][1]} holds instruction data but {reads[lacks][1]} does not"
+        )
+    if columns.label_required:
+        raise FedloraError(
+            f"--dataset {name}: instruction data has no labels: drop --label-column/--labels, or read "
+            "the file as before with --instruction-format none"
+        )
+    _check_user(found[0], columns, reads[0][1])
+    texts: list[str] = []
+    users: list[str] = []
+    starts = []  # the index of each file's first text
+    for (read, shown), form in zip(reads, forms, strict=True):
+        starts.append(len(texts))
+        for where, row in read.rows:
+            turns = form.conversation(row)
+            if isinstance(turns, str):
+                _bad_row(read, where, turns, columns.skip_bad_rows)
+                continue
+            texts.append(conversation.dumps(turns))
+            users.append(str(row.get(columns.user, "")))
+        if len(texts) == starts[-1]:
+            raise FedloraError(f"--dataset {shown}: every row was skipped ({_bad_rows(len(read.skipped))})")
+    skipped = _report_skipped(name, [read for read, _ in reads])
+    return Corpus(
+        name,
+        tuple(texts),
+        (0,) * len(texts),
+        (),
+        conversation.TASK,
+        users=tuple(users) if columns.user else (),
+        given_test=tuple(range(starts[1], len(texts))) if len(reads) > 1 else (),
+        skipped=skipped,
+    )
 
 
 def _label_names(values: tuple[str, ...], columns: Columns, name: str) -> tuple[str, ...]:

@@ -22,7 +22,16 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", required=True, help="a saved adapter directory (runs/<run>/adapter)")
-    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument(
+        "--prompt", required=True, help="the text to continue (with --chat: the user's message)"
+    )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="send --prompt as a user message through the model's chat template (a stated fallback "
+        "for a tokenizer without one: common/tasks/chat.py) and print the assistant's answer",
+    )
+    parser.add_argument("--system", help="with --chat: a system message before the user's")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     parser.add_argument(
         "--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (default 0.8)"
@@ -77,7 +86,21 @@ def generate(
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
+def chat_prompt(tokenizer, message: str, system: str | None = None) -> tuple[str, str]:
+    """``(prompt, shown)``: ``message`` as the user's turn (after ``system``, if any) rendered by the
+    chat template with the assistant's generation prompt, and what to print before the answer
+    (nothing: the answer alone)."""
+    from common.tasks.chat import render
+
+    turns = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": message}
+    ]
+    return render(tokenizer, turns, generation_prompt=True), ""
+
+
 def _check(args: argparse.Namespace) -> None:
+    if args.system and not args.chat:
+        raise FedloraError("--system goes with --chat")
     if args.max_new_tokens < 1 or args.samples < 1:
         raise FedloraError("--max-new-tokens and --samples must be >= 1")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
@@ -100,9 +123,13 @@ def run(args: argparse.Namespace) -> int:
     if "CausalLM" not in type(model.get_base_model()).__name__:
         raise FedloraError(f"{args.adapter}: the base model is not a causal LM; nothing to generate")
 
+    prompt, shown = (
+        chat_prompt(tokenizer, args.prompt, args.system) if args.chat else (args.prompt, args.prompt)
+    )
+
     def sample(k: int) -> str:
-        return args.prompt + generate(
-            model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed + k
+        return shown + generate(
+            model, tokenizer, prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed + k
         )
 
     for k in range(args.samples):

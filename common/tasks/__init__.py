@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from common.data.conversation import TASK
 from common.data.corpora import Corpus
 from common.data.prompts import prompt_for
 from common.errors import FedloraError
 from common.tasks.base import Batch, Task, sample_batches
+from common.tasks.chat import ChatTask
 from common.tasks.classifier import ClassifierTask
 from common.tasks.language_model import LanguageModelTask
 from common.tasks.verbalizer import VerbalizerTask
+
+#: corpus tasks a causal LM trains on as text: task -> (what it is, its Task from (tokenizer,
+#: max_length, lm_blocks))
+CAUSAL_TASKS: dict[str, tuple[str, Callable[..., Task]]] = {
+    "lm": ("language modelling", LanguageModelTask),
+    TASK: ("instruction / chat data", lambda tokenizer, max_length, _: ChatTask(tokenizer, max_length)),
+}
 
 
 def make_task(bundle, corpus: Corpus, max_length: int, lm_blocks: int = 4) -> Task:
@@ -20,13 +31,14 @@ def make_task(bundle, corpus: Corpus, max_length: int, lm_blocks: int = 4) -> Ta
     context = getattr(getattr(bundle.model, "config", None), "max_position_embeddings", None)
     if isinstance(context, int) and max_length > context:
         raise FedloraError(f"--max-length {max_length} is over {bundle.name}'s context of {context} tokens")
-    if corpus.task == "lm":
+    if corpus.task in CAUSAL_TASKS:
+        what, task = CAUSAL_TASKS[corpus.task]
         if kind != "causal-lm":
-            raise FedloraError(f"dataset '{corpus.name}' is language modelling: it needs a causal LM")
-        return LanguageModelTask(tokenizer, max_length, lm_blocks)
+            raise FedloraError(f"dataset '{corpus.name}' is {what}: it needs a causal LM")
+        return task(tokenizer, max_length, lm_blocks)
     if kind == "causal-lm":
         return VerbalizerTask(tokenizer, prompt_for(corpus.name, corpus.label_names), max_length)
     return ClassifierTask(tokenizer, max_length)
 
 
-__all__ = ["Batch", "Task", "make_task", "sample_batches"]
+__all__ = ["CAUSAL_TASKS", "Batch", "Task", "make_task", "sample_batches"]

@@ -54,6 +54,21 @@ def test_generate_prints_the_prompt_and_its_continuation(smollm2_adapter, capsys
     assert capsys.readouterr().out.count("---") == 1
 
 
+def test_chat_sends_the_prompt_through_the_chat_template_and_prints_the_answer(smollm2_adapter, capsys):
+    """``--chat``: the prompt is the user's message in the model's chat template (a system message
+    before it with ``--system``), and what prints is the assistant's answer alone."""
+    directory, model, tokenizer = smollm2_adapter
+    args = ["generate", "--adapter", str(directory), "--prompt", "Name a colour.", "--max-new-tokens", "6"]
+    assert main([*args, "--chat", "--system", "Be brief.", "--temperature", "0"]) == 0
+    printed = capsys.readouterr().out.strip()
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    templated = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    assert templated.endswith("<|im_start|>assistant\n")
+    assert printed == generate(model, tokenizer, templated, 6, temperature=0.0).strip() and printed
+    assert main([*args, "--system", "Be brief."]) == 2  # --system without --chat: one line
+    assert capsys.readouterr().err.strip() == "fedlora: error: --system goes with --chat"
+
+
 def test_with_base_prints_the_base_and_the_adapter_side_by_side(smollm2_adapter, capsys):
     """Same prompt, same seed: the base model's text (the adapter disabled) first, then the adapter's,
     each what generating with that model alone gives."""

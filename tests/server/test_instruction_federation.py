@@ -1,0 +1,49 @@
+"""A data owner's instruction file trains SmolLM2 in ``fedlora simulate`` (the real entry point):
+conversations through the chat template, the loss on the answers, their perplexity falls, the
+summary and model card name the format, and ``generate --chat`` answers from the adapter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.heavy  # SmolLM2-135M: two rounds of six nodes, about 30 s on 2 cores
+
+
+def _alpaca(path, rows: int = 48) -> None:
+    lines = []
+    for k in range(rows):
+        a, b = k % 7 + 1, k % 5 + 2
+        row = (
+            {"instruction": "Add the two numbers.", "input": f"{a} and {b}", "output": str(a + b)}
+            if k % 2
+            else {
+                "instruction": f"Say the word {('red', 'blue', 'green')[k % 3]}.",
+                "output": ("Red.", "Blue.", "Green.")[k % 3],
+            }
+        )
+        lines.append(json.dumps({**row, "user": f"owner-{k % 6}"}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_an_instruction_file_federates_and_the_answers_perplexity_falls(tmp_path, capsys):
+    data, out = tmp_path / "sft.jsonl", tmp_path / "run"
+    _alpaca(data)
+    argv = [
+        "simulate", "--preset", "smollm2-shakespeare-xdev", "--dataset", str(data), "--partition-by", "user",
+        "--num-clients", "6", "--sample-rate", "1.0", "--rounds", "2", "--local-steps", "2", "--batch-size", "4",
+        "--lr", "0.5", "--eval-examples", "12", "--eval-every", "1", "--workers", "1", "--out", str(out),
+    ]  # fmt: skip
+    assert run_cli(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metric"] == "perplexity" and summary["dataset_rows"] == 48
+    assert summary["after"]["perplexity"] < summary["before"]["perplexity"]
+    assert summary["data_format"].startswith("conversations, the loss on assistant turns only")
+    assert "chat template: the tokenizer's own" in (out / "adapter" / "README.md").read_text()
+    capsys.readouterr()
+    chat = ["generate", "--adapter", str(out / "adapter"), "--chat", "--prompt", "Say the word red."]
+    assert run_cli([*chat, "--temperature", "0", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.strip()
