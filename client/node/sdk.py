@@ -51,7 +51,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common.config import MECHANISMS
-from common.data.owner import LABEL, TEXT, OwnerData, check_labels, owner_data, read_jsonl, write_jsonl
+from common.data.owner import (
+    LABEL,
+    TEXT,
+    OwnerData,
+    check_labels,
+    is_conversation_jsonl,
+    owner_data,
+    read_conversations,
+    read_jsonl,
+    write_conversations,
+    write_jsonl,
+)
 from common.errors import FedloraError
 from common.flower_processes import flower_env, flower_executable, free_port, toml_pairs
 from common.privacy.threat import TRUST
@@ -100,6 +111,10 @@ def prepare_data(
     An existing ``out_path`` is never overwritten: the same content is accepted (running your
     script twice is fine), anything else is an error.
     """
+    if (conversations := _conversations(data, text_column, label_column)) is not None:
+        if labels is not None or label_names:
+            raise FedloraError(f"{data} is instruction data (conversations): it has no labels to name")
+        return write_conversations(conversations, out_path).resolve()
     examples = load_data(
         data,
         labels=labels,
@@ -109,6 +124,24 @@ def prepare_data(
         label_names=label_names,
     )
     return write_jsonl(examples, out_path).resolve()
+
+
+def _conversations(data: Data, text_column: str, label_column: str) -> tuple[str, ...] | None:
+    """The conversations of an instruction or chat data file (the forms of
+    common/data/instructions.py, found from its columns; docs/instruction-tuning.md), as their
+    canonical JSON, or None for any other data."""
+    if not isinstance(data, str | os.PathLike) or not Path(data).is_file():
+        return None
+    if is_conversation_jsonl(data):
+        return read_conversations(data)
+    from common.data.federated import open_corpus
+    from common.data.files import Columns, read_rows
+    from common.data.instructions import reading
+
+    rows = read_rows(data)
+    if not rows or reading(list(rows[0]), name=str(data)) is None:
+        return None
+    return open_corpus(str(data), Columns(text_column, label_column)).texts
 
 
 def load_data(
@@ -334,10 +367,15 @@ class NodeConfig:
                 f"{data}: a node reads a JSONL file of text/label records; write it with prepare_data"
             )
         declared = declared_labels(self.label_names)
-        names, corpus = _label_space(self.dataset, self.text_column, self.label_column, declared)
-        examples = read_jsonl(data, names)  # fail here, not in the first round
-        if corpus is not None:
-            check_labels(examples, corpus)
+        if is_conversation_jsonl(data):  # instruction / chat data: conversations, no labels
+            if declared:
+                raise FedloraError(f"{data} holds conversations: it has no labels to name")
+            read_conversations(data)  # fail here, not in the first round
+        else:
+            names, corpus = _label_space(self.dataset, self.text_column, self.label_column, declared)
+            examples = read_jsonl(data, names)  # fail here, not in the first round
+            if corpus is not None:
+                check_labels(examples, corpus)
         state_dir = Path(self.state_dir).expanduser().resolve()
         return replace(
             self,
@@ -540,8 +578,13 @@ def configure(
     state_dir = Path(options.get("state_dir") or DEFAULT_STATE_DIR).expanduser().resolve()
     columns = {k: options.pop(k) for k in ("text_column", "label_column") if k in options}
     label_names = declared_labels(options.pop("label_names", None)) or None
-    if not is_canonical_jsonl(data, columns.get("text_column", TEXT), columns.get("label_column", LABEL)):
-        # in-memory data, or a CSV/Parquet/JSONL of other columns: written as the node's JSONL
+    text_column, label_column = columns.get("text_column", TEXT), columns.get("label_column", LABEL)
+    canonical = is_conversation_jsonl(data) or (
+        is_canonical_jsonl(data, text_column, label_column)
+        and _conversations(data, text_column, label_column) is None
+    )
+    if not canonical:
+        # in-memory data, a CSV/Parquet/JSONL of other columns, or instruction data: the node's JSONL
         data = prepare_data(
             data, state_dir / DATA_FILE, dataset=options.get("dataset"), label_names=label_names, **columns
         )

@@ -16,10 +16,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from common.config import RunConfig
+from common.data.conversation import TASK
 from common.data.corpora import Corpus
 from common.data.federated import open_corpus
 from common.data.files import is_file_dataset
-from common.data.owner import owner_corpus, read_jsonl
+from common.data.owner import is_conversation_jsonl, owner_corpus, read_conversations, read_jsonl
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState, LoraSpec, ModelBundle, load_adapter_state, load_model
@@ -88,9 +89,13 @@ def load_own_shard(cfg: RunConfig, data_path: str, model_path: str = "", labels:
     (of the node's declared ``labels``, comma-separated, when it names them)."""
     if not Path(data_path).is_absolute():
         raise FedloraError(f"node config {DATA_PATH} must be an absolute path, got '{data_path}'")
-    base = run_label_space(cfg, labels)
-    corpus = owner_corpus(read_jsonl(data_path, base.label_names), base)
-    bundle = node_model(cfg, len(base.label_names), model_path)
+    if is_conversation_jsonl(data_path):  # instruction / chat data (docs/instruction-tuning.md)
+        texts = read_conversations(data_path)
+        corpus = Corpus(conversation_run(cfg, labels), texts, (0,) * len(texts), (), TASK)
+    else:
+        base = run_label_space(cfg, labels)
+        corpus = owner_corpus(read_jsonl(data_path, base.label_names), base)
+    bundle = node_model(cfg, len(corpus.label_names), model_path)
     task = make_task(bundle, corpus, cfg.max_length, cfg.lm_blocks)
     examples = task.encode(corpus.texts, corpus.labels)
     if not examples:
@@ -126,6 +131,21 @@ def run_label_space(cfg: RunConfig, labels: str = "") -> Corpus:
             "(fedlora node --labels a,b,c, or label_names= in the SDK)"
         )
     return open_corpus(cfg.dataset, columns_of(cfg))
+
+
+def conversation_run(cfg: RunConfig, labels: str = "") -> str:
+    """The run's dataset name, for a node whose data is conversations: refused (one line) when the
+    node declares labels, or when the run's dataset, as far as this node can see it (a packaged one,
+    or the run's file present here), is not conversations."""
+    if labels:
+        raise FedloraError("node policy: this node's data is conversations; it declares labels")
+    if not is_file_dataset(cfg.dataset) or Path(cfg.dataset).exists():
+        task = open_corpus(cfg.dataset, columns_of(cfg)).task
+        if task != TASK:
+            raise FedloraError(
+                f"node policy: this node's data is conversations; the run's dataset {cfg.dataset} is {task}"
+            )
+    return cfg.dataset
 
 
 def node_model(cfg: RunConfig, label_count: int, model_path: str = "") -> ModelBundle:
@@ -171,6 +191,7 @@ __all__ = [
     "DATA_PATH",
     "MODEL_PATH",
     "Shard",
+    "conversation_run",
     "load_global",
     "load_own_shard",
     "load_shard",

@@ -1,5 +1,7 @@
 """A data owner's own examples, in their canonical on-disk form: a JSONL file with one
-``{"text": "...", "label": 0}`` object per line.
+``{"text": "...", "label": 0}`` object per line, or, for instruction and chat data, one
+``{"messages": [{"role": ..., "content": ...}, ...]}`` object per line (a conversation,
+common/data/conversation.py).
 
 ``label`` is an integer class index of the run's dataset (its ``label_names``), or a label name when
 the names are known; a language-modelling dataset uses label 0. Extra keys in a record are ignored.
@@ -20,6 +22,7 @@ from common.data.corpora import Corpus
 from common.errors import FedloraError
 
 TEXT, LABEL = "text", "label"
+MESSAGES = "messages"  # a conversation record's key
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,45 @@ def to_jsonl(data: OwnerData) -> bytes:
 def write_jsonl(data: OwnerData, path: str | os.PathLike) -> Path:
     """Write ``data`` to ``path`` (parents created). A file already there is left as it is: the same
     data is accepted (writing twice is harmless), other content is an error."""
-    path = Path(path)
-    content = to_jsonl(data)
+    return _write_once(to_jsonl(data), Path(path))
+
+
+def is_conversation_jsonl(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a JSONL file whose first record is a conversation (``{"messages": ...}``)."""
+    if not str(path).lower().endswith(".jsonl") or not Path(path).is_file():
+        return False
+    first = next((record for _, record in json_lines(path)), None)
+    return isinstance(first, dict) and MESSAGES in first
+
+
+def read_conversations(path: str | os.PathLike) -> tuple[str, ...]:
+    """The conversations of a JSONL file of ``{"messages": [...]}`` records, as their canonical JSON
+    (:func:`common.data.conversation.dumps`); a record that is not one is a one-line error naming its
+    line."""
+    from common.data.conversation import dumps, problem
+
+    texts = []
+    for where, record in json_lines(path):
+        if not isinstance(record, dict) or MESSAGES not in record:
+            raise FedloraError(f'{where}: expected an object with a "{MESSAGES}" list')
+        if why := problem(record[MESSAGES]):
+            raise FedloraError(f"{where}: {why}")
+        texts.append(dumps(tuple((t["role"], t["content"]) for t in record[MESSAGES])))
+    if not texts:
+        raise FedloraError(f"{path}: no conversations")
+    return tuple(texts)
+
+
+def write_conversations(texts: Sequence[str], path: str | os.PathLike) -> Path:
+    """Write conversations (their canonical JSON) to ``path`` as ``{"messages": [...]}`` records,
+    never overwriting (as :func:`write_jsonl`)."""
+    lines = (json.dumps({MESSAGES: json.loads(text)}, ensure_ascii=False) for text in texts)
+    return _write_once(("\n".join(lines) + "\n").encode("utf-8"), Path(path))
+
+
+def _write_once(content: bytes, path: Path) -> Path:
+    """``content`` at ``path`` (parents created), or the file already there when it holds the same
+    bytes; other content there is an error: nothing is ever overwritten."""
     if path.exists():
         if path.is_file() and path.read_bytes() == content:
             return path
@@ -153,11 +193,15 @@ def write_jsonl(data: OwnerData, path: str | os.PathLike) -> Path:
 
 __all__ = [
     "LABEL",
+    "MESSAGES",
     "TEXT",
     "OwnerData",
     "check_labels",
+    "is_conversation_jsonl",
     "owner_corpus",
     "owner_data",
+    "read_conversations",
     "read_jsonl",
+    "write_conversations",
     "write_jsonl",
 ]
