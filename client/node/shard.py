@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from common.config import RunConfig
-from common.data.conversation import TASK
+from common.data.conversation import TASK, TASKS
 from common.data.corpora import Corpus
 from common.data.federated import open_corpus
 from common.data.files import is_file_dataset
@@ -141,7 +141,7 @@ def conversation_run(cfg: RunConfig, labels: str = "") -> str:
         raise FedloraError("node policy: this node's data is conversations; it declares labels")
     if not is_file_dataset(cfg.dataset) or Path(cfg.dataset).exists():
         task = open_corpus(cfg.dataset, columns_of(cfg)).task
-        if task != TASK:
+        if task not in TASKS:
             raise FedloraError(
                 f"node policy: this node's data is conversations; the run's dataset {cfg.dataset} is {task}"
             )

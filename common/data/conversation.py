@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 
 TASK = "chat"  # the corpus task of conversations
+MC_TASK = "multiple-choice"  # conversations that are multiple-choice items (common/data/multiple_choice.py)
+TASKS = (TASK, MC_TASK)  # the corpus tasks whose texts are conversations
 ROLES = ("system", "user", "assistant")
 RESPONSE_ROLE = "assistant"
 
@@ -56,4 +58,4 @@ def loads(text: str) -> Conversation:
     return tuple((t["role"], t["content"]) for t in turns)
 
 
-__all__ = ["RESPONSE_ROLE", "ROLES", "TASK", "Conversation", "dumps", "loads", "problem"]
+__all__ = ["MC_TASK", "RESPONSE_ROLE", "ROLES", "TASK", "TASKS", "Conversation", "dumps", "loads", "problem"]

@@ -98,12 +98,19 @@ def _shakespeare() -> Corpus:
     return shakespeare_corpus()
 
 
+def _instruct_mc() -> Corpus:
+    from common.data.multiple_choice import benchmark_corpus  # imported here: it imports Corpus from us
+
+    return benchmark_corpus()
+
+
 DATASETS: dict[str, Callable[[], Corpus]] = {
     "rotten-tomatoes": _rotten_tomatoes,
     "bbc-news": _bbc_news,
     "news-articles": _news_articles,
     "boolq": _boolq,
     "shakespeare": _shakespeare,
+    "instruct-mc": _instruct_mc,  # the federated multiple-choice instruction benchmark (issue 76)
 }
 
 

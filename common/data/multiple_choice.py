@@ -34,7 +34,7 @@ from functools import cache, cached_property
 from pathlib import Path
 
 from common.assets import asset_file
-from common.data.conversation import Conversation, dumps
+from common.data.conversation import MC_TASK, Conversation, dumps
 from common.data.dedup import text_key
 from common.errors import FedloraError
 
@@ -386,21 +386,77 @@ def to_json(item: Item) -> str:
     return dumps(conversation(item))
 
 
+# --- the federated benchmark's corpus -------------------------------------------------------------
+
+BENCHMARK = "instruct-mc"  # the packaged dataset of every set (common/data/corpora.py)
+TRAIN_PER_SET = 1000  # training items a set gives at most (BoolQ alone has 10,222)
+HELD_OUT_PER_SET = 60  # held-out items a set gives at most (scored per set: 13 x 60)
+
+
+def benchmark_corpus(
+    names: Sequence[str] | None = None,
+    train_per_set: int = TRAIN_PER_SET,
+    held_out_per_set: int = HELD_OUT_PER_SET,
+):
+    """The federated instruction benchmark as a corpus (task :data:`MC_TASK`): each set's training
+    items, then its held-out ones as the given test split, every text an item's conversation
+    (:func:`to_json`); ``labels``: each item's set (``label_names`` the sets, so ``--partition
+    dirichlet`` mixes sets unevenly over clients, FedIT's task heterogeneity); ``groups``: the set
+    again (``--partition-by set``: one client per set). Each set gives its first ``train_per_set``
+    training and ``held_out_per_set`` held-out items in :func:`sample` order (fixed, whatever the
+    run's seed); the held-out items of all sets are interleaved (a run scores a seeded subset of
+    them, common/data/federated.py ``max_test``)."""
+    from common.data.corpora import Corpus
+
+    names = tuple(names) if names is not None else tuple(SETS)
+    train, held = [], []
+    for label, name in enumerate(names):
+        pool, held_out = load_set(name).split()
+        train += [(label, item) for item in sample(pool, train_per_set)]
+        held.append([(label, item) for item in sample(held_out, held_out_per_set)])
+    longest = max(map(len, held), default=0)
+    tests = [column[rank] for rank in range(longest) for column in held if rank < len(column)]
+    rows = train + tests
+    return Corpus(
+        BENCHMARK,
+        tuple(to_json(item) for _, item in rows),
+        tuple(label for label, _ in rows),
+        names,
+        MC_TASK,
+        groups=tuple(item.dataset for _, item in rows),
+        group_name="set",
+        given_test=tuple(range(len(train), len(rows))),
+    )
+
+
+@cache
+def items_by_text() -> dict[str, Item]:
+    """Every registered item by its conversation's canonical JSON (what a scorer finds an example's
+    item by)."""
+    return {to_json(item): item for name in SETS for item in load_set(name).items}
+
+
 __all__ = [
+    "BENCHMARK",
     "EXCLUDED",
     "HELD_OUT_FRACTION",
+    "HELD_OUT_PER_SET",
     "INSTRUCTION",
+    "MC_TASK",
     "NOT_STATED",
     "SETS",
+    "TRAIN_PER_SET",
     "Item",
     "LoadedSet",
     "Parsed",
     "Source",
     "answer_text",
+    "benchmark_corpus",
     "conversation",
     "counts",
     "data_root",
     "fixed_choices",
+    "items_by_text",
     "lettered_options",
     "load_set",
     "option_text",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from common.data.conversation import TASK
+from common.data.conversation import MC_TASK, TASK
 from common.data.corpora import Corpus
 from common.data.prompts import prompt_for
 from common.errors import FedloraError
@@ -12,6 +12,7 @@ from common.tasks.base import Batch, Task, sample_batches
 from common.tasks.chat import ChatTask
 from common.tasks.classifier import ClassifierTask
 from common.tasks.language_model import LanguageModelTask
+from common.tasks.multiple_choice import MultipleChoiceTask
 from common.tasks.verbalizer import VerbalizerTask
 
 #: corpus tasks a causal LM trains on as text: task -> (what it is, its Task from (tokenizer,
@@ -19,6 +20,10 @@ from common.tasks.verbalizer import VerbalizerTask
 CAUSAL_TASKS: dict[str, tuple[str, Callable[..., Task]]] = {
     "lm": ("language modelling", LanguageModelTask),
     TASK: ("instruction / chat data", lambda tokenizer, max_length, _: ChatTask(tokenizer, max_length)),
+    MC_TASK: (
+        "multiple-choice instruction data",
+        lambda tokenizer, max_length, _: MultipleChoiceTask(tokenizer, max_length),
+    ),
 }
 
 

@@ -36,11 +36,11 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from common.data.multiple_choice import SETS, Item, load_set, option_text, sample, user_text
+from common.data.multiple_choice import SETS, Item, items_by_text, load_set, option_text, sample, user_text
 from common.errors import FedloraError
 from common.progress import bar
 from common.tasks.base import evaluation
-from common.tasks.chat import render
+from common.tasks.chat import ChatTask, render
 
 #: greedy answers: (model, tokenizer, contexts) -> one generated text per context
 Answerer = Callable[[nn.Module, object, Sequence[str]], list[str]]
@@ -271,10 +271,53 @@ class MultipleChoiceScorer:
         }
 
 
+class MultipleChoiceTask(ChatTask):
+    """Instruction tuning on multiple-choice items (common/data/multiple_choice.py): trained as
+    conversations (:class:`~common.tasks.chat.ChatTask`: the loss on the answer, ``"B. text"``),
+    evaluated as lm-evaluation-harness scores them (:class:`MultipleChoiceScorer`) on the held-out
+    items, each set weighing the same: ``accuracy`` (the option of highest log-likelihood),
+    ``acc_norm``, ``exact_match`` of the greedy answer and ``answered``, their per-set values
+    (``accuracy/<set>``...), and the answers' ``perplexity`` and ``loss``."""
+
+    metric = "accuracy"
+
+    def __init__(self, tokenizer, max_length: int, scorer: MultipleChoiceScorer | None = None) -> None:
+        super().__init__(tokenizer, max_length)
+        self.scorer = scorer or MultipleChoiceScorer(tokenizer, max_length=max_length)
+
+    def encode(self, texts: Sequence[str], labels: Sequence[int]) -> list[dict]:
+        """:meth:`ChatTask.encode`, each example with its ``item`` (None for a conversation that is
+        not a registered item: trained, never scored)."""
+        examples = super().encode(texts, labels)
+        lookup = items_by_text()
+        for example, text in zip(examples, texts, strict=True):
+            example["item"] = lookup.get(text)
+        return examples
+
+    @evaluation
+    def evaluate(
+        self, model: nn.Module, examples: Sequence[dict], device: torch.device, batch_size: int
+    ) -> dict[str, float]:
+        by_set: dict[str, list[Item]] = {}
+        for example in examples:
+            if example.get("item") is not None:
+                by_set.setdefault(example["item"].dataset, []).append(example["item"])
+        if not by_set:
+            raise FedloraError("no held-out multiple-choice items to score")
+        scores = {name: self.scorer.score(model, items) for name, items in sorted(by_set.items())}
+        per_set = {f"{_NAMES.get(m, m)}/{name}": s[m] for name, s in scores.items() for m in METRICS}
+        means = {_NAMES.get(m, m): sum(s[m] for s in scores.values()) / len(scores) for m in METRICS}
+        return {**means, **per_set, **super().evaluate(model, examples, device, batch_size)}
+
+
+_NAMES = {"acc": "accuracy"}  # the harness's acc is the run's held-out metric, accuracy
+
+
 __all__ = [
     "METRICS",
     "Answerer",
     "MultipleChoiceScorer",
+    "MultipleChoiceTask",
     "answered_letter",
     "context_text",
     "continuations",

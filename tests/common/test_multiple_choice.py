@@ -219,3 +219,55 @@ def test_evaluate_reports_each_set_and_the_mean(tiny_peft_llama, smollm2_tokeniz
     for name in ("piqa", "boolq"):  # "A." is gold exactly where the held-out items' answer is A
         held = sample(load_set(name).split()[1], 3)
         assert result[f"{name}/exact_match"] == pytest.approx(sum(i.answer == "A" for i in held) / 3)
+
+
+def test_the_benchmark_corpus_holds_each_sets_items_with_a_balanced_held_out_split():
+    """``instruct-mc``: every registered set's training items (at most TRAIN_PER_SET), then its
+    held-out items (at most HELD_OUT_PER_SET) as the given test split, interleaved across sets; each
+    text an item's conversation, labelled and grouped by its set; no held-out item in training."""
+    from common.data.corpora import load_corpus
+    from common.data.multiple_choice import HELD_OUT_PER_SET, TRAIN_PER_SET, items_by_text
+
+    corpus = load_corpus("instruct-mc")
+    assert (
+        corpus.task == "multiple-choice" and corpus.label_names == tuple(SETS) and corpus.group_name == "set"
+    )
+    test = set(corpus.given_test)
+    lookup = items_by_text()
+    items = [lookup[text] for text in corpus.texts]
+    assert all(items[i].held_out == (i in test) for i in range(len(corpus)))
+    assert all(
+        corpus.groups[i] == items[i].dataset == corpus.label_names[corpus.labels[i]]
+        for i in range(len(corpus))
+    )
+    first = [corpus.groups[i] for i in corpus.given_test[: len(SETS)]]
+    assert first == list(SETS)  # the held-out items interleave the sets
+    for name in SETS:
+        train, held = load_set(name).split()
+        mine = [i for i in range(len(corpus)) if corpus.groups[i] == name]
+        assert sum(i in test for i in mine) == min(len(held), HELD_OUT_PER_SET)
+        assert sum(i not in test for i in mine) == min(len(train), TRAIN_PER_SET)
+
+
+def test_the_task_trains_on_answers_and_scores_its_held_out_items_per_set(tiny_peft_llama, smollm2_tokenizer):
+    """MultipleChoiceTask: each example keeps its item; evaluation scores them per set (the mean over
+    sets is ``accuracy``), beside the answers' perplexity."""
+    from common.data.multiple_choice import to_json
+    from common.tasks.multiple_choice import MultipleChoiceTask
+
+    scorer = MultipleChoiceScorer(smollm2_tokenizer, answers=lambda m, t, contexts: ["A."] * len(contexts))
+    task = MultipleChoiceTask(smollm2_tokenizer, 512, scorer)
+    items = [*sample(load_set("piqa").split()[1], 2), *sample(load_set("openbookqa").split()[1], 3)]
+    examples = task.encode([to_json(item) for item in items], [0] * len(items))
+    assert [ex["item"] for ex in examples] == items
+    assert all(
+        task.tokenizer.decode(
+            [i for i, y in zip(ex["ids"], ex["labels"], strict=True) if y != -100]
+        ).startswith(f"{ex['item'].answer}. ")
+        for ex in examples
+    )
+    result = task.evaluate(tiny_peft_llama, examples, torch.device("cpu"), 4)
+    piqa, obqa = scorer.score(tiny_peft_llama, items[:2]), scorer.score(tiny_peft_llama, items[2:])
+    assert result["accuracy/piqa"] == piqa["acc"] and result["exact_match/openbookqa"] == obqa["exact_match"]
+    assert result["accuracy"] == pytest.approx((piqa["acc"] + obqa["acc"]) / 2)
+    assert result["perplexity"] > 1 and task.metric == "accuracy"

@@ -47,3 +47,20 @@ def test_an_instruction_file_federates_and_the_answers_perplexity_falls(tmp_path
     chat = ["generate", "--adapter", str(out / "adapter"), "--chat", "--prompt", "Say the word red."]
     assert run_cli([*chat, "--temperature", "0", "--max-new-tokens", "4"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+@pytest.mark.slow  # about 90 s on 2 cores: SmolLM2 scored on 13 held-out items twice
+def test_the_multiple_choice_benchmark_federates_and_is_scored_per_set(tmp_path):
+    out = tmp_path / "mc"
+    argv = [
+        "simulate", "--preset", "smollm2-instruct-xdev", "--rounds", "1", "--num-clients", "4",
+        "--sample-rate", "1.0", "--local-steps", "1", "--max-train-examples", "40", "--eval-examples", "13",
+        "--max-length", "256", "--workers", "1", "--out", str(out),
+    ]  # fmt: skip
+    assert run_cli(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metric"] == "accuracy" and summary["data_format"].startswith("conversations")
+    after = summary["after"]
+    assert 0 <= after["accuracy"] <= 1 and {"acc_norm", "exact_match", "answered", "perplexity"} <= set(after)
+    per_set = [key for key in after if key.startswith("accuracy/")]
+    assert len(per_set) >= 2 and all(0 <= after[key] <= 1 for key in per_set)  # a seeded 13 of 753 items
