@@ -50,7 +50,11 @@ def test_packaged_corpora_share_no_text_between_test_public_and_clients(dataset)
     _assert_no_text_in_two_splits(split)
     copies = _copies(corpus.texts)
     held = np.isin(np.asarray(corpus.groups), corpus.public_groups) if corpus.public_groups else None
-    if held is None:
+    if corpus.given_test:  # its own held-out split (instruct-mc): exactly those rows, whatever the fraction
+        assert sorted(split.test.tolist()) == sorted(corpus.given_test)
+        pool = len(corpus) - len(split.test)
+        assert abs(len(split.public) - round(0.25 * pool)) <= copies
+    elif held is None:
         assert abs(len(split.test) - round(0.2 * len(corpus))) <= copies
         pool = len(corpus) - len(split.test)
         assert abs(len(split.public) - round(0.25 * pool)) <= copies
