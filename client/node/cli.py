@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from common.config import MECHANISMS
+from common.data.instructions import CHOICES as INSTRUCTION_CHOICES
 from common.errors import FedloraError
 from common.privacy.threat import TRUST
 
@@ -44,6 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--text-column", default="text", help="your data file's text column (text)")
     parser.add_argument("--label-column", default="label", help="your data file's label column (label)")
+    parser.add_argument(
+        "--instruction-format",
+        choices=INSTRUCTION_CHOICES,
+        default="auto",
+        help="instruction or chat data (docs/instruction-tuning.md): auto (from the columns), alpaca, "
+        "prompt-completion, chat, or none (read it as labelled or plain text)",
+    )
+    parser.add_argument(
+        "--prompt-column", default="", help="a prompt/completion file's prompt column (prompt)"
+    )
+    parser.add_argument(
+        "--response-column", default="", help="a prompt/completion file's response column (completion)"
+    )
     parser.add_argument(
         "--labels",
         metavar="A,B,C",
@@ -135,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     }
     if (args.text_column, args.label_column) != ("text", "label"):
         options.update(text_column=args.text_column, label_column=args.label_column)
+    instructions = sdk.Instructions(args.instruction_format, args.prompt_column, args.response_column)
+    if instructions != sdk.Instructions():
+        options["instructions"] = instructions
     cfg = sdk.configure(args.superlink, args.data, args.mechanism, args.epsilon, **options)
     return sdk.start(cfg, print_command=args.print_command, port_given=args.port is not None)
 

@@ -93,9 +93,14 @@ def prepare_data(
     text_column: str = TEXT,
     label_column: str = LABEL,
     label_names: Sequence[str] | str | None = None,
+    instructions: Instructions | None = None,
 ) -> Path:
     """Validate your examples and write them to ``out_path`` as JSONL (one ``{"text", "label"}``
     object per line), the file a node reads. Returns the absolute path.
+
+    An instruction or chat data file (docs/instruction-tuning.md: found from its columns, or as
+    ``instructions`` says: :class:`Instructions`) is written as one ``{"messages": [...]}``
+    conversation a line instead, with no labels.
 
     ``data`` is one of: a list of ``(text, label)`` pairs; a list of texts, with ``labels=`` the
     list of their labels; a list of ``{"text": ..., "label": ...}`` dicts; a dict of columns; a
@@ -111,7 +116,8 @@ def prepare_data(
     An existing ``out_path`` is never overwritten: the same content is accepted (running your
     script twice is fine), anything else is an error.
     """
-    if (conversations := _conversations(data, text_column, label_column)) is not None:
+    columns = _columns_of(text_column, label_column, instructions or Instructions())
+    if (conversations := _conversations(data, columns)) is not None:
         if labels is not None or label_names:
             raise FedloraError(f"{data} is instruction data (conversations): it has no labels to name")
         return write_conversations(conversations, out_path).resolve()
@@ -126,22 +132,50 @@ def prepare_data(
     return write_jsonl(examples, out_path).resolve()
 
 
-def _conversations(data: Data, text_column: str, label_column: str) -> tuple[str, ...] | None:
-    """The conversations of an instruction or chat data file (the forms of
-    common/data/instructions.py, found from its columns; docs/instruction-tuning.md), as their
-    canonical JSON, or None for any other data."""
+@dataclass(frozen=True)
+class Instructions:
+    """How an instruction file is read (docs/instruction-tuning.md), as ``fedlora simulate``'s
+    options of the same names: ``format`` (``auto``: from the columns, ``alpaca``,
+    ``prompt-completion``, ``chat``, or ``none``: labelled or plain text), a prompt/completion
+    file's ``prompt_column`` and ``response_column`` (``""``: ``prompt``, ``completion``)."""
+
+    format: str = "auto"
+    prompt_column: str = ""
+    response_column: str = ""
+
+
+def _columns_of(
+    text_column: str = TEXT, label_column: str = LABEL, instructions: Instructions = Instructions()
+):
+    """The :class:`common.data.files.Columns` a data file is read with."""
+    from common.data.files import Columns
+
+    return Columns(
+        text_column,
+        label_column,
+        instruction_format=instructions.format,
+        prompt=instructions.prompt_column,
+        response=instructions.response_column,
+    )
+
+
+def _conversations(data: Data, columns) -> tuple[str, ...] | None:
+    """The conversations of an instruction or chat data file read with ``columns`` (the forms of
+    common/data/instructions.py, found from its columns or named; docs/instruction-tuning.md), as
+    their canonical JSON, or None for any other data."""
     if not isinstance(data, str | os.PathLike) or not Path(data).is_file():
         return None
-    if is_conversation_jsonl(data):
+    if is_conversation_jsonl(data) and columns.instruction_format in ("auto", "chat"):
         return read_conversations(data)
     from common.data.federated import open_corpus
-    from common.data.files import Columns, read_rows
+    from common.data.files import read_rows
     from common.data.instructions import reading
 
     rows = read_rows(data)
-    if not rows or reading(list(rows[0]), name=str(data)) is None:
+    found = list(rows[0]) if rows else []
+    if reading(found, columns.instruction_format, columns.prompt, columns.response, str(data)) is None:
         return None
-    return open_corpus(str(data), Columns(text_column, label_column)).texts
+    return open_corpus(str(data), columns).texts
 
 
 def load_data(
@@ -571,22 +605,29 @@ def configure(
     """The checked :class:`NodeConfig` that :func:`command` prints and :func:`join` runs (same
     arguments; in-memory data is written to ``<state_dir>/data.jsonl``)."""
     unknown = (
-        set(options) - set(NodeConfig.__dataclass_fields__) - {"superlink", "data", "mechanism", "epsilon"}
+        set(options)
+        - set(NodeConfig.__dataclass_fields__)
+        - {"superlink", "data", "mechanism", "epsilon", "instructions"}
     )
     if unknown:
         raise FedloraError(f"unknown option(s) {', '.join(sorted(unknown))}")
     state_dir = Path(options.get("state_dir") or DEFAULT_STATE_DIR).expanduser().resolve()
     columns = {k: options.pop(k) for k in ("text_column", "label_column") if k in options}
     label_names = declared_labels(options.pop("label_names", None)) or None
-    text_column, label_column = columns.get("text_column", TEXT), columns.get("label_column", LABEL)
-    canonical = is_conversation_jsonl(data) or (
-        is_canonical_jsonl(data, text_column, label_column)
-        and _conversations(data, text_column, label_column) is None
+    instructions = options.pop("instructions", None)
+    read_with = _columns_of(**columns, instructions=instructions or Instructions())
+    canonical = (is_conversation_jsonl(data) and instructions is None) or (
+        is_canonical_jsonl(data, read_with.text, read_with.label) and _conversations(data, read_with) is None
     )
     if not canonical:
         # in-memory data, a CSV/Parquet/JSONL of other columns, or instruction data: the node's JSONL
         data = prepare_data(
-            data, state_dir / DATA_FILE, dataset=options.get("dataset"), label_names=label_names, **columns
+            data,
+            state_dir / DATA_FILE,
+            dataset=options.get("dataset"),
+            label_names=label_names,
+            instructions=instructions,
+            **columns,
         )
     options = {**options, "state_dir": state_dir, "label_names": label_names, **columns}
     return NodeConfig(superlink, data, mechanism, epsilon, **options).checked()
@@ -702,6 +743,7 @@ def _model_ref(model: str | None) -> str | None:
 
 
 __all__ = [
+    "Instructions",
     "NodeConfig",
     "command",
     "configure",

@@ -68,6 +68,33 @@ def test_fedlora_node_takes_a_prompt_completion_csv(tmp_path, capsys):
     assert len(read_conversations(state / "data.jsonl")) == 4
 
 
+def test_fedlora_node_reads_renamed_prompt_and_response_columns(tmp_path, capsys):
+    """``--prompt-column`` / ``--response-column`` name a prompt/completion file's columns, as in
+    ``fedlora simulate``; naming a form whose columns the file lacks is one line, exit 2."""
+    data = tmp_path / "faq.csv"
+    with data.open("w", newline="") as fh:
+        csv.writer(fh).writerows([("question", "answer"), *ROWS])
+    base = ["node", "--superlink", "127.0.0.1:9", "--data", str(data), "--mechanism", "fedavg", "--insecure",
+            "--print-command"]  # fmt: skip
+    renamed = [
+        "--prompt-column",
+        "question",
+        "--response-column",
+        "answer",
+        "--state-dir",
+        str(tmp_path / "a"),
+    ]
+    assert run_cli([*base, *renamed]) == 0
+    turns = [
+        json.loads(line)["messages"] for line in (tmp_path / "a" / "data.jsonl").read_text().splitlines()
+    ]
+    assert turns[1] == [{"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": "5"}]
+    capsys.readouterr()
+    assert run_cli([*base, "--instruction-format", "alpaca", "--state-dir", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no 'instruction' or 'output' column for --instruction-format alpaca" in err and "\n" not in err
+
+
 @pytest.mark.heavy  # SmolLM2's tokenizer and model
 def test_a_node_trains_its_conversations_and_refuses_a_run_that_is_not_one(tmp_path):
     own = sdk.prepare_data(_alpaca(tmp_path / "mine.jsonl"), tmp_path / "node" / "data.jsonl")

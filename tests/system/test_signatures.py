@@ -24,6 +24,9 @@ ALLOWED: dict[str, str] = {
     "`fedlora privacy` CLI and the tests pass them",
     "common/privacy/wishart.py:wishart_sigma": "the inverse of wishart_epsilon: the same formula inputs, "
     "target ε in place of σ",
+    "client/node/sdk.py:prepare_data": "a data owner's one public call for their data: each keyword one "
+    "of fedlora node's data options (the file's columns, the federation's dataset or label names), "
+    "the instruction-file options already grouped in sdk.Instructions",
     "client/dp/sample_plan.py:plan_sample_noise": "the accountant's inputs for σ (examples, expected "
     "batch, steps, clip, δ, exactly one of ε or σ, wishart's projection); it returns them as one "
     "SamplePlan",
