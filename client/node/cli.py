@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from common.config import MECHANISMS
-from common.data.instructions import CHOICES as INSTRUCTION_CHOICES
+from common.config import INSTRUCTION_FORMATS, MECHANISMS
 from common.errors import FedloraError
 from common.privacy.threat import TRUST
 
@@ -47,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label-column", default="label", help="your data file's label column (label)")
     parser.add_argument(
         "--instruction-format",
-        choices=INSTRUCTION_CHOICES,
+        choices=INSTRUCTION_FORMATS,
         default="auto",
         help="instruction or chat data (docs/instruction-tuning.md): auto (from the columns), alpaca, "
         "prompt-completion, chat, or none (read it as labelled or plain text)",
