@@ -276,12 +276,10 @@ def _train_steps(
     ledger = None
     if plan is not None:  # sample-level DP: the node's own ledger, checked and charged before the steps
         ledger = held_ledger(node, LEDGER_FILE, "sample-level", _owner(cfg, pid, parts), cfg.delta)
-        remaining = (cfg.rounds - ins.round + 1) * cfg.local_steps  # this round's and every later one's
+        # this round's steps and every later round's, as if sampled in each
+        remaining = (cfg.rounds - ins.round + 1) * cfg.local_steps
         plan = replan(plan, _run_history(ledger, str(context.run_id)), remaining)
-        future = (cfg.rounds - ins.round) * cfg.local_steps  # as if sampled every later round
-        NodePolicy.from_node_config(node).check_sample_budget(
-            ledger, plan.sigma, plan.sample_rate, cfg.local_steps + future
-        )
+        NodePolicy.from_node_config(node).check_sample_budget(ledger, plan.sigma, plan.sample_rate, remaining)
         run_key = _charge(ledger, plan, str(context.run_id), ins.round, cfg.local_steps, cfg.optimizer_kind)
     with phase("local-training"):
         metrics = local_update(

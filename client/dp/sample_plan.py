@@ -172,9 +172,8 @@ def replan(plan: SamplePlan, history: Sequence[Event], remaining: int) -> Sample
     return replace(plan, sigma=max(sigma, plan.sigma))
 
 
-_TOLERANCE = (
-    1e-6  # relative: the same composition grouped in other rounds lands on the target up to round-off
-)
+#: relative: the same composition grouped in other rounds lands on the target up to round-off
+_TOLERANCE = 1e-6
 
 
 def _on_plan(plan: SamplePlan, history: Sequence[Event], remaining: int) -> bool:

@@ -18,9 +18,9 @@ import os
 import sqlite3
 from pathlib import Path
 
-from client.node.state import node_state_dir
+from client.node.state import file_id, node_state_dir
 from common.errors import FedloraError
-from common.privacy.ledger import LEDGER_SYNC, check_sync
+from common.privacy.ledger import LEDGER_SYNC, check_sync, connect
 
 SIGNED_FILE = "secagg-signed.sqlite"
 KINDS = ("keys", "survivors")  # the statements a node signs in a round, in order
@@ -29,26 +29,28 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS signed (
     identity TEXT NOT NULL, run TEXT NOT NULL, round INTEGER NOT NULL, kind TEXT NOT NULL,
     digest BLOB NOT NULL, PRIMARY KEY (identity, run, round, kind))"""
 
-#: connections this process keeps open: path -> (pid, connection)
-_OPEN: dict[Path, tuple[int, sqlite3.Connection]] = {}
+#: connections this process keeps open: path -> (pid, file id, connection)
+_OPEN: dict[Path, tuple[int, tuple[int, int], sqlite3.Connection]] = {}
 
 
 def _connection(node_config: dict) -> sqlite3.Connection:
-    """The node's record, opened once per process (a file replaced behind its back is reopened by
-    sqlite's own locking only: the record is append-only, so a stale handle never loses a row)."""
+    """The node's record, opened once per process and kept open, as the node's ledgers are
+    (client/node/state.py :func:`held_ledger`): a file replaced or removed behind the process's back
+    is opened again, never written through a stale handle."""
     path = node_state_dir(node_config) / SIGNED_FILE
     sync = check_sync(str(node_config.get(LEDGER_SYNC) or "full"))
     kept = _OPEN.get(path)
-    if kept is not None and kept[0] == os.getpid() and path.exists():
-        return kept[1]
+    if kept is not None and kept[:2] == (os.getpid(), file_id(path)):
+        return kept[2]
+    if kept is not None and kept[0] == os.getpid():
+        kept[2].close()  # the file it wrote is gone or replaced
     try:
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute(f"PRAGMA synchronous={sync.upper()}")
-        db.execute(_SCHEMA)
+        db = connect(path, sync)
+        with db:
+            db.execute(_SCHEMA)
     except sqlite3.Error as exc:
         raise FedloraError(f"secure aggregation: the node's signing record {path}: {exc}") from None
-    _OPEN[path] = (os.getpid(), db)
+    _OPEN[path] = (os.getpid(), file_id(path), db)
     return db
 
 
@@ -59,10 +61,11 @@ def record(node_config: dict, identity: str, run: int, rnd: int, kind: str, dige
         raise ValueError(f"unknown statement {kind!r}")
     db = _connection(node_config)
     try:
-        db.execute(
-            "INSERT INTO signed (identity, run, round, kind, digest) VALUES (?, ?, ?, ?, ?)",
-            (identity, str(run), rnd, kind, digest),
-        )
+        with db:  # one transaction, committed (at the node's ledger-sync level) before the signature leaves
+            db.execute(
+                "INSERT INTO signed (identity, run, round, kind, digest) VALUES (?, ?, ?, ?, ?)",
+                (identity, str(run), rnd, kind, digest),
+            )
     except sqlite3.IntegrityError:
         raise FedloraError(
             f"secure aggregation: this node's identity already signed its {kind} for round {rnd} of run "

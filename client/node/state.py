@@ -67,19 +67,20 @@ def held_ledger(node_config: dict, file: str, unit: str, owner: str, delta: floa
     kept = _HELD.pop(path, None)
     if kept is not None:
         pid, ident, ledger = kept
-        if pid == os.getpid() and ident == _file_id(path) and (ledger.unit, ledger.owner) == (unit, owner):
+        if pid == os.getpid() and ident == file_id(path) and (ledger.unit, ledger.owner) == (unit, owner):
             _HELD[path] = kept  # the most recently used last
             return _check_delta(ledger, delta)
         if pid == os.getpid():
             ledger.close()
     ledger = _node_ledger(path, unit, owner, delta, sync)
-    _HELD[path] = (os.getpid(), _file_id(path), ledger)
+    _HELD[path] = (os.getpid(), file_id(path), ledger)
     while len(_HELD) > _held_max():
         _HELD.popitem(last=False)[1][2].close()
     return ledger
 
 
-def _file_id(path: Path) -> tuple[int, int]:
+def file_id(path: Path) -> tuple[int, int]:
+    """``(device, inode)`` of ``path`` (``(-1, -1)``: none): a handle kept open is stale once it differs."""
     try:
         st = path.stat()
     except OSError:

@@ -192,7 +192,7 @@ class Ledger:
             open(path, "xb").close()  # exclusive create: fails if anything is there
         except FileExistsError:
             raise FedloraError(f"ledger {path} already exists; it is never overwritten") from None
-        conn = _connect(path, sync)
+        conn = connect(path, sync)
         meta = {
             "schema": SCHEMA,
             "unit": unit,
@@ -230,7 +230,7 @@ class Ledger:
             raise FedloraError(f"{path} is a {meta.get('unit')} ledger, expected {unit}")
         if owner is not None and meta.get("owner") != owner:
             raise FedloraError(f"{path} belongs to {meta.get('owner')!r}, not to {owner!r}")
-        return cls(path, _connect(path, sync), meta)
+        return cls(path, connect(path, sync), meta)
 
     def close(self) -> None:
         self._conn.close()
@@ -515,9 +515,10 @@ def check_sync(level: str) -> str:
     return level
 
 
-def _connect(path: Path, sync: str = "full") -> sqlite3.Connection:
+def connect(path: Path, sync: str = "full") -> sqlite3.Connection:
     """A WAL connection committing at ``sync``: ``full`` (the default) makes a committed charge
-    survive power loss, not only a crash of the process."""
+    survive power loss, not only a crash of the process (the ledgers, and a node's signing record,
+    client/node/signed.py)."""
     level = check_sync(sync).upper()
     conn = sqlite3.connect(path, timeout=30.0)  # `with conn:` = one transaction
     conn.execute("PRAGMA journal_mode=WAL")
@@ -535,4 +536,5 @@ __all__ = [
     "Charge",
     "Ledger",
     "check_sync",
+    "connect",
 ]
