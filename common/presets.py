@@ -238,6 +238,30 @@ PRESETS: dict[str, dict[str, object]] = {
         "eval_every": 20,
         "delta": 1e-5,
     },
+    # Issue 76, chat with natural users (docs/instruction-tuning.md): SmolLM2-Instruct on the
+    # Chit-Chat Challenge conversations (common/data/chitchat.py), one client per sender (821
+    # training senders, each conversation from the sender's side: their turns are the assistant's),
+    # scored by the perplexity of held-out senders' turns. Shakespeare's cross-device recipe (one
+    # FedSGD gradient of 2 pieces, server Adam), ~5 % of the senders a round.
+    "smollm2-chitchat-xdev": {
+        "model": "smollm2-135m",
+        "dataset": "chitchat",
+        "partition": "natural",
+        "num_clients": 821,
+        "sample_rate": 0.05,
+        "rounds": 10,
+        "local_steps": 1,
+        "batch_size": 2,
+        "client_optimizer": "sgd",
+        "lr": 1.0,
+        "server_optimizer": "adam",
+        "server_lr": 1e-2,
+        "max_length": 192,
+        "max_train_examples": 0,
+        "eval_examples": 300,
+        "eval_every": 10,
+        "delta": 1e-5,
+    },
     # The same benchmark cross-silo: 4 nodes, each holding 3 whole sets (--partition-by set), with
     # sample-level DP at each node (its own ledger).
     "smollm2-instruct-silo": {

@@ -2,8 +2,8 @@
 
 Every form a data owner's instruction file takes (alpaca-style ``instruction``/``input``/``output``,
 ``prompt``/``completion``, or chat ``messages``: common/data/instructions.py) becomes a sequence of
-``(role, content)`` turns, roles from :data:`ROLES`, with at least one non-empty ``assistant`` turn
-(the turns a model learns to produce: the training loss covers them alone, common/tasks/chat.py).
+``(role, content)`` turns, roles from :data:`ROLES`, opening (after any ``system`` turn) with the
+``user``'s, with at least one non-empty ``assistant`` turn (the turns a model learns to produce: the training loss covers them alone, common/tasks/chat.py).
 
 A :class:`~common.data.corpora.Corpus` of task :data:`TASK` holds each conversation in ``texts`` as
 its canonical JSON (:func:`dumps`: a list of ``{"role", "content"}`` objects, no whitespace), so that
@@ -36,6 +36,9 @@ def problem(turns: object) -> str:
             return f"message {k + 1} has role {turn['role']!r}; roles are {', '.join(ROLES)}"
         if not isinstance(turn.get("content"), str):
             return f"message {k + 1} has no text content"
+    opening = next((t["role"] for t in turns if t["role"] != "system"), "")
+    if opening != "user":
+        return "the first message after any system message must be the user's (an answer needs a prompt)"
     if not any(t["role"] == RESPONSE_ROLE and t["content"].strip() for t in turns):
         return f"no non-empty {RESPONSE_ROLE} message: nothing to learn from"
     return ""

@@ -104,6 +104,12 @@ def _instruct_mc() -> Corpus:
     return benchmark_corpus()
 
 
+def _chitchat() -> Corpus:
+    from common.data.chitchat import chitchat_corpus  # imported here: it imports Corpus from us
+
+    return chitchat_corpus()
+
+
 DATASETS: dict[str, Callable[[], Corpus]] = {
     "rotten-tomatoes": _rotten_tomatoes,
     "bbc-news": _bbc_news,
@@ -111,6 +117,7 @@ DATASETS: dict[str, Callable[[], Corpus]] = {
     "boolq": _boolq,
     "shakespeare": _shakespeare,
     "instruct-mc": _instruct_mc,  # the federated multiple-choice instruction benchmark (issue 76)
+    "chitchat": _chitchat,  # chat with natural users: one client per sender (issue 76)
 }
 
 

@@ -1,6 +1,7 @@
 """A data owner's instruction or chat file through the node path (docs/instruction-tuning.md): the
 SDK and ``fedlora node`` write it as conversation records, the node trains it as conversations, and
-a federation of SmolLM2 on instruction data completes a round through a real SuperLink."""
+a federation of SmolLM2 on instruction data completes a round through a real SuperLink, with one
+node for each of the three forms of data."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from common.presets import preset
 from common.tasks.chat import ChatTask
 from tests.client.test_sdk import ROOT, _process_env, _start, _stop, _wait_for_port
 from tests.conftest import run_cli
+from tests.instruction_files import FILES, FORMS, write_form
 
 ROWS = [
     ("Say the word red.", "Red."),
@@ -109,7 +111,7 @@ def test_a_node_trains_its_conversations_and_refuses_a_run_that_is_not_one(tmp_p
         load_own_shard(cfg, str(own), "", "a,b")
 
 
-@pytest.mark.slow  # a SuperLink, one SmolLM2 node and a round: about 2 minutes on 2 cores
+@pytest.mark.slow  # a SuperLink, three SmolLM2 nodes (one per form of data) and a round: minutes on 2 cores
 def test_fedlora_node_with_instruction_data_completes_a_round_of_a_real_federation(tmp_path):
     scripts, env, port = Path(sys.executable).parent, _process_env(), free_port()
     link_home, cli_home = tmp_path / "link", tmp_path / "cli"
@@ -119,37 +121,41 @@ def test_fedlora_node_with_instruction_data_completes_a_round_of_a_real_federati
         f'[superlink]\ndefault = "e2e"\n\n[superlink.e2e]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
     )
     server_data = _alpaca(tmp_path / "federation.jsonl", ROWS * 4)
-    owner_data = _prompt_csv(tmp_path / "owner.csv")
+    owners = {form: tmp_path / f"owner-{form}" for form in FORMS}  # one node per form of data
+    for form, home in owners.items():
+        home.mkdir()
+        write_form(home, form, [(q, a, form) for q, a in ROWS])
     link = _start(
         [str(scripts / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
          "--database", str(tmp_path / "state.db"), "--disable-runtime-dependency-installation"],
         tmp_path / "superlink.log", env={**env, "FLWR_HOME": str(link_home)}, cwd=tmp_path,
     )  # fmt: skip
-    node = None
+    nodes = []
     try:
         _wait_for_port(port, link, tmp_path / "superlink.log")
-        node = _start(
-            [str(scripts / "fedlora"), "node", "--superlink", f"127.0.0.1:{port}", "--data", str(owner_data),
-             "--mechanism", "fedavg", "--state-dir", str(tmp_path / "owner-state"), "--insecure"],
-            tmp_path / "node.log", env=env, cwd=tmp_path,
-        )  # fmt: skip
+        for form, home in owners.items():
+            nodes.append(_start(
+                [str(scripts / "fedlora"), "node", "--superlink", f"127.0.0.1:{port}", "--data",
+                 str(home / FILES[form]), "--mechanism", "fedavg", "--state-dir", str(home / "state"), "--insecure"],
+                home / "node.log", env=env, cwd=tmp_path,
+            ))  # fmt: skip
         run_dir = tmp_path / "run"
         overrides = (
-            f"preset='smollm2-shakespeare-xdev' dataset='{server_data}' num-clients=1 sample-rate=1.0 rounds=1 "
+            f"preset='smollm2-shakespeare-xdev' dataset='{server_data}' num-clients=3 sample-rate=1.0 rounds=1 "
             f"local-steps=2 batch-size=2 max-length=64 eval-examples=8 round-timeout=300 out-dir='{run_dir}'"
         )
         proc = subprocess.run(
             [str(scripts / "flwr"), "run", str(ROOT), "e2e", "--stream", "--run-config", overrides],
             env={**env, "FLWR_HOME": str(cli_home)}, cwd=tmp_path, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
-        logs = proc.stdout[-3000:] + proc.stderr[-2000:] + (tmp_path / "node.log").read_text()[-3000:]
+        logs = proc.stdout[-3000:] + proc.stderr[-2000:]
+        logs += "".join((home / "node.log").read_text()[-2000:] for home in owners.values())
         assert proc.returncode == 0, logs
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["rounds_completed"] == 1 and summary["data_format"].startswith("conversations"), logs
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert records[-1]["replied"] == 1 and not records[-1]["rejected"], records
-        assert summary["nodes_own_data"] == 1, summary
+        assert records[-1]["replied"] == 3 and not records[-1]["rejected"], records
+        assert summary["nodes_own_data"] == 3, summary
     finally:
-        for p in (node, link):
-            if p is not None:
-                _stop(p)
+        for p in [*nodes, link]:
+            _stop(p)

@@ -291,6 +291,10 @@ BAD_CHATS = [
         [{"role": "user", "content": 1}, {"role": "assistant", "content": "x"}],
         "'messages': message 1 has no text content",
     ),
+    (
+        [{"role": "system", "content": "s"}, {"role": "assistant", "content": "hello"}],
+        "'messages': the first message after any system message must be the user's (an answer needs a prompt)",
+    ),
     ("[{]", "'messages' is not JSON (Expecting property name enclosed in double quotes)"),
     (None, "no 'messages'"),
 ]

@@ -1,6 +1,7 @@
-"""A data owner's instruction file trains SmolLM2 in ``fedlora simulate`` (the real entry point):
-conversations through the chat template, the loss on the answers, their perplexity falls, the
-summary and model card name the format, and ``generate --chat`` answers from the adapter."""
+"""A data owner's instruction file, in each of the three forms, trains SmolLM2 in ``fedlora
+simulate`` (the real entry point): conversations through the chat template, the loss on the
+answers, their perplexity falls, the summary and model card name the format, and ``generate
+--chat`` answers from the adapter."""
 
 from __future__ import annotations
 
@@ -9,29 +10,27 @@ import json
 import pytest
 
 from tests.conftest import run_cli
+from tests.instruction_files import FORMS, write_form
 
-pytestmark = pytest.mark.heavy  # SmolLM2-135M: two rounds of six nodes, about 30 s on 2 cores
+pytestmark = pytest.mark.heavy  # SmolLM2-135M: two rounds of six nodes, about 30 s a form on 2 cores
 
 
-def _alpaca(path, rows: int = 48) -> None:
-    lines = []
-    for k in range(rows):
+def _rows(count: int = 48) -> list[tuple[str, str, str]]:
+    rows = []
+    for k in range(count):
         a, b = k % 7 + 1, k % 5 + 2
-        row = (
-            {"instruction": "Add the two numbers.", "input": f"{a} and {b}", "output": str(a + b)}
+        prompt, answer = (
+            (f"Add the two numbers.\n\n{a} and {b}", str(a + b))
             if k % 2
-            else {
-                "instruction": f"Say the word {('red', 'blue', 'green')[k % 3]}.",
-                "output": ("Red.", "Blue.", "Green.")[k % 3],
-            }
+            else (f"Say the word {('red', 'blue', 'green')[k % 3]}.", ("Red.", "Blue.", "Green.")[k % 3])
         )
-        lines.append(json.dumps({**row, "user": f"owner-{k % 6}"}))
-    path.write_text("\n".join(lines) + "\n")
+        rows.append((prompt, answer, f"owner-{k % 6}"))
+    return rows
 
 
-def test_an_instruction_file_federates_and_the_answers_perplexity_falls(tmp_path, capsys):
-    data, out = tmp_path / "sft.jsonl", tmp_path / "run"
-    _alpaca(data)
+@pytest.mark.parametrize("form", FORMS)
+def test_an_instruction_file_federates_and_the_answers_perplexity_falls(tmp_path, capsys, form):
+    data, out = write_form(tmp_path, form, _rows()), tmp_path / "run"
     argv = [
         "simulate", "--preset", "smollm2-shakespeare-xdev", "--dataset", str(data), "--partition-by", "user",
         "--num-clients", "6", "--sample-rate", "1.0", "--rounds", "2", "--local-steps", "2", "--batch-size", "4",
