@@ -215,27 +215,28 @@ PRESETS: dict[str, dict[str, object]] = {
     },
     # Issue 76, the federated instruction benchmark (docs/instruction-tuning.md): SmolLM2-Instruct
     # tuned on the 13 packaged multiple-choice sets as instructions, scored on their held-out items.
-    # Cross-device, FlowerTune's shape (fraction 0.1 of 100 clients), each client a Dirichlet mix of
-    # sets (task heterogeneity, as FedIT splits Dolly by category); GPU-sized: on a CPU pass
-    # --rounds 5. Learning rates not validated yet: measure before quoting a number.
+    # Cross-device, each client a Dirichlet mix of about 10 items (task heterogeneity, as FedIT
+    # splits Dolly by category), ~3 % of 1,300 clients a round: a cohort large enough for client-level
+    # DP (FlowerTune's shape, fraction 0.1 of 20-50 clients, leaves a cohort of 2-5: any client-level
+    # noise drowns it). Shakespeare's recipe: one FedSGD gradient of 2 items, server Adam.
     "smollm2-instruct-xdev": {
         "model": "smollm2-135m",
         "dataset": "instruct-mc",
         "partition": "dirichlet",
         "dirichlet_alpha": 0.5,
-        "num_clients": 100,
-        "sample_rate": 0.1,
-        "rounds": 200,
-        "local_steps": 2,
-        "batch_size": 4,
+        "num_clients": 1300,
+        "sample_rate": 0.03,
+        "rounds": 12,
+        "local_steps": 1,
+        "batch_size": 2,
         "client_optimizer": "sgd",
-        "lr": 0.5,
+        "lr": 1.0,
         "server_optimizer": "adam",
-        "server_lr": 3e-3,
+        "server_lr": 1e-2,
         "max_length": 384,
         "max_train_examples": 0,
-        "eval_examples": 260,
-        "eval_every": 20,
+        "eval_examples": 195,
+        "eval_every": 12,
         "delta": 1e-5,
     },
     # Issue 76, chat with natural users (docs/instruction-tuning.md): SmolLM2-Instruct on the

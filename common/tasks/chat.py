@@ -41,6 +41,9 @@ FALLBACK_TEMPLATE = (
 )
 
 
+_WARNED: set[int] = set()  # the --max-length values whose truncation this process has warned of
+
+
 @dataclass
 class Truncation:
     """Counts of :meth:`ChatTask.encode`'s cuts: conversations seen, cut at all, with prompt tokens
@@ -105,8 +108,10 @@ class ChatTask(LanguageModelTask):
         """Each text a conversation's canonical JSON -> one example (``labels`` unused)."""
         self.truncated = Truncation()
         examples = [self.encode_one(loads(text)) for text in texts]
-        if self.truncated.cut:
-            log.warning(self.truncated.line(self.max_length))
+        if self.truncated.cut:  # once a process at warning level (a simulation encodes every client)
+            first = self.max_length not in _WARNED
+            _WARNED.add(self.max_length)
+            log.log(logging.WARNING if first else logging.DEBUG, self.truncated.line(self.max_length))
         return examples
 
     def encode_one(self, conversation: Conversation) -> dict:

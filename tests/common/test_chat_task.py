@@ -93,7 +93,7 @@ def test_truncation_keeps_the_last_response_and_counts_the_cuts(smollm2_tokenize
     long_prompt = (("user", "word " * 300), ("assistant", "Short answer."))
     long_answer = (("user", "Tell me."), ("assistant", "token " * 300))
     task = ChatTask(smollm2_tokenizer, 64)
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("DEBUG", logger="fedlora.tasks"):
         prompt_cut, answer_cut, whole = task.encode(
             [dumps(c) for c in (long_prompt, long_answer, CONVERSATION)], [0] * 3
         )
@@ -105,3 +105,7 @@ def test_truncation_keeps_the_last_response_and_counts_the_cuts(smollm2_tokenize
     )
     assert (task.truncated.cut, task.truncated.prompt_cut, task.truncated.response_cut) == (2, 2, 1)
     assert "2 of 3 conversations longer than --max-length 64" in caplog.text
+    caplog.clear()
+    with caplog.at_level("DEBUG", logger="fedlora.tasks"):
+        task.encode([dumps(long_prompt)], [0])  # again in this process: no second warning
+    assert [r.levelname for r in caplog.records] == ["DEBUG"]

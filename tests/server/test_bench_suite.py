@@ -24,6 +24,8 @@ SECTIONS = (
     "sample-level",
     "generative",
     "cross-silo",
+    "instruction",
+    "chat",
     "privacy",
     "communication",
     "speed",

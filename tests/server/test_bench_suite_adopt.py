@@ -16,7 +16,7 @@ from common.models.precision import resolve_precision
 from server.bench.suite.adopt import adopt, differences, plan_config
 from server.bench.suite.cli import Scope, suite
 from server.bench.suite.plan import Arm, Run, profile, runs
-from server.bench.suite.sections import cross_silo, generative
+from server.bench.suite.sections import cross_silo, generative, instruction
 
 
 def _client_runs() -> list[Run]:
@@ -136,6 +136,55 @@ def test_generative_shares_pair_each_seed_with_its_own_non_private_run():
     assert rows["dp ε=8"]["share of the non-private drop (same seed)"] == "0.625 ± 0.177"
     assert rows["dp ε=8"]["log-perplexity drop (mean ± std)"] == "0.200 ± 0.141"
     assert rows["dp ε=8"]["ε (PLD)"] == "8.00" and rows["np"]["min / round"] == "2.0"
+
+
+def _mc(before: float, after: float, epsilon: float | None, tmp_path: Path, key: str) -> tuple[dict, str]:
+    """A multiple-choice run's summary (two sets) and its run directory (two rounds of 4 replies)."""
+    run_dir = tmp_path / key
+    run_dir.mkdir()
+    lines = [{"round": r, "bytes_up": 8_000_000, "replied": 4} for r in (1, 2)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    scores = {
+        when: {"accuracy": a, "exact_match": a - 0.1, "acc_norm": a, "accuracy/mmlu": a, "accuracy/piqa": a}
+        for when, a in (("before", before), ("after", after))
+    }
+    summary = {
+        **_lm(1.0, 1.0, epsilon),
+        **scores,
+        "bytes_up_per_round": 32e6,
+        "bytes_down_per_round": 48e6,
+        "rounds_completed": 2,
+    }
+    return summary, str(run_dir)
+
+
+def test_the_dp_tracks_gains_pair_each_seed_with_its_own_non_private_run(tmp_path):
+    plain, private = Arm("np"), Arm("dp ε=8", (), 8.0)
+    done = []
+    for arm, seed, before, after in (
+        (plain, 0, 0.30, 0.40),  # gain 0.10
+        (plain, 1, 0.35, 0.55),  # gain 0.20
+        (private, 0, 0.30, 0.35),  # 0.05 / 0.10
+        (private, 1, 0.35, 0.50),  # 0.15 / 0.20
+    ):
+        key = f"i-{arm.label}-{seed}"
+        output, run_dir = _mc(before, after, arm.target_epsilon, tmp_path, key)
+        run = Run("instruction", key, (), arm=arm, seed=seed)
+        done.append({"run": run, "output": output, "error": None, "wall_s": 1.0, "dir": run_dir})
+    sec = instruction(done)
+    rows = {r["arm"]: r for r in sec["rows"]}
+    assert rows["np"]["gain over the base (mean ± std)"] == "0.150 ± 0.071"
+    assert rows["np"]["share of the non-private gain (same seed)"] == "n/a"
+    assert rows["dp ε=8"]["share of the non-private gain (same seed)"] == "0.625 ± 0.177"
+    assert rows["dp ε=8"]["accuracy of the base model"] == "0.325"
+    assert rows["dp ε=8"]["exact match, generated (base → after)"] == "0.225 → 0.325"
+    assert rows["np"]["communication (GB, total)"] == "0.16"  # (32 + 48) MB x 2 rounds
+    assert rows["np"]["up per client and round (MB)"] == "2.00"  # 16 MB over 8 replies
+    assert rows["dp ε=8"]["ε (PLD)"] == "8.00" and rows["np"]["min / round"] == "5.0"
+    assert (
+        "np, accuracy per set (base → after, mean over seeds): mmlu 0.32 → 0.48, piqa 0.32 → 0.48"
+        in sec["notes"]
+    )
 
 
 def _silo(before: float, after: float, epsilons: list[float]) -> dict:

@@ -25,7 +25,7 @@ from server.bench.suite.plan import PROFILES, Run, profile, runs
 from server.bench.suite.records import RECORDS, restore, save
 from server.bench.suite.report import FIGURES, markdown
 from server.bench.suite.runner import ROOT, execute_all, finished
-from server.bench.suite.sections import BUILDERS
+from server.bench.suite.sections import BUILDERS, CLIENT_LEVEL
 
 SECTIONS = tuple(BUILDERS)
 DEFAULT_OUT = "bench-results"
@@ -112,7 +112,7 @@ def _versions() -> dict[str, str]:
 def _needed(name: str) -> set[str]:
     """The plan sections a report section reads (privacy and speed read the utility runs too)."""
     return {
-        "privacy": {"client-level", "sample-level", "generative"},
+        "privacy": {"sample-level", *CLIENT_LEVEL},
         "speed": {"speed", "client-level"},
         "communication": {"communication", "client-level"},
     }.get(name, {name})

@@ -12,7 +12,8 @@ is run, so any figure in the report can be reproduced by pasting its command.
   its validated learning rate and init, the winner with the public prior and each of its nodes
   alone); banded MF DP-FTRL against DP-FedAvg under the same participation rule and amplified
   (``minilm-rt-xdev``, 300 rounds, server momentum: issue 51's declared runs,
-  docs/correlated-noise.md). Hours on a 2-core CPU; a run directory that already holds a finished
+  docs/correlated-noise.md); the DP track (issue 76: ``smollm2-instruct-xdev`` on the packaged
+  multiple-choice sets, ``smollm2-chitchat-xdev`` on chat senders, docs/instruction-tuning.md). Hours on a 2-core CPU; a run directory that already holds a finished
   run with the same command is reused, so an interrupted suite picks up where it stopped.
 - ``quick``: the same commands at miniature size (100 clients, 2 rounds, 200 held-out examples; 8
   local steps), 3 seeds, and ``audit ... --quick``: about 30 minutes on 2 cores. Its accuracies
@@ -80,6 +81,10 @@ class Profile:
     alone_arms: tuple[Arm, ...] = ()
     ftrl_base: tuple[str, ...] = ()  # correlated noise against DP-FedAvg (long cross-device runs)
     ftrl_arms: tuple[Arm, ...] = ()
+    mc_base: tuple[str, ...] = ()  # the DP track: instruction tuning on the multiple-choice sets
+    mc_arms: tuple[Arm, ...] = ()
+    chat_base: tuple[str, ...] = ()  # the DP track: chat with natural users (chitchat senders)
+    chat_arms: tuple[Arm, ...] = ()
 
 
 def _args(line: str) -> tuple[str, ...]:
@@ -338,6 +343,45 @@ _FULL_SAMPLE = f"{_SAMPLE} --local-steps 100 --batch-size 128 --eval-examples 50
 #: sparta was not in that grid)
 FULL_SAMPLE_LR = {"fedavg": "3e-3", "prism": "1e-2", "dp-adamw": "3e-3", "ffa": "1e-2", "sparta": "1e-2"}
 
+_USER_DP = "--mechanism dp-fedavg --threat-model central --clip 1.0 --adaptive-clip"
+
+
+def _mc_arms() -> tuple[Arm, ...]:
+    """The DP track on the multiple-choice benchmark (issue 76): non-private; client-level dp-fedavg
+    at ε 8 and 3 (central noise, adaptive clip, Shakespeare's recipe); banded MF DP-FTRL at ε 8
+    under its participation rule; dp-fedavg under secure aggregation at ε 8 (fixed cohorts, each
+    client at most 3 times)."""
+    return (
+        Arm("fedavg (not private)", _args("--mechanism fedavg")),
+        *(
+            Arm(f"dp-fedavg central ε={e:g}", _args(f"{_USER_DP} --target-epsilon {e:g}"), e)
+            for e in (8.0, 3.0)
+        ),
+        Arm(
+            "dp-ftrl banded MF ε=8",
+            _args("--mechanism dp-ftrl --threat-model central --clip 1.0 --target-epsilon 8"),
+            8.0,
+        ),
+        Arm(
+            "dp-fedavg secure aggregation ε=8 (per client, cap 3)",
+            _args(
+                "--mechanism dp-fedavg --clip 1.0 --threat-model secure-aggregation --target-epsilon 8 "
+                "--min-replies 30 --max-participations 3"
+            ),
+            8.0,
+        ),
+    )
+
+
+def _chat_arms() -> tuple[Arm, ...]:
+    """The DP track on chat (issue 76): non-private and user-level dp-fedavg at ε 8 (one sender a
+    client; central noise, adaptive clip)."""
+    return (
+        Arm("fedavg (not private)", _args("--mechanism fedavg")),
+        Arm("dp-fedavg central ε=8 (user-level)", _args(f"{_USER_DP} --target-epsilon 8"), 8.0),
+    )
+
+
 _PROFILES: dict[str, Profile] = {
     "full": Profile(
         "full",
@@ -369,6 +413,10 @@ _PROFILES: dict[str, Profile] = {
             "simulate --preset minilm-rt-xdev --rounds 300 --server-optimizer momentum --server-lr 0.03 --eval-every 10"
         ),
         ftrl_arms=_ftrl_arms((3.0, 8.0), seeds=(None, (0,)), separation=10),
+        mc_base=_args("simulate --preset smollm2-instruct-xdev"),
+        mc_arms=_mc_arms(),
+        chat_base=_args("simulate --preset smollm2-chitchat-xdev"),
+        chat_arms=_chat_arms(),
     ),
     "quick": Profile(
         "quick",
@@ -429,6 +477,8 @@ def runs(p: Profile) -> list[Run]:
         ("generative", "generative", p.lm_base, p.lm_arms),
         ("cross-silo", "cross-silo", p.silo_base, p.silo_arms),
         ("cross-silo", "cross-silo-alone", p.alone_base, p.alone_arms),
+        ("instruction", "instruction", p.mc_base, p.mc_arms),
+        ("chat", "chat", p.chat_base, p.chat_arms),
     ):
         for i, arm in enumerate(arms):
             for seed in arm.seeds or p.seeds:

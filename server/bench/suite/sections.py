@@ -246,6 +246,7 @@ GENERATIVE_COLUMNS = [
     "share of the non-private drop (same seed)",
     "ε (PLD)",
     "δ",
+    "communication (GB, total)",
     "min / round",
     "peak RSS (GB)",
 ]
@@ -279,13 +280,13 @@ def _shares(
     return [drop(d["output"]) / baseline[d["run"].seed] for d in finished if baseline.get(d["run"].seed)]
 
 
-def generative(done: Sequence[dict]) -> dict:
-    """Causal-LM federations: held-out-user perplexity per arm, and each private seed's log-perplexity
-    drop as a share of the non-private run's of the same seed (the arm with no budget)."""
-    runs = [d for d in done if d["run"].section == "generative"]
-    sec = _base("generative", "Generative fine-tuning under user-level DP (SmolLM2, Shakespeare roles)", runs)
+def _lm_section(done: Sequence[dict], name: str, title: str, unit: str) -> dict:
+    """Causal-LM federations of section ``name``: held-out-user perplexity per arm, and each private
+    seed's log-perplexity drop as a share of the non-private run's of the same seed (the arm with no
+    budget); ``unit``: what a held-out user is."""
+    sec = _base(name, title, [d for d in done if d["run"].section == name])
     sec["columns"] = GENERATIVE_COLUMNS
-    groups = _group(done, "generative")
+    groups = _group(done, name)
     baseline = _baseline_drops(groups, _log_drop)
     for arm, group in groups:
         finished = [d for d in group if d["output"]]
@@ -304,23 +305,119 @@ def generative(done: Sequence[dict]) -> dict:
                 "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f")
                 + (" (what-if)" if any(p.get("what_if") for p in privacy) else ""),
                 "δ": _delta(privacy),
-                "min / round": _mean(
-                    [
-                        s["wall_time_s"] / 60 / s["rounds_completed"]
-                        for s in outs
-                        if s.get("rounds_completed")
-                    ],
-                    ".1f",
-                ),
+                "communication (GB, total)": _mean([_total_gb(s) for s in outs], ".2f"),
+                "min / round": _minutes_per_round(outs),
                 "peak RSS (GB)": _mean(
                     [d["peak_rss_mb"] / 1024 if d.get("peak_rss_mb") else None for d in finished], ".1f"
                 ),
             }
         )
-    sec["notes"] += _client_guarantees(done, "generative")
+    sec["notes"] += _client_guarantees(done, name)
     sec["notes"].append(
-        "perplexity of held-out roles (users never seen in training), before: the untrained adapter; "
+        f"perplexity of held-out {unit} (users never seen in training), before: the untrained adapter; "
         "a share is the private run's log-perplexity drop over the non-private run's of the same seed"
+    )
+    return sec
+
+
+def _total_gb(summary: dict) -> float:
+    """A federation's bytes, down and up, over all its rounds (GB: 10^9 bytes, as FlowerTune counts)."""
+    per_round = summary.get("bytes_down_per_round", 0) + summary.get("bytes_up_per_round", 0)
+    return per_round * summary.get("rounds_completed", 0) / 1e9
+
+
+def _minutes_per_round(outs: Sequence[dict]) -> str:
+    return _mean(
+        [s["wall_time_s"] / 60 / s["rounds_completed"] for s in outs if s.get("rounds_completed")], ".1f"
+    )
+
+
+def generative(done: Sequence[dict]) -> dict:
+    """SmolLM2 on Shakespeare roles (:func:`_lm_section`)."""
+    title = "Generative fine-tuning under user-level DP (SmolLM2, Shakespeare roles)"
+    return _lm_section(done, "generative", title, "roles")
+
+
+def chat(done: Sequence[dict]) -> dict:
+    """The DP track's chat half: SmolLM2-Instruct on chitchat senders (:func:`_lm_section`)."""
+    title = "DP track, chat: SmolLM2-Instruct on chitchat, one client per sender (user-level DP)"
+    return _lm_section(done, "chat", title, "senders (their side of their conversations)")
+
+
+#: the DP track's multiple-choice table: FlowerTune's columns (score, communication) with the
+#: privacy ones beside
+INSTRUCTION_COLUMNS = [
+    "arm",
+    "seeds",
+    "accuracy of the base model",
+    "accuracy after (mean ± std)",
+    "gain over the base (mean ± std)",
+    "share of the non-private gain (same seed)",
+    "exact match, generated (base → after)",
+    "acc_norm after",
+    "ε (PLD)",
+    "δ",
+    "communication (GB, total)",
+    "up per client and round (MB)",
+    "min / round",
+]
+
+
+def _gain(summary: dict) -> float:
+    """Held-out mean accuracy after the run minus the untrained adapter's (the base model's)."""
+    return summary["after"]["accuracy"] - summary["before"]["accuracy"]
+
+
+def _per_set(outs: Sequence[dict], when: str) -> dict[str, float]:
+    """Each set's held-out accuracy, ``when`` (``before`` or ``after``), averaged over ``outs``."""
+    names = sorted({k for s in outs for k in s[when] if k.startswith("accuracy/")})
+    return {k.split("/", 1)[1]: statistics.mean(s[when][k] for s in outs if k in s[when]) for k in names}
+
+
+def instruction(done: Sequence[dict]) -> dict:
+    """The DP track on the multiple-choice benchmark: per arm, held-out accuracy (log-likelihood of
+    each option, every set weighing the same) of the base model and after the run, the gain and its
+    share of the non-private run's gain of the same seed, exact match of generated answers, ε,
+    communication; a note per arm with each set's accuracy."""
+    name = "instruction"
+    title = "DP track, instruction tuning: SmolLM2-Instruct on the packaged multiple-choice sets"
+    sec = _base(name, title, [d for d in done if d["run"].section == name])
+    sec["columns"] = INSTRUCTION_COLUMNS
+    groups = _group(done, name)
+    baseline = _baseline_drops(groups, _gain)
+    for arm, group in groups:
+        finished = [d for d in group if d["output"]]
+        outs = [d["output"] for d in finished]
+        shares = _shares(arm, finished, _gain, baseline)
+        privacy = [s.get("client_privacy") or {} for s in outs]
+        sec["commands"].append(_command(group))
+        exact = [f"{_mean([s[w].get('exact_match') for s in outs])}" for w in ("before", "after")]
+        sec["rows"].append(
+            {
+                "arm": arm.label,
+                "seeds": len(outs),
+                "accuracy of the base model": _mean([s["before"]["accuracy"] for s in outs]),
+                "accuracy after (mean ± std)": _mean_std([s["after"]["accuracy"] for s in outs]),
+                "gain over the base (mean ± std)": _mean_std([_gain(s) for s in outs]),
+                "share of the non-private gain (same seed)": _mean_std(shares) if shares else "n/a",
+                "exact match, generated (base → after)": " → ".join(exact),
+                "acc_norm after": _mean([s["after"].get("acc_norm") for s in outs]),
+                "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"),
+                "δ": _delta(privacy),
+                "communication (GB, total)": _mean([_total_gb(s) for s in outs], ".2f"),
+                "up per client and round (MB)": _mean([_mb_per_reply(d) for d in finished], ".2f"),
+                "min / round": _minutes_per_round(outs),
+            }
+        )
+        if outs:
+            before, after = _per_set(outs, "before"), _per_set(outs, "after")
+            sets = ", ".join(f"{k} {before.get(k, math.nan):.2f} → {v:.2f}" for k, v in after.items())
+            sec["notes"].append(f"{arm.label}, accuracy per set (base → after, mean over seeds): {sets}")
+    sec["notes"] += _client_guarantees(done, name)
+    sec["notes"].append(
+        "held-out items of each set only (fixed by a hash of the item, whatever the seed); a run scores "
+        "a seeded subset of them, the same for every arm of a seed; base: the untrained adapter on "
+        "those items; a share is the private run's gain over the non-private run's of the same seed"
     )
     return sec
 
@@ -424,11 +521,18 @@ def cross_silo(done: Sequence[dict]) -> dict:
     return sec
 
 
+#: the sections whose runs spend a client-level budget (the privacy table's, with sample-level)
+CLIENT_LEVEL = ("client-level", "generative", "instruction", "chat")
+#: what a client is, where it is a user
+USERS = {
+    "generative": "; a client is one user (a role)",
+    "chat": "; a client is one user (a sender: their side of their conversations)",
+}
+
+
 def privacy(done: Sequence[dict]) -> dict:
     """Per private run (seed 0 of each arm): μ, ε_gdp, ε_tight; ε by round for the client-level runs."""
-    runs = [
-        d for d in done if d["run"].section in ("client-level", "sample-level", "generative") and d["output"]
-    ]
+    runs = [d for d in done if d["run"].section in (*CLIENT_LEVEL, "sample-level") and d["output"]]
     sec = _base("privacy", "Privacy: what each private run spent", [])
     sec["columns"] = [
         "run",
@@ -448,7 +552,7 @@ def privacy(done: Sequence[dict]) -> dict:
             if not p:
                 continue
             unit = f"{p.get('what_if', '')}client-level ({p.get('relation', 'add/remove')} one client)"
-            unit += "; a client is one user (a role)" if run.section == "generative" else ""
+            unit += USERS.get(run.section, "")
             threat = out["privacy"].split("; ")[-1]
         else:
             p = out["privacy"]
@@ -553,6 +657,12 @@ def _bytes_per_reply(path: Path) -> float | None:
     """Bytes a client sends per round: the run's uploaded bytes over its replies."""
     replies = _replies(path)
     return sum(r["bytes_up"] for r in _rounds(path)) / replies if replies else None
+
+
+def _mb_per_reply(d: dict) -> float | None:
+    """:func:`_bytes_per_reply` of a finished run, in MB."""
+    per_reply = _bytes_per_reply(Path(d["dir"]) / "metrics.jsonl")
+    return per_reply / 1e6 if per_reply is not None else None
 
 
 def communication(done: Sequence[dict]) -> dict:
@@ -698,6 +808,8 @@ BUILDERS: dict[str, Callable[..., dict]] = {
     "sample-level": sample_level,
     "generative": generative,
     "cross-silo": cross_silo,
+    "instruction": instruction,
+    "chat": chat,
     "privacy": privacy,
     "communication": communication,
     "speed": speed,
