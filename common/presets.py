@@ -68,6 +68,21 @@ _SILO: dict[str, object] = {
 }
 
 
+#: the DP track's cross-device recipe (issue 76; Shakespeare's, smollm2-shakespeare-xdev): each
+#: client sends one FedSGD gradient of 2 conversations, the server applies Adam to the mean
+_CHAT_XDEV: dict[str, object] = {
+    "model": "smollm2-135m",
+    "local_steps": 1,
+    "batch_size": 2,
+    "client_optimizer": "sgd",
+    "lr": 1.0,
+    "server_optimizer": "adam",
+    "server_lr": 1e-2,
+    "max_train_examples": 0,
+    "delta": 1e-5,
+}
+
+
 PRESETS: dict[str, dict[str, object]] = {
     # Four nodes, no DP: a few seconds a round on a 2-core CPU; the head starts untrained.
     "small": {
@@ -220,24 +235,16 @@ PRESETS: dict[str, dict[str, object]] = {
     # DP (FlowerTune's shape, fraction 0.1 of 20-50 clients, leaves a cohort of 2-5: any client-level
     # noise drowns it). Shakespeare's recipe: one FedSGD gradient of 2 items, server Adam.
     "smollm2-instruct-xdev": {
-        "model": "smollm2-135m",
+        **_CHAT_XDEV,
         "dataset": "instruct-mc",
         "partition": "dirichlet",
         "dirichlet_alpha": 0.5,
         "num_clients": 1300,
         "sample_rate": 0.03,
         "rounds": 12,
-        "local_steps": 1,
-        "batch_size": 2,
-        "client_optimizer": "sgd",
-        "lr": 1.0,
-        "server_optimizer": "adam",
-        "server_lr": 1e-2,
         "max_length": 384,
-        "max_train_examples": 0,
         "eval_examples": 195,
         "eval_every": 12,
-        "delta": 1e-5,
     },
     # Issue 76, chat with natural users (docs/instruction-tuning.md): SmolLM2-Instruct on the
     # Chit-Chat Challenge conversations (common/data/chitchat.py), one client per sender (821
@@ -245,23 +252,15 @@ PRESETS: dict[str, dict[str, object]] = {
     # scored by the perplexity of held-out senders' turns. Shakespeare's cross-device recipe (one
     # FedSGD gradient of 2 pieces, server Adam), ~5 % of the senders a round.
     "smollm2-chitchat-xdev": {
-        "model": "smollm2-135m",
+        **_CHAT_XDEV,
         "dataset": "chitchat",
         "partition": "natural",
         "num_clients": 821,
         "sample_rate": 0.05,
         "rounds": 10,
-        "local_steps": 1,
-        "batch_size": 2,
-        "client_optimizer": "sgd",
-        "lr": 1.0,
-        "server_optimizer": "adam",
-        "server_lr": 1e-2,
         "max_length": 192,
-        "max_train_examples": 0,
         "eval_examples": 300,
         "eval_every": 10,
-        "delta": 1e-5,
     },
     # The same benchmark cross-silo: 4 nodes, each holding 3 whole sets (--partition-by set), with
     # sample-level DP at each node (its own ledger).

@@ -6,15 +6,13 @@ answers, their perplexity falls, the summary and model card name the format, and
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import time
 
 import pytest
 
 from tests.conftest import run_cli
 from tests.instruction_files import FORMS, write_form
-from tests.server.test_resume import _fedlora, _finish
+from tests.server.test_resume import _fedlora, _finish, kill_after
 from tests.server.test_resume import _rows as _charges
 
 pytestmark = pytest.mark.heavy  # SmolLM2-135M: two rounds of six nodes, about 30 s a form on 2 cores
@@ -80,13 +78,8 @@ def test_an_instruction_run_killed_mid_run_resumes_to_its_last_round(tmp_path):
         "--clip", "1.0", "--noise-multiplier", "0.5", "--out", str(out),
     ]  # fmt: skip
     proc = _fedlora(*argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
     ledger = out / "ledger.sqlite"
-    while sum(r["status"] == "applied" for r in (_charges(ledger) if ledger.exists() else [])) < 1:
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before round 1"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after(proc, ledger, 1)
     resumed = _finish("simulate", "--resume", "--out", str(out))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = _charges(ledger)

@@ -53,6 +53,18 @@ def _rows(path) -> list[dict]:
         conn.close()
 
 
+def kill_after(proc: subprocess.Popen, ledger, applied: int, pause: float = 0.0) -> None:
+    """SIGKILL ``proc`` once ``ledger`` holds ``applied`` applied rounds (and ``pause`` seconds more)."""
+    deadline = time.monotonic() + 300
+    while sum(r["status"] == "applied" for r in (_rows(ledger) if ledger.exists() else [])) < applied:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, f"{applied} rounds did not finish in time"
+        time.sleep(0.1)
+    time.sleep(pause)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 def _finish(*args: str) -> subprocess.CompletedProcess:
     proc = _fedlora(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=600)
@@ -64,14 +76,7 @@ def crashed_and_resumed(tmp_path_factory):
     out = tmp_path_factory.mktemp("crash") / "run"
     ledger = out / "ledger.sqlite"
     proc = _fedlora(*RUN, "--out", str(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while sum(r["status"] == "applied" for r in (_rows(ledger) if ledger.exists() else [])) < 2:
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "two rounds did not finish in time"
-        time.sleep(0.1)
-    time.sleep(0.5)  # into round 3: charged, clients training
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after(proc, ledger, 2, pause=0.5)  # into round 3: charged, clients training
     before = _rows(ledger)
     with safe_open(out / "checkpoint.safetensors", framework="pt") as fh:
         killed = json.loads(fh.metadata()["loop"])  # the last round committed before the kill
@@ -180,12 +185,8 @@ def test_a_secure_aggregation_run_resumes_with_each_clients_participations(tmp_p
         "--max-train-examples", "200", "--eval-examples", "40",
     ]  # fmt: skip
     proc = _fedlora(*secure, "--out", str(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ledger, deadline = out / "ledger.sqlite", time.monotonic() + 300
-    while sum(r["status"] == "applied" for r in (_rows(ledger) if ledger.exists() else [])) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline, "two rounds did not finish in time"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    ledger = out / "ledger.sqlite"
+    kill_after(proc, ledger, 2)
     resumed = _finish("simulate", "--resume", "--out", str(out))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stderr + resumed.stdout
