@@ -148,6 +148,8 @@ def _mc(before: float, after: float, epsilon: float | None, tmp_path: Path, key:
         when: {"accuracy": a, "exact_match": a - 0.1, "acc_norm": a, "accuracy/mmlu": a, "accuracy/piqa": a}
         for when, a in (("before", before), ("after", after))
     }
+    for when, loss in (("before", 0.5), ("after", 0.5 - (after - before))):  # the answers' loss
+        scores[when] |= {"loss": loss, "perplexity": math.exp(loss)}
     summary = {
         **_lm(1.0, 1.0, epsilon),
         **scores,
@@ -178,6 +180,8 @@ def test_the_dp_tracks_gains_pair_each_seed_with_its_own_non_private_run(tmp_pat
     assert rows["dp ε=8"]["share of the non-private gain (same seed)"] == "0.625 ± 0.177"
     assert rows["dp ε=8"]["accuracy of the base model"] == "0.325"
     assert rows["dp ε=8"]["exact match, generated (base → after)"] == "0.225 → 0.325"
+    assert rows["dp ε=8"]["share of the non-private answer log-perplexity drop"] == "0.625 ± 0.177"
+    assert rows["np"]["answers' perplexity (base → after)"] == "1.649 → 1.421"
     assert rows["np"]["communication (GB, total)"] == "0.16"  # (32 + 48) MB x 2 rounds
     assert rows["np"]["up per client and round (MB)"] == "2.00"  # 16 MB over 8 replies
     assert rows["dp ε=8"]["ε (PLD)"] == "8.00" and rows["np"]["min / round"] == "5.0"

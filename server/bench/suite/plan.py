@@ -352,18 +352,18 @@ def _mc_arms() -> tuple[Arm, ...]:
     under its participation rule; dp-fedavg under secure aggregation at ε 8 (fixed cohorts, each
     client at most 3 times)."""
     return (
-        Arm("fedavg (not private)", _args("--mechanism fedavg")),
+        Arm("MC fedavg (not private)", _args("--mechanism fedavg")),
         *(
-            Arm(f"dp-fedavg central ε={e:g}", _args(f"{_USER_DP} --target-epsilon {e:g}"), e)
+            Arm(f"MC dp-fedavg central ε={e:g}", _args(f"{_USER_DP} --target-epsilon {e:g}"), e)
             for e in (8.0, 3.0)
         ),
         Arm(
-            "dp-ftrl banded MF ε=8",
+            "MC dp-ftrl banded MF ε=8",
             _args("--mechanism dp-ftrl --threat-model central --clip 1.0 --target-epsilon 8"),
             8.0,
         ),
         Arm(
-            "dp-fedavg secure aggregation ε=8 (per client, cap 3)",
+            "MC dp-fedavg secure aggregation ε=8 (per client, cap 3)",
             _args(
                 "--mechanism dp-fedavg --clip 1.0 --threat-model secure-aggregation --target-epsilon 8 "
                 "--min-replies 30 --max-participations 3"
@@ -377,8 +377,8 @@ def _chat_arms() -> tuple[Arm, ...]:
     """The DP track on chat (issue 76): non-private and user-level dp-fedavg at ε 8 (one sender a
     client; central noise, adaptive clip)."""
     return (
-        Arm("fedavg (not private)", _args("--mechanism fedavg")),
-        Arm("dp-fedavg central ε=8 (user-level)", _args(f"{_USER_DP} --target-epsilon 8"), 8.0),
+        Arm("chat fedavg (not private)", _args("--mechanism fedavg")),
+        Arm("chat dp-fedavg central ε=8 (user-level)", _args(f"{_USER_DP} --target-epsilon 8"), 8.0),
     )
 
 

@@ -341,7 +341,7 @@ def generative(done: Sequence[dict]) -> dict:
 def chat(done: Sequence[dict]) -> dict:
     """The DP track's chat half: SmolLM2-Instruct on chitchat senders (:func:`_lm_section`)."""
     title = "DP track, chat: SmolLM2-Instruct on chitchat, one client per sender (user-level DP)"
-    return _lm_section(done, "chat", title, "senders (their side of their conversations)")
+    return _lm_section(done, "chat", title, "senders, each on their side of their conversations,")
 
 
 #: the DP track's multiple-choice table: FlowerTune's columns (score, communication) with the
@@ -355,6 +355,8 @@ INSTRUCTION_COLUMNS = [
     "share of the non-private gain (same seed)",
     "exact match, generated (base → after)",
     "acc_norm after",
+    "answers' perplexity (base → after)",
+    "share of the non-private answer log-perplexity drop",
     "ε (PLD)",
     "δ",
     "communication (GB, total)",
@@ -384,14 +386,16 @@ def instruction(done: Sequence[dict]) -> dict:
     sec = _base(name, title, [d for d in done if d["run"].section == name])
     sec["columns"] = INSTRUCTION_COLUMNS
     groups = _group(done, name)
-    baseline = _baseline_drops(groups, _gain)
+    baseline, answer_baseline = _baseline_drops(groups, _gain), _baseline_drops(groups, _log_drop)
     for arm, group in groups:
         finished = [d for d in group if d["output"]]
         outs = [d["output"] for d in finished]
         shares = _shares(arm, finished, _gain, baseline)
+        answer_shares = _shares(arm, finished, _log_drop, answer_baseline)
         privacy = [s.get("client_privacy") or {} for s in outs]
         sec["commands"].append(_command(group))
-        exact = [f"{_mean([s[w].get('exact_match') for s in outs])}" for w in ("before", "after")]
+        exact = [_mean([s[w].get("exact_match") for s in outs]) for w in ("before", "after")]
+        answers = [_mean([s[w]["perplexity"] for s in outs], ".3f") for w in ("before", "after")]
         sec["rows"].append(
             {
                 "arm": arm.label,
@@ -402,6 +406,10 @@ def instruction(done: Sequence[dict]) -> dict:
                 "share of the non-private gain (same seed)": _mean_std(shares) if shares else "n/a",
                 "exact match, generated (base → after)": " → ".join(exact),
                 "acc_norm after": _mean([s["after"].get("acc_norm") for s in outs]),
+                "answers' perplexity (base → after)": " → ".join(answers),
+                "share of the non-private answer log-perplexity drop": _mean_std(answer_shares)
+                if answer_shares
+                else "n/a",
                 "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"),
                 "δ": _delta(privacy),
                 "communication (GB, total)": _mean([_total_gb(s) for s in outs], ".2f"),
@@ -417,7 +425,8 @@ def instruction(done: Sequence[dict]) -> dict:
     sec["notes"].append(
         "held-out items of each set only (fixed by a hash of the item, whatever the seed); a run scores "
         "a seeded subset of them, the same for every arm of a seed; base: the untrained adapter on "
-        "those items; a share is the private run's gain over the non-private run's of the same seed"
+        "those items; a share is the private run's gain (or drop of the gold answers' log-perplexity) "
+        "over the non-private run's of the same seed"
     )
     return sec
 
