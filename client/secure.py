@@ -48,10 +48,7 @@ def credentials(node_config: dict) -> tuple[Identity, frozenset[bytes]]:
             f"secure aggregation needs this node's identity key and the federation's roster (node config "
             f"{identity.IDENTITY_KEY} and {identity.ROSTER}; fedlora node --identity-key / --roster); nothing sent"
         )
-    me, members = identity.load_identity(str(key)), identity.load_roster(str(roster))
-    if me.public not in members:
-        raise FedloraError(f"this node's identity key ({key}) is not on the roster {roster}; nothing sent")
-    return me, members
+    return identity.member(str(key), str(roster), "nothing sent")
 
 
 def _words(bits: int) -> np.dtype:

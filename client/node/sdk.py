@@ -717,12 +717,7 @@ def _check_roster(trust: str, key: Path | None, roster: Path | None) -> None:
         return
     if key is None:
         raise FedloraError("a roster needs this node's identity key: --identity-key KEY (or --auth-key)")
-    me, members = identity.load_identity(str(key)), identity.load_roster(str(roster))
-    if me.public not in members:
-        raise FedloraError(
-            f"this node's identity key {key} ({identity.fingerprint(me.public)}) is not on the roster "
-            f"{roster}: send its public line to the operator; nothing started"
-        )
+    identity.member(str(key), str(roster), "send its public line to the operator; nothing started")
 
 
 def _existing(path: str | os.PathLike | None, what: str) -> Path | None:

@@ -171,6 +171,17 @@ def load_roster(path: str) -> frozenset[bytes]:
     return frozenset(keys)
 
 
+def member(key: str, roster: str, after: str) -> tuple[Identity, frozenset[bytes]]:
+    """This node's identity (from ``key``) and the roster it must be on; a one-line refusal, ending
+    in ``after`` (what did not happen), when it is not."""
+    me, members = load_identity(key), load_roster(roster)
+    if me.public not in members:
+        raise SecAggError(
+            f"this node's identity key {key} ({fingerprint(me.public)}) is not on the roster {roster}: {after}"
+        )
+    return me, members
+
+
 @lru_cache(maxsize=4096)
 def _public_key(line: bytes):
     return serialization.load_ssh_public_key(line)
@@ -275,6 +286,7 @@ __all__ = [
     "load_identity",
     "load_roster",
     "majority",
+    "member",
     "new_identity",
     "provision",
     "public_line",
