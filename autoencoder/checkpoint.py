@@ -24,6 +24,7 @@ from torch import Tensor
 from autoencoder.layout import Layout
 from autoencoder.train import TrainedAe
 from autoencoder.uformer import AeConfig, Uformer
+from common.atomic import replacing
 from common.errors import FedloraError
 
 CHECKPOINT_FORMAT = "fedlora-ae/1"
@@ -71,12 +72,8 @@ def save_checkpoint(path: str | os.PathLike, trained: TrainedAe, overwrite: bool
         "history": json.dumps(trained.history),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    with replacing(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return version
 
 

@@ -5,7 +5,6 @@ block, evaluated before and after, written to a new run directory."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from client.dp.optimizers import dp_optimizer
 from client.dp.sample_plan import SAMPLE_ACCOUNTANT, SamplePlan, plan_sample_noise
 from client.local_update import local_update
 from client.train_local_cli import check_node, local_record
+from common.atomic import replacing
 from common.config import RunConfig
 from common.data.federated import FederatedSplit
 from common.errors import FedloraError
@@ -110,8 +110,8 @@ def train_local(
         "made": made(),  # when, at which commit and where (a report that adopts the run names it)
     }
     saved = {**adapter_state(model), **{f"{name}.delta": d for name, d in deltas.items()}}
-    save_file(saved, str(out / "adapter.safetensors.tmp"))
-    os.replace(out / "adapter.safetensors.tmp", out / "adapter.safetensors")
+    with replacing(out / "adapter.safetensors") as tmp:
+        save_file(saved, str(tmp))
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
 

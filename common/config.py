@@ -795,16 +795,7 @@ class RunConfig:
                 f"{flag} adds its noise on the server: --threat-model central (not {self.threat_model}: "
                 "correlated noise does not combine with local, distributed or secure-aggregation noise)"
             )
-        for option_flag, on in (
-            ("--adaptive-clip", self.adaptive_clip),
-            ("--noise-cohort", self.noise_cohort > 0),
-            ("--clip-only", self.clip_only),
-            ("--noise-multiplier", self.noise_multiplier > 0),
-        ):
-            if on:
-                raise FedloraError(f"{flag} plans its noise for --target-epsilon; drop {option_flag}")
-        if self.target_epsilon <= 0:
-            raise FedloraError(f"{flag} needs --target-epsilon")
+        self._plans_for_target(flag, adaptive_clip=True)
         if self.bands > self.rounds:
             raise FedloraError(f"--bands {self.bands} exceeds the {self.rounds} rounds")
         if self.min_separation and self.participation != "min-sep":
@@ -812,19 +803,26 @@ class RunConfig:
         if self.min_separation and self.min_separation < self.bands:
             raise FedloraError(f"--min-separation {self.min_separation} is below --bands {self.bands}")
 
-    def _check_secure_aggregation(self) -> None:
-        from common.privacy.secure_plan import run_graph  # imports the accountants (numpy, scipy)
-
-        flag = f"--threat-model {self.threat_model}"
+    def _plans_for_target(self, flag: str, adaptive_clip: bool) -> None:
+        """``flag`` (a mechanism or threat model) plans its own noise for ``--target-epsilon``: the
+        options that set the noise or the clip otherwise are refused (``--adaptive-clip`` too when
+        ``adaptive_clip``), and a target is required."""
         for option_flag, on in (
-            ("--clip-only", self.clip_only),
+            ("--adaptive-clip", adaptive_clip and self.adaptive_clip),
             ("--noise-cohort", self.noise_cohort > 0),
+            ("--clip-only", self.clip_only),
             ("--noise-multiplier", self.noise_multiplier > 0),
         ):
             if on:
                 raise FedloraError(f"{flag} plans its noise for --target-epsilon; drop {option_flag}")
         if self.target_epsilon <= 0:
             raise FedloraError(f"{flag} needs --target-epsilon")
+
+    def _check_secure_aggregation(self) -> None:
+        from common.privacy.secure_plan import run_graph  # imports the accountants (numpy, scipy)
+
+        flag = f"--threat-model {self.threat_model}"
+        self._plans_for_target(flag, adaptive_clip=False)
         hidden = THREATS[self.threat_model].hides_participation
         for option_flag, on in (
             ("--max-participations", self.max_participations),

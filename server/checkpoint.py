@@ -10,7 +10,6 @@ client sampler's state is not kept (it is drawn from OS entropy; a resumed run d
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import Tensor
 
+from common.atomic import replacing
 from common.errors import FedloraError
 from common.models import AdapterState
 
@@ -64,13 +64,10 @@ def save(
     path: Path, state: AdapterState, loop: LoopState, optimizer: Mapping[str, Tensor] | None = None
 ) -> None:
     """Write the checkpoint atomically; ``optimizer``: the server optimizer's state tensors."""
-    tmp = path.with_name(f".{path.name}.tmp")
     extra = {OPTIMIZER_PREFIX + k: v for k, v in (optimizer or {}).items()}
     tensors = {k: v.detach().float().contiguous() for k, v in {**state, **extra}.items()}
-    save_file(tensors, tmp, metadata={"format": FORMAT, "loop": json.dumps(loop.__dict__)})
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        save_file(tensors, tmp, metadata={"format": FORMAT, "loop": json.dumps(loop.__dict__)})
 
 
 def load(

@@ -22,7 +22,6 @@ Phases, before round 1 of a ``dr-encoder`` run:
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +41,7 @@ from autoencoder.layout import Layout, is_factor
 from autoencoder.synthetic import Stats, empirical_stats, prior_moments, unpack_stats
 from autoencoder.train import TrainConfig, TrainedAe, loss_ends, train_autoencoder
 from autoencoder.uformer import AeConfig
+from common.atomic import replacing
 from common.config import RunConfig
 from common.device import resolve_device
 from common.errors import FedloraError
@@ -468,12 +468,8 @@ def save_stats(path: Path, stats_list: Sequence[Stats]) -> None:
         for name, pair in stats.items()
         for part, t in zip(("mean", "std"), pair, strict=True)
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    with replacing(path) as tmp:
         save_file(tensors, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def load_stats(path: Path, factors: Mapping[str, tuple[int, ...]]) -> list[dict[str, tuple[Tensor, Tensor]]]:

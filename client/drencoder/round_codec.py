@@ -15,7 +15,6 @@ error, and the server sends it with the next round.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from autoencoder.broadcast import codec_from_payload
 from autoencoder.codecs import CODEC_REGISTRY, Codec
 from autoencoder.layout import Layout
+from common.atomic import replacing
 from common.errors import FedloraError
 from common.wire import TrainInstruction
 
@@ -86,12 +86,8 @@ def _write(cache_dir: Path, version: str, tensors: dict[str, torch.Tensor], meta
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    with replacing(path) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 __all__ = ["round_codec"]

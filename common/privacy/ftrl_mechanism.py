@@ -24,6 +24,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from common.atomic import replacing
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.accountants import Event
@@ -163,15 +164,9 @@ class BandedFtrl:
     def _persist(self) -> None:
         if self.store is None:
             return  # a mechanism not bound to a run (tests of the round sum alone)
-        tmp = self.store.with_name(f".{self.store.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.close(fd)
         tensors = {k: v.contiguous() for k, v in self.stream.tensors().items()}
-        save_file(tensors, tmp)
-        os.chmod(tmp, 0o600)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.store)
+        with replacing(self.store, mode=0o600) as tmp:  # a secret: never readable by others
+            save_file(tensors, tmp)
 
 
 __all__ = ["NOISE_FILE", "BandedFtrl"]

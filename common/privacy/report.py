@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
+from common.atomic import replacing, write_text
 from common.privacy.ledger import Ledger
 
 
@@ -24,9 +24,7 @@ def write_report(ledger: Ledger, directory: Path, stem: str = "privacy") -> tupl
     """Write ``<stem>.json`` and ``<stem>.png`` into ``directory``; returns both paths."""
     report = ledger.report()
     json_path, png_path = directory / f"{stem}.json", directory / f"{stem}.png"
-    tmp = directory / f".{stem}.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, json_path)
+    write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
     plot(report, png_path)
     return json_path, png_path
 
@@ -53,10 +51,11 @@ def save_png(fig, path: Path) -> Path:
     """Lay out ``fig`` and write it to ``path`` as a PNG, atomically (a reader never sees half a
     file), then close it."""
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    pyplot().close(fig)
-    os.replace(tmp, path)
+    try:
+        with replacing(path) as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        pyplot().close(fig)
     return path
 
 
