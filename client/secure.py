@@ -30,10 +30,10 @@ from common.errors import FedloraError
 from common.models import AdapterState, adapter_size
 from common.privacy.plan import plan_noise
 from common.privacy.secure_release import SecureRelease
-from common.secagg import identity, keys, prf, protocol
+from common.secagg import identity, prf, protocol
 from common.secagg import wire as sw
 from common.secagg.identity import Identity
-from common.secagg.protocol import Client, Held, Params, PublicKeys
+from common.secagg.protocol import Client, Params
 from common.wire import TrainInstruction
 
 STATE = "secagg-state"  # context.state record of the round in progress
@@ -58,54 +58,15 @@ def _words(bits: int) -> np.dtype:
 
 def _save(context: Context, client: Client, x: bytes) -> None:
     """Keep ``client`` and its input ``x`` (its words' bytes, :func:`_words`) in the node's state."""
-    p = client.params
-    peers, held = sorted(client.peers), sorted(client.held)
-    values = {
-        "round": p.round_number,
-        **sw.params_record(p),
-        "node": client.node_id,
-        "cipher-key": keys.private_to_scalar(client.cipher_key),
-        "mask-key": keys.private_to_scalar(client.mask_key),
-        "self-seed": client.self_seed,
-        "peers": peers,
-        "peer-cipher": [client.peers[v].cipher for v in peers],
-        "peer-mask": [client.peers[v].mask for v in peers],
-        "pair-keys": [client.share_keys[v] for v in peers if v in client.share_keys],
-        "held": held,
-        "held-seed": [client.held[v].self_seed for v in held],
-        "held-key": [client.held[v].mask_key for v in held],
-        "least": client.least,
-        "stage": client.stage,
-        "signed": sw.pack_ids(sorted(client.signed)),
-        **sw.transcript_values(client.transcript),
-        "x": x,
-    }
-    context.state[STATE] = sw.config_record(values)
+    context.state[STATE] = sw.config_record({**sw.client_values(client), "x": x})
 
 
 def _load(context: Context, round_number: int) -> tuple[Client, bytes]:
     record = context.state.get(STATE)
     if not isinstance(record, ConfigRecord) or record.get("round") != round_number:
         raise FedloraError(f"no secure-aggregation state for round {round_number} on this node")
-    v = dict(record)
-    params = sw.params_from(v, round_number)
-    peers, pair_keys, held = v.get("peers", []), v.get("pair-keys", []), v.get("held", [])
-    peer_cipher, peer_mask = v.get("peer-cipher", []), v.get("peer-mask", [])
-    client = Client(
-        params,
-        int(v["node"]),
-        keys.scalar_to_private(v["cipher-key"]),
-        keys.scalar_to_private(v["mask-key"]),
-        v["self-seed"],
-        {u: PublicKeys(u, c, m) for u, c, m in zip(peers, peer_cipher, peer_mask, strict=True)},
-        dict(zip(peers, pair_keys, strict=True)) if pair_keys else {},
-        {u: Held(s, k) for u, s, k in zip(held, v.get("held-seed", []), v.get("held-key", []), strict=True)},
-        least=int(v["least"]),
-        stage=str(v["stage"]),
-        signed=frozenset(np.frombuffer(v.get("signed", b""), dtype="<u8").tolist()),
-        transcript=sw.transcript_from(v),
-    )
-    return client, v["x"]  # (unpacked by the one stage that needs it)
+    values = dict(record)
+    return sw.client_from(values, round_number), values["x"]  # (x unpacked by the one stage that needs it)
 
 
 def begin(

@@ -34,7 +34,8 @@ from collections.abc import Mapping
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from common.secagg.protocol import Params, PublicKeys, UnmaskReply, UnmaskRequest
+from common.secagg import keys
+from common.secagg.protocol import Client, Held, Params, PublicKeys, UnmaskReply, UnmaskRequest
 from common.wire import InvalidReply, check_not_error
 
 SCHEMA = "fedlora-secagg/4"
@@ -202,6 +203,54 @@ def tokens_from(values: Mapping) -> dict[int, bytes]:
     return dict(zip(nodes, _blobs(values, "tokens", len(nodes)), strict=True))
 
 
+def client_values(client: Client) -> dict[str, object]:
+    """A node's round state (its secrets included: kept in the node's own ``context.state``, never
+    sent) as record values; :func:`client_from` reads them back."""
+    p = client.params
+    peers, held = sorted(client.peers), sorted(client.held)
+    return {
+        "round": p.round_number,
+        **params_record(p),
+        "node": client.node_id,
+        "cipher-key": keys.private_to_scalar(client.cipher_key),
+        "mask-key": keys.private_to_scalar(client.mask_key),
+        "self-seed": client.self_seed,
+        "peers": peers,
+        "peer-cipher": [client.peers[v].cipher for v in peers],
+        "peer-mask": [client.peers[v].mask for v in peers],
+        "pair-keys": [client.share_keys[v] for v in peers if v in client.share_keys],
+        "held": held,
+        "held-seed": [client.held[v].self_seed for v in held],
+        "held-key": [client.held[v].mask_key for v in held],
+        "least": client.least,
+        "stage": client.stage,
+        "signed": pack_ids(sorted(client.signed)),
+        **transcript_values(client.transcript),
+    }
+
+
+def client_from(values: Mapping, round_number: int) -> Client:
+    """The :class:`Client` that :func:`client_values` wrote for round ``round_number``."""
+    v = values
+    params = params_from(v, round_number)
+    peers, pair_keys, held = v.get("peers", []), v.get("pair-keys", []), v.get("held", [])
+    peer_cipher, peer_mask = v.get("peer-cipher", []), v.get("peer-mask", [])
+    return Client(
+        params,
+        int(v["node"]),
+        keys.scalar_to_private(v["cipher-key"]),
+        keys.scalar_to_private(v["mask-key"]),
+        v["self-seed"],
+        {u: PublicKeys(u, c, m) for u, c, m in zip(peers, peer_cipher, peer_mask, strict=True)},
+        dict(zip(peers, pair_keys, strict=True)) if pair_keys else {},
+        {u: Held(s, k) for u, s, k in zip(held, v.get("held-seed", []), v.get("held-key", []), strict=True)},
+        least=int(v["least"]),
+        stage=str(v["stage"]),
+        signed=frozenset(np.frombuffer(v.get("signed", b""), dtype="<u8").tolist()),
+        transcript=transcript_from(v),
+    )
+
+
 def packed_size(length: int, bits: int) -> int:
     """Bytes of ``length`` words of ``bits`` bits packed end to end: ⌈length·bits/8⌉."""
     return (length * bits + 7) // 8
@@ -344,6 +393,8 @@ __all__ = [
     "RECORD",
     "SCHEMA",
     "STAGES",
+    "client_from",
+    "client_values",
     "config_record",
     "fields",
     "keys_from",

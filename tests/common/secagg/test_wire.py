@@ -41,3 +41,22 @@ def test_the_packed_layout_is_the_bit_stream_and_stray_bits_are_refused(bits, co
         stray = packed[:-1] + bytes([packed[-1] | 0x80])
         with pytest.raises(InvalidReply, match="bits set past the last word"):
             sw.vector_from({"masked": stray}, params)
+
+
+def test_a_nodes_round_state_round_trips_through_its_record_values():
+    """client_values / client_from (what a node keeps in its context.state between stages): a client
+    after masking, with its peers, pair keys, held shares, transcript and signed set, reads back equal."""
+    from tests.common.secagg.test_protocol import params, run_to_masked
+
+    p = params(n=6, k=4, t=3)
+    r = run_to_masked(p)
+    node = p.node_ids[0]
+    client = r.clients[node]
+    back = sw.client_from(sw.client_values(client), p.round_number)
+    assert sw.client_values(back) == sw.client_values(client)
+    assert (back.held, back.transcript, back.signed) == (client.held, client.transcript, client.signed)
+    # a neighbour's keys are kept without its identity and signature: checked once, at stage 1, and
+    # bound to the round by the transcript
+    assert {u: (k.cipher, k.mask) for u, k in back.peers.items()} == {
+        u: (k.cipher, k.mask) for u, k in client.peers.items()
+    }
