@@ -11,11 +11,13 @@ from pathlib import Path
 
 
 @contextmanager
-def replacing(path: str | os.PathLike, mode: int | None = None) -> Iterator[Path]:
+def replacing(path: str | os.PathLike, mode: int | None = None, exclusive: bool = False) -> Iterator[Path]:
     """Yields a temporary path beside ``path`` (``.<name>.<pid>.tmp``) for the caller to write; on
     leaving the block it is fsynced and renamed over ``path``. ``mode`` (e.g. ``0o600`` for a secret):
     the temporary file is created with it before anything is written, so the content is never
-    readable by others. On an error the temporary file is removed and ``path`` is not touched."""
+    readable by others. ``exclusive``: ``path`` must not exist yet (FileExistsError, atomically:
+    of two writers racing for it, exactly one wins). On an error the temporary file is removed and
+    ``path`` is not touched."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if mode is not None:
@@ -26,14 +28,17 @@ def replacing(path: str | os.PathLike, mode: int | None = None) -> Iterator[Path
             os.chmod(tmp, mode)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)  # the whole file appears at once, or FileExistsError
+        else:
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def write_text(path: str | os.PathLike, text: str) -> None:
-    """``text`` (UTF-8) as the new content of ``path``, atomically."""
-    with replacing(path) as tmp:
+def write_text(path: str | os.PathLike, text: str, exclusive: bool = False) -> None:
+    """``text`` (UTF-8) as the new content of ``path``, atomically (``exclusive``: :func:`replacing`'s)."""
+    with replacing(path, exclusive=exclusive) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 

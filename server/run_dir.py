@@ -3,6 +3,7 @@ summary; where a new run goes and how a run's configuration is identified."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from common.atomic import write_text
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, ModelBundle, load_adapter_state
@@ -35,8 +37,25 @@ def _node_index(ledger_path: Path) -> int:
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
+    """``runs/<time>-<model>-<dataset>``, created empty for this run alone: a run started in the same
+    second gets ``-2``, ``-3``, ... (:func:`release_empty` removes it when the run never starts)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-{cfg.model.replace('/', '_')}-{Path(cfg.dataset).name}"
+    base = Path("runs") / f"{stamp}-{cfg.model.replace('/', '_')}-{Path(cfg.dataset).name}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 1000):
+        path = base if k == 1 else base.with_name(f"{base.name}-{k}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FedloraError(f"no free run directory beside {base}; pass --out")
+
+
+def release_empty(path: Path) -> None:
+    """Remove the run directory ``path`` if nothing was written into it (a run that never started)."""
+    with contextlib.suppress(OSError):
+        path.rmdir()  # only an empty directory
 
 
 def fingerprint(cfg: RunConfig | dict) -> str:
@@ -86,10 +105,18 @@ class RunDir:
         self.run_id = fingerprint(old)
 
     def create(self) -> None:
-        """Write the configuration of a new run (a resumed run keeps its own)."""
+        """Write the configuration of a new run (a resumed run keeps its own). Of two runs started
+        into the same directory, the second to get here is refused: its configuration is claimed
+        exclusively."""
         if not self.cfg.resume:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._write_json("config.json", asdict(self.cfg))
+            try:
+                write_json(self.path / "config.json", asdict(self.cfg), exclusive=True)
+            except FileExistsError:
+                raise FedloraError(
+                    f"run directory {self.path} already holds a run (one started there since this run "
+                    "began); choose another --out (out-dir)"
+                ) from None
 
     def log(self, record: dict) -> None:
         """Append one JSON line and fsync it (a crash loses at most the line being written); with
@@ -180,8 +207,7 @@ class RunDir:
         write_json(self.path / name, obj)
 
 
-def write_json(path: Path, obj: dict) -> None:
-    """``obj`` as indented JSON at ``path``, atomically (a crash leaves the old file or the new one)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+def write_json(path: Path, obj: dict, exclusive: bool = False) -> None:
+    """``obj`` as indented JSON at ``path``, atomically (a crash leaves the old file or the new one;
+    ``exclusive``: FileExistsError when ``path`` exists)."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", exclusive=exclusive)

@@ -66,16 +66,20 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_model(cfg.model)  # so does a model that is not there (a Hub id: its config, transformers alone)
     from server.outcome import check_applied
-    from server.run_dir import default_run_dir
+    from server.run_dir import default_run_dir, release_empty
     from server.simulate import simulate
 
     run_dir = Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg)
     try:
         simulate(cfg, run_dir)
-    except KeyboardInterrupt:
-        if not (run_dir / "config.json").is_file():
-            raise  # nothing written yet: nothing to continue
-        raise KeyboardInterrupt(f"continue with: {resume_command(run_dir)}") from None
+    except BaseException as exc:
+        if not (run_dir / "config.json").is_file():  # nothing written yet: nothing to continue
+            if not cfg.out_dir:
+                release_empty(run_dir)  # the directory this run claimed
+            raise
+        if isinstance(exc, KeyboardInterrupt):
+            raise KeyboardInterrupt(f"continue with: {resume_command(run_dir)}") from None
+        raise
     check_applied(run_dir)
     return 0
 

@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--response-column", default="", help="a prompt/completion file's response column (completion)"
     )
     parser.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip (and count) malformed rows of --data instead of stopping at the first",
+    )
+    parser.add_argument(
         "--labels",
         metavar="A,B,C",
         help="the federation's label names, comma-separated: your labels are these names (class "
@@ -151,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     instructions = sdk.Instructions(args.instruction_format, args.prompt_column, args.response_column)
     if instructions != sdk.Instructions():
         options["instructions"] = instructions
+    if args.skip_bad_rows:
+        options["skip_bad_rows"] = True
     cfg = sdk.configure(args.superlink, args.data, args.mechanism, args.epsilon, **options)
     return sdk.start(cfg, print_command=args.print_command, port_given=args.port is not None)
 

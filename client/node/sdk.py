@@ -94,6 +94,7 @@ def prepare_data(
     label_column: str = LABEL,
     label_names: Sequence[str] | str | None = None,
     instructions: Instructions | None = None,
+    skip_bad_rows: bool = False,
 ) -> Path:
     """Validate your examples and write them to ``out_path`` as JSONL (one ``{"text", "label"}``
     object per line), the file a node reads. Returns the absolute path.
@@ -113,10 +114,14 @@ def prepare_data(
     are those names, and the class indices follow them sorted, as the federation's own file
     dataset numbers its classes: no copy of the federation's file is needed.
 
+    A malformed row of a file (a CSV row with broken quoting or the wrong number of fields, an
+    instruction row with a missing or empty field) is a one-line error naming its line; with
+    ``skip_bad_rows`` it is skipped, and a warning counts the rows skipped.
+
     An existing ``out_path`` is never overwritten: the same content is accepted (running your
     script twice is fine), anything else is an error.
     """
-    columns = _columns_of(text_column, label_column, instructions or Instructions())
+    columns = _columns_of(text_column, label_column, instructions or Instructions(), skip_bad_rows)
     if (conversations := _conversations(data, columns)) is not None:
         if labels is not None or label_names:
             raise FedloraError(f"{data} is instruction data (conversations): it has no labels to name")
@@ -128,6 +133,7 @@ def prepare_data(
         text_column=text_column,
         label_column=label_column,
         label_names=label_names,
+        skip_bad_rows=skip_bad_rows,
     )
     return write_jsonl(examples, out_path).resolve()
 
@@ -145,7 +151,10 @@ class Instructions:
 
 
 def _columns_of(
-    text_column: str = TEXT, label_column: str = LABEL, instructions: Instructions = Instructions()
+    text_column: str = TEXT,
+    label_column: str = LABEL,
+    instructions: Instructions = Instructions(),
+    skip_bad_rows: bool = False,
 ):
     """The :class:`common.data.files.Columns` a data file is read with."""
     from common.data.files import Columns
@@ -153,6 +162,7 @@ def _columns_of(
     return Columns(
         text_column,
         label_column,
+        skip_bad_rows=skip_bad_rows,
         instruction_format=instructions.format,
         prompt=instructions.prompt_column,
         response=instructions.response_column,
@@ -171,7 +181,7 @@ def _conversations(data: Data, columns) -> tuple[str, ...] | None:
     from common.data.files import read_rows
     from common.data.instructions import reading
 
-    rows = read_rows(data)
+    rows = read_rows(data, columns.skip_bad_rows)
     found = list(rows[0]) if rows else []
     if reading(found, columns.instruction_format, columns.prompt, columns.response, str(data)) is None:
         return None
@@ -186,6 +196,7 @@ def load_data(
     text_column: str = TEXT,
     label_column: str = LABEL,
     label_names: Sequence[str] | str | None = None,
+    skip_bad_rows: bool = False,
 ) -> OwnerData:
     """:func:`prepare_data` without writing: the validated examples."""
     names, corpus = _label_space(dataset, text_column, label_column, label_names)
@@ -195,7 +206,7 @@ def load_data(
         if is_canonical_jsonl(data, text_column, label_column):
             examples = read_jsonl(data, names)
         else:
-            texts, raw_labels = _file_columns(data, names, text_column, label_column)
+            texts, raw_labels = _file_columns(data, names, text_column, label_column, skip_bad_rows)
             examples = owner_data(texts, raw_labels, names, source=str(data))
     else:
         texts, raw_labels = _columns(data, labels, text_column, label_column)
@@ -278,16 +289,21 @@ def _label_space(
 
 
 def _file_columns(
-    path: str | os.PathLike, names: Sequence[str], text_column: str, label_column: str
+    path: str | os.PathLike,
+    names: Sequence[str],
+    text_column: str,
+    label_column: str,
+    skip_bad_rows: bool = False,
 ) -> tuple[list, list]:
     """``(texts, labels)`` of a CSV, Parquet or JSONL file with named columns, or of a ``.txt`` file
     (one text per non-blank line, label 0: a language-modelling dataset); a CSV label (always a
-    string) that is not one of ``names`` but a whole number becomes that class index."""
+    string) that is not one of ``names`` but a whole number becomes that class index; a malformed
+    CSV row is skipped with ``skip_bad_rows`` (:func:`common.data.files.read_rows`)."""
     from common.data.files import read_rows
 
     if not Path(path).is_file():
         raise FedloraError(f"data file not found: {path}")
-    rows = read_rows(path)
+    rows = read_rows(path, skip_bad_rows)
     if not rows:
         raise FedloraError(f"{path}: no rows")
     if str(path).lower().endswith(".txt"):  # plain text, one text per line: language modelling (label 0)
@@ -607,7 +623,7 @@ def configure(
     unknown = (
         set(options)
         - set(NodeConfig.__dataclass_fields__)
-        - {"superlink", "data", "mechanism", "epsilon", "instructions"}
+        - {"superlink", "data", "mechanism", "epsilon", "instructions", "skip_bad_rows"}
     )
     if unknown:
         raise FedloraError(f"unknown option(s) {', '.join(sorted(unknown))}")
@@ -615,7 +631,10 @@ def configure(
     columns = {k: options.pop(k) for k in ("text_column", "label_column") if k in options}
     label_names = declared_labels(options.pop("label_names", None)) or None
     instructions = options.pop("instructions", None)
-    read_with = _columns_of(**columns, instructions=instructions or Instructions())
+    skip_bad_rows = bool(options.pop("skip_bad_rows", False))
+    read_with = _columns_of(
+        **columns, instructions=instructions or Instructions(), skip_bad_rows=skip_bad_rows
+    )
     canonical = (is_conversation_jsonl(data) and instructions is None) or (
         is_canonical_jsonl(data, read_with.text, read_with.label) and _conversations(data, read_with) is None
     )
@@ -627,6 +646,7 @@ def configure(
             dataset=options.get("dataset"),
             label_names=label_names,
             instructions=instructions,
+            skip_bad_rows=skip_bad_rows,
             **columns,
         )
     options = {**options, "state_dir": state_dir, "label_names": label_names, **columns}

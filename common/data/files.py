@@ -212,7 +212,7 @@ def _report_skipped(name: str, reads: list[_Rows]) -> tuple[str, ...]:
         shown = "; ".join(f"{where}: {problem}" for where, problem in skipped[:SHOWN])
         more = f"; and {len(skipped) - SHOWN} more" if len(skipped) > SHOWN else ""
         log.warning(
-            "--dataset %s: skipped %s of %d (--skip-bad-rows): %s%s",
+            "%s: skipped %s of %d (--skip-bad-rows): %s%s",
             name,
             _bad_rows(len(skipped)),
             total,
@@ -353,12 +353,15 @@ def _label_names(values: tuple[str, ...], columns: Columns, name: str) -> tuple[
     return names
 
 
-def read_rows(path: str | Path) -> list[dict]:
+def read_rows(path: str | Path, skip_bad_rows: bool = False) -> list[dict]:
     """The rows of the CSV, JSONL, Parquet or plain-text file ``path`` (by its suffix) as dicts of
     column values (CSV values are strings; a ``.txt`` line is ``{"text": line}``). An unreadable
     file, a JSONL line that is not an object, or a CSV row with the wrong number of fields or
-    broken quoting is a one-line error naming the file and line."""
-    return [row for _, row in _read(Path(path), str(path), skip=False).rows]
+    broken quoting is a one-line error naming the file and line; with ``skip_bad_rows`` such a CSV
+    row is skipped instead, and a warning counts the skipped rows."""
+    read = _read(Path(path), str(path), skip=skip_bad_rows)
+    _report_skipped(str(path), [read])
+    return [row for _, row in read.rows]
 
 
 def _read(path: Path, shown: str, skip: bool) -> _Rows:

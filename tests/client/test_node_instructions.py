@@ -159,3 +159,29 @@ def test_fedlora_node_with_instruction_data_completes_a_round_of_a_real_federati
     finally:
         for p in [*nodes, link]:
             _stop(p)
+
+
+def test_fedlora_node_and_prepare_data_skip_bad_rows_when_told(tmp_path, capsys, caplog):
+    """Issue 75 item 3: the one-line refusal of a malformed row says "pass --skip-bad-rows", and
+    both fedlora node and sdk.prepare_data take it: the bad rows skipped and counted."""
+    bad = tmp_path / "faq.csv"
+    bad.write_text(
+        'prompt,completion\nSay red.,Red.\n"Say blue.,Blue.\nAdd 1 and 1.,2\n'
+    )  # line 3: open quote
+    labelled = tmp_path / "tickets.csv"
+    labelled.write_text("text,label\nprinter broken,it\nrefund me,billing,extra\nlogin fails,it\n")
+    base = ["node", "--superlink", "127.0.0.1:9", "--data", str(bad), "--mechanism", "fedavg", "--insecure",
+            "--print-command"]  # fmt: skip
+    assert run_cli([*base, "--state-dir", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{bad}:3:" in err and "--skip-bad-rows" in err and "\n" not in err
+    assert run_cli([*base, "--state-dir", str(tmp_path / "b"), "--skip-bad-rows"]) == 0
+    assert len(read_conversations(tmp_path / "b" / "data.jsonl")) == 2  # lines 2 and 4
+    assert "skipped 1 bad row" in caplog.text
+    with pytest.raises(FedloraError, match="--skip-bad-rows"):
+        sdk.prepare_data(labelled, tmp_path / "c.jsonl", label_names=["billing", "it"])
+    out = sdk.prepare_data(labelled, tmp_path / "d.jsonl", label_names=["billing", "it"], skip_bad_rows=True)
+    assert [json.loads(line)["text"] for line in out.read_text().splitlines()] == [
+        "printer broken",
+        "login fails",
+    ]
