@@ -26,7 +26,9 @@ def test_of_two_runs_racing_into_one_directory_the_second_is_refused(tmp_path):
     one, two = rd.RunDir(path, cfg), rd.RunDir(path, cfg)  # both checked before either writes
     one.create()
     written = (path / "config.json").read_text()
-    with pytest.raises(FedloraError, match="already holds a run \\(one started there since this run began\\)"):
+    with pytest.raises(
+        FedloraError, match="already holds a run \\(one started there since this run began\\)"
+    ):
         two.create()
     assert (path / "config.json").read_text() == written  # the first run's configuration stands
 
