@@ -34,7 +34,8 @@ import io
 import logging
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -350,7 +351,31 @@ def _label_names(values: tuple[str, ...], columns: Columns, name: str) -> tuple[
         raise FedloraError(
             f"--dataset {name}: '{columns.label}' has one value ({names[0]}); a task needs two"
         )
+    if not columns.labels and (doubts := suspect_labels(values)) and multiprocessing.parent_process() is None:
+        log.warning(
+            "--dataset %s: %s; each value of '%s' is its own class (declare the classes with --labels "
+            "A,B,C to refuse any other)",
+            name,
+            "; ".join(doubts),
+            columns.label,
+        )
     return names
+
+
+def suspect_labels(values: Sequence[str]) -> list[str]:
+    """What looks like a mistake in undeclared labels: a label with one example, and labels that
+    differ only in case or surrounding spaces (``Billing`` beside ``billing``)."""
+    counts = Counter(values)
+    folded: dict[str, list[str]] = {}
+    for value in sorted(counts):
+        folded.setdefault(value.strip().casefold(), []).append(value)
+    doubts = [f"label '{v}' has a single example" for v in sorted(counts) if counts[v] == 1]
+    doubts += [
+        f"labels {' and '.join(repr(v) for v in same)} differ only in case or spaces"
+        for same in folded.values()
+        if len(same) > 1
+    ]
+    return doubts
 
 
 def read_rows(path: str | Path, skip_bad_rows: bool = False) -> list[dict]:
@@ -474,5 +499,6 @@ __all__ = [
     "is_file_dataset",
     "load_file_corpus",
     "read_rows",
+    "suspect_labels",
     "split_files",
 ]

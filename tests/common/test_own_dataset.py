@@ -233,3 +233,31 @@ def test_a_file_that_is_not_utf8_says_where_and_to_re_save_it_as_utf8(tmp_path, 
     path.write_bytes(rows.get(suffix, "un café\n").encode("latin-1"))
     err = _refused(tmp_path, capsys, ["--dataset", str(path)])
     assert "is not UTF-8 text (byte" in err and "\\xe9" in err and "re-save it as UTF-8" in err
+
+
+def test_a_lone_label_or_a_label_in_another_case_is_warned_of_unless_the_classes_are_declared(
+    tmp_path, caplog
+):
+    """Issue 75 item 4: a rare class or ``Billing`` beside ``billing`` used to become a class silently."""
+    path = tmp_path / "tickets.csv"
+    rows = [
+        ("printer broken", "it"),
+        ("login fails", "it"),
+        ("refund me", "billing"),
+        ("charged twice", "billing"),
+    ]
+    rows += [("invoice wrong", "Billing"), ("cannot print", "it")]
+    with path.open("w", newline="") as fh:
+        csv.writer(fh).writerows([("text", "label"), *rows])
+    with caplog.at_level("WARNING", logger="fedlora.data"):
+        corpus = load_file_corpus(str(path), Columns())
+    assert corpus.label_names == ("Billing", "billing", "it")  # still its own class: a warning, not a refusal
+    assert (
+        "label 'Billing' has a single example; labels 'Billing' and 'billing' differ only in case or spaces"
+        in caplog.text
+    )
+    assert "--labels" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fedlora.data"):
+        load_file_corpus(str(path), Columns(labels=("billing", "it"), skip_bad_rows=True))
+    assert "single example" not in caplog.text  # declared classes: the reader refuses (or skips) the rest
