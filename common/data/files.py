@@ -499,6 +499,6 @@ __all__ = [
     "is_file_dataset",
     "load_file_corpus",
     "read_rows",
-    "suspect_labels",
     "split_files",
+    "suspect_labels",
 ]
