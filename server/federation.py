@@ -208,6 +208,8 @@ def _resume_or_begin(run: FederationRun) -> None:
         run.echo(f"resuming {out.path} after round {run.loop.round}")
         return
     run.state, run.loop = evaluator.initial_state(), LoopState()
+    # said first: evaluating a large held-out set takes minutes on a CPU, and a log file shows no bar
+    run.echo(f"round 0: evaluating the untrained adapter on {len(evaluator.examples)} held-out examples")
     run.loop.before = run.loop.after = evaluator(run.state)
     if not cfg.resume or not out.logged_rounds():
         out.log({"round": 0, "phase": "initial", **run.loop.before})

@@ -233,8 +233,10 @@ def test_ctrl_c_stops_the_workers_quietly_and_says_how_to_continue(tmp_path):
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
+        first = server.stdout.readline()  # round 0 is being evaluated
+        assert first.startswith("round 0: evaluating"), first + server.stderr.read()[-2000:]
         first = server.stdout.readline()  # round 0 is evaluated: round 1 is next (workers start or train)
-        assert first.startswith("round 0:"), first + server.stderr.read()[-2000:]
+        assert first.startswith("round 0: held-out"), first + server.stderr.read()[-2000:]
         time.sleep(1.0)
         os.killpg(server.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
         _, err = server.communicate(timeout=60)  # before: a hang (the queue's feeder, unread)
