@@ -122,7 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(central / distributed noise, --encode-at server: your epsilon holds against everyone else)",
     )
     parser.add_argument(
-        "--print-command", action="store_true", help="print the flower-supernode command, run nothing"
+        "--print-command",
+        action="store_true",
+        help="print the flower-supernode command and start nothing (the data file and local port it names are written)",
     )
 
 
