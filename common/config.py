@@ -8,6 +8,7 @@ Flower's ``run_config`` is flat (``num-clients = 4``); :func:`from_flat` / :func
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -889,7 +890,9 @@ def from_flat(flat: dict[str, object]) -> RunConfig:
     for key, value in flat.items():
         name = key.replace("-", "_")
         if name not in known:
-            raise FedloraError(f"unknown config key '{key}'")
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean '{close[0].replace('_', '-')}'?" if close else ""
+            raise FedloraError(f"unknown config key '{key}'{hint}")
         if value == "":
             continue
         kind = type(getattr(RunConfig, name))
