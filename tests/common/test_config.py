@@ -34,7 +34,7 @@ def test_bad_values(change, message):
 def test_unknown_flat_key():
     with pytest.raises(FedloraError, match="unknown config key 'num-clientz'; did you mean 'num-clients'\\?"):
         from_flat({"num-clientz": 3})
-    with pytest.raises(FedloraError, match="unknown config key 'bogus'$"):  # nothing close: no guess
+    with pytest.raises(FedloraError, match=r"unknown config key 'bogus'$"):  # nothing close: no guess
         from_flat({"bogus": 3})
 
 
