@@ -11,6 +11,7 @@ from flwr.app import Context, Message, RecordDict
 
 from common.config import RunConfig, to_flat
 from common.device import resolve_device
+from common.errors import FedloraError
 from common.runtime import open_split
 from common.timing import reset, totals
 from server.inprocess import InProcessGrid, load_component
@@ -40,6 +41,21 @@ def engine_of(cfg: RunConfig) -> str:
 ClientWrapper = Callable[[Callable, Message, Context], Message]
 
 
+def _check_batch(cfg: RunConfig, split) -> None:
+    """A sample-level DP optimizer samples an expected ``--batch-size`` of each node's examples: a
+    node with fewer examples than that is refused here, before round 0, naming the option."""
+    if cfg.optimizer_kind == "none" or not split.clients:
+        return
+    sizes = [len(c) for c in split.clients]
+    node = min(range(len(sizes)), key=sizes.__getitem__)
+    if cfg.batch_size > sizes[node]:
+        raise FedloraError(
+            f"--batch-size {cfg.batch_size} exceeds node {node}'s {sizes[node]} training examples (the fewest "
+            f"of any node): {cfg.optimizer_kind} samples an expected batch of that size; pass --batch-size "
+            f"{sizes[node]} or less"
+        )
+
+
 def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | None = None) -> Path:
     """Run a federation of ``cfg.num_clients`` in-process nodes; returns the run directory. Node k
     keeps its state (its sample-level ledger) in ``<run dir>/nodes/node-k``.
@@ -55,7 +71,7 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     A bad dataset name, a missing asset or too many clients fails here, before any worker starts (the
     split is cached: the ServerApp's Evaluator reuses it); a bad model name fails in the Evaluator,
     before the run directory is created."""
-    open_split(cfg)
+    _check_batch(cfg, open_split(cfg))
     run_dir = run_dir or (Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg))
     flat = to_flat(cfg.replace(out_dir=str(run_dir)))
     batched = wrap is None and engine_of(cfg) == "batched"

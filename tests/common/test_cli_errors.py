@@ -252,3 +252,20 @@ def test_a_bad_split_is_refused_before_any_worker_starts(args, message, monkeypa
     assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_a_batch_larger_than_a_nodes_data_is_refused_before_round_0_naming_the_option(tmp_path, capsys):
+    """Issue 75 item 5: a sample-level optimizer's expected batch above a node's examples failed only
+    after round 0's evaluation (minutes), without naming --batch-size."""
+    data = tmp_path / "tickets.csv"
+    rows = "".join(
+        f"ticket {k} about {('billing', 'printer', 'login')[k % 3]},{('billing', 'it', 'it')[k % 3]}\n"
+        for k in range(40)
+    )
+    data.write_text("text,label\n" + rows)
+    argv = ["simulate", "--preset", "minilm-rt-silo", "--dataset", str(data), "--batch-size", "64", "--rounds", "1",
+            "--workers", "1", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--batch-size 64 exceeds node" in err and "pass --batch-size" in err and "\n" not in err
+    assert not (tmp_path / "run").exists()
