@@ -291,12 +291,31 @@ PRESETS: dict[str, dict[str, object]] = {
 }
 
 
+#: a preset's options that only an encoder classifier takes: a run that names a causal LM in place
+#: of the preset's encoder drops those it did not set itself (to RunConfig's defaults)
+ENCODER_ONLY = ("pooling", "head_init")
+
+
 def preset(name: str, **overrides: object) -> RunConfig:
-    """The named preset with ``overrides`` applied (``None`` values are ignored)."""
+    """The named preset with ``overrides`` applied (``None`` values are ignored). A ``model`` that is
+    a registered causal LM, given in place of the preset's, brings its own defaults for the
+    :data:`ENCODER_ONLY` options the overrides leave unset."""
     if name not in PRESETS:
         raise FedloraError(f"unknown preset '{name}'; available: {', '.join(PRESETS)}")
-    values = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
-    return RunConfig(**values)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    base = dict(PRESETS[name])
+    if given.get("model", base.get("model")) != base.get("model") and _causal(str(given["model"])):
+        for key in ENCODER_ONLY:
+            base.pop(key, None)
+    return RunConfig(**{**base, **given})
+
+
+def _causal(model: str) -> bool:
+    """Whether ``model`` is a registered causal LM (a Hub id or a directory: unknown here, False)."""
+    from common.models.registry import MODELS  # the registry, not the models: nothing heavy loads
+
+    spec = MODELS.get(model)
+    return spec is not None and spec.kind == "causal-lm"
 
 
 __all__ = ["PRESETS", "preset"]

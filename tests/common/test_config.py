@@ -81,3 +81,15 @@ def test_simulate_and_train_local_share_option_names():
     assert {"sample_epsilon", "sample_clip", "local_steps", "lora_init", "mechanism"} <= shared
     assert all(local[name] == sim[name] for name in shared)
     assert "clip" not in local and "epsilon" not in local  # no second meaning of --clip
+
+
+def test_a_causal_lm_in_place_of_the_presets_encoder_brings_its_own_defaults():
+    """Issue 75 item 5: ``--model smollm2-135m`` on the default preset (an encoder's: --pooling mean,
+    --head-init zero-shot) failed with "--pooling mean is for encoder classifiers"."""
+    from common.presets import preset
+
+    cfg = preset("default", model="smollm2-135m")
+    assert (cfg.pooling, cfg.head_init) == ("cls", "random") and cfg.model == "smollm2-135m"
+    assert preset("default").pooling == "mean"  # the preset's own model keeps the preset's options
+    assert preset("default", model="smollm2-135m", pooling="mean").pooling == "mean"  # asked for: kept
+    assert preset("default", model="./my-encoder").pooling == "mean"  # not a registered causal LM
