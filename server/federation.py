@@ -78,6 +78,7 @@ class FederationRun:
     subspace: the public subspace each aggregate is projected onto; None without one.
     rng: the client sampler: OS entropy, never ``cfg.seed``, never checkpointed (the sample is secret).
     stopped: why the budget stopped the run early; None while it was not.
+    evaluation_s: seconds round 0's held-out evaluation took (0 on resume: not measured).
     """
 
     grid: Grid
@@ -99,6 +100,7 @@ class FederationRun:
     subspace: PublicSubspace | None = None
     rng: np.random.Generator | None = None
     stopped: str | None = None
+    evaluation_s: float = 0.0
 
     @property
     def run_id(self) -> str:
@@ -155,7 +157,9 @@ def run_federation(grid: Grid, cfg: RunConfig, run_dir: Path, echo=tqdm.write) -
         if not _round(run, rnd):
             break  # the budget stopped the run
         if rnd == run.first and rnd < cfg.rounds:  # the first estimate of the time left, measured
-            run.echo(eta_line(1, time.monotonic() - t0, cfg.rounds - rnd))
+            evaluated = _evaluated(cfg, rnd)  # then the round's time holds an evaluation already
+            evaluations = 0 if evaluated else sum(_evaluated(cfg, r) for r in range(rnd + 1, cfg.rounds + 1))
+            run.echo(eta_line(1, time.monotonic() - t0, cfg.rounds - rnd, evaluations, run.evaluation_s))
     return _finish(run)
 
 
@@ -196,6 +200,11 @@ def _setup(grid: Grid, cfg: RunConfig, run_dir: Path, echo: Callable[[str], None
     return run
 
 
+def _evaluated(cfg: RunConfig, rnd: int) -> bool:
+    """Whether round ``rnd`` (once applied) is evaluated on the held-out set."""
+    return rnd % cfg.eval_every == 0 or rnd == cfg.rounds
+
+
 def _resume_or_begin(run: FederationRun) -> None:
     """``run.state`` and ``run.loop`` from the checkpoint (resume; the server optimizer and the
     release restored with them), or the initial adapter, evaluated (and logged as round 0)."""
@@ -210,7 +219,9 @@ def _resume_or_begin(run: FederationRun) -> None:
     run.state, run.loop = evaluator.initial_state(), LoopState()
     # said first: evaluating a large held-out set takes minutes on a CPU, and a log file shows no bar
     run.echo(f"round 0: evaluating the untrained adapter on {len(evaluator.examples)} held-out examples")
+    started = time.monotonic()
     run.loop.before = run.loop.after = evaluator(run.state)
+    run.evaluation_s = time.monotonic() - started
     if not cfg.resume or not out.logged_rounds():
         out.log({"round": 0, "phase": "initial", **run.loop.before})
     run.echo(f"round 0: held-out {run.metric} {run.loop.before[run.metric]:.4f} (untrained adapter)")
@@ -245,7 +256,7 @@ def _round(run: FederationRun, rnd: int) -> bool:
     result = _train(run, rnd, sampled)
     result.sampled = drawn
     run.loop.count(result)
-    evaluated = result.applied and (rnd % run.cfg.eval_every == 0 or rnd == run.cfg.rounds)
+    evaluated = result.applied and _evaluated(run.cfg, rnd)
     if evaluated:
         run.loop.after = run.evaluator(run.state)
     run.loop.stale = (run.loop.stale or result.applied) and not evaluated
