@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from common.privacy.report import pyplot, save_png
+from common.privacy.report import EPS_COLOURS, pyplot, round_axis, save_png
 
 #: metrics-line key -> TensorBoard tag, for the scalars of every round that has them
 SCALARS: dict[str, str] = {
@@ -75,12 +75,12 @@ def draw_curves(metrics: Path, path: Path, metric: str, target_epsilon: float = 
         for key, label in keys:
             x, y = _series(rows, key)
             if x:
-                ax.plot(x, y, marker="o", markersize=3, label=label)
+                ax.plot(x, y, marker="o", markersize=3, label=label, color=EPS_COLOURS.get(key))
                 drawn = True
         if not drawn:
             ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="grey")
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("round")
+        round_axis(ax)
         ax.grid(alpha=0.3)
         if drawn and len(keys) > 1:
             ax.legend(fontsize=7)

@@ -59,19 +59,35 @@ def save_png(fig, path: Path) -> Path:
     return path
 
 
+#: each ε curve's colour, the same in every figure (privacy.png, curves.png)
+EPS_COLOURS = {"eps_tight": "C0", "eps_gdp": "C1"}
+
+
+def round_axis(ax) -> None:
+    """Label ``ax``'s x axis "round", with whole-number ticks only (a 1-round run has no round 0.5);
+    call it after plotting. A span under two rounds is widened to half a round beyond its ends."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    lo, hi = ax.get_xlim()
+    if hi - lo < 2:
+        ax.set_xlim(math.floor(lo + 0.5) - 0.5, math.ceil(hi - 0.5) + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
 def plot(report: dict, path: Path) -> None:
-    """ε_gdp and ε_tight after each charged round (∞ values are left out of the plot)."""
+    """ε_tight and ε_gdp after each charged round (∞ values are left out of the plot)."""
     plt = pyplot()
     rows = report["rounds"]
     x = [r["round"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    for key, label in (("eps_gdp", "CLT μ-GDP (paper)"), ("eps_tight", "PLD (tight)")):
+    for key, label in (("eps_tight", "PLD (tight)"), ("eps_gdp", "CLT μ-GDP (paper)")):
         y = [r[key] if math.isfinite(r[key]) else math.nan for r in rows]
-        ax.plot(x, y, marker="o", markersize=3, label=label)
+        ax.plot(x, y, marker="o", markersize=3, label=label, color=EPS_COLOURS[key])
     target = float(report.get("target_epsilon") or 0)
     if target > 0:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"budget ε = {target:g}")
-    ax.set_xlabel("round")
+    round_axis(ax)
     ax.set_ylabel(f"ε at δ = {float(report['delta']):g}")
     ax.set_title(title(report), fontsize=8 if report.get("what_if") else 10)
     ax.grid(alpha=0.3)

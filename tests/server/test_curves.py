@@ -102,3 +102,41 @@ def test_tensorboard_gets_every_number_of_each_line_under_its_tag(tmp_path):
     assert scalars["privacy/epsilon_tight"] == [(1, 1.5), (2, 2.5)]
     assert scalars["round/replies"] == [(1, 4), (2, 2)]
     assert "train/loss" not in scalars and not any("bytes" in t for t in scalars)
+
+
+def test_each_epsilon_curve_has_one_colour_in_both_figures_and_rounds_are_whole(tmp_path, monkeypatch):
+    """Issue 75 item 11: the accountants' colours were swapped between curves.png and privacy.png,
+    and a 1-round run's axis showed round 0.5."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from common.privacy.report import plot
+
+    seen = []
+    real = plt.Figure.savefig
+
+    def keep(fig, *a, **k):
+        fig.canvas.draw()
+        for ax in fig.axes:
+            ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+            colours = {line.get_label(): line.get_color() for line in ax.get_lines()}
+            seen.append((ticks, colours))
+        return real(fig, *a, **k)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep)
+    one_round = [
+        {"round": 0, "phase": "initial", "accuracy": 0.5},
+        {"round": 1, "eps_tight": 2.0, "eps_gdp": 1.5},
+    ]
+    draw_curves(_metrics(tmp_path, one_round), tmp_path / "curves.png", "accuracy")
+    rounds = [
+        {"round": r, "eps_tight": 1.0 + r, "eps_gdp": 1.0 + r / 2, "threat_model": "central"} for r in (1, 2)
+    ]
+    plot({"rounds": rounds, "delta": 1e-5, "unit": "client-level"}, tmp_path / "privacy.png")
+    assert all(float(t).is_integer() for ticks, _ in seen for t in ticks)
+    curves_eps, privacy_eps = seen[2][1], seen[3][1]
+    assert curves_eps["ε (tight accountant)"] == privacy_eps["PLD (tight)"]
+    assert curves_eps["ε (CLT μ-GDP, approximation)"] == privacy_eps["CLT μ-GDP (paper)"]
+    assert privacy_eps["PLD (tight)"] != privacy_eps["CLT μ-GDP (paper)"]
