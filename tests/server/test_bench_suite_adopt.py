@@ -189,6 +189,12 @@ def test_the_dp_tracks_gains_pair_each_seed_with_its_own_non_private_run(tmp_pat
         "np, accuracy per set (base → after, mean over seeds): mmlu 0.32 → 0.48, piqa 0.32 → 0.48"
         in sec["notes"]
     )
+    # a seed whose non-private run gained nothing gives no share (a ratio to ~0 or below means nothing)
+    for d in done:
+        if d["run"].arm is plain:
+            d["output"]["after"]["accuracy"] = d["output"]["before"]["accuracy"] - 0.01
+    rows = {r["arm"]: r for r in instruction(done)["rows"]}
+    assert rows["dp ε=8"]["share of the non-private gain (same seed)"] == "n/a: no non-private gain"
 
 
 def _silo(before: float, after: float, epsilons: list[float]) -> dict:

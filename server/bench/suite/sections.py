@@ -386,7 +386,9 @@ def instruction(done: Sequence[dict]) -> dict:
     sec = _base(name, title, [d for d in done if d["run"].section == name])
     sec["columns"] = INSTRUCTION_COLUMNS
     groups = _group(done, name)
-    baseline, answer_baseline = _baseline_drops(groups, _gain), _baseline_drops(groups, _log_drop)
+    # a share of a non-private gain that is not positive means nothing: such seeds give none
+    baseline = {seed: g for seed, g in _baseline_drops(groups, _gain).items() if g > 0}
+    answer_baseline = _baseline_drops(groups, _log_drop)
     for arm, group in groups:
         finished = [d for d in group if d["output"]]
         outs = [d["output"] for d in finished]
@@ -403,7 +405,9 @@ def instruction(done: Sequence[dict]) -> dict:
                 "accuracy of the base model": _mean([s["before"]["accuracy"] for s in outs]),
                 "accuracy after (mean ± std)": _mean_std([s["after"]["accuracy"] for s in outs]),
                 "gain over the base (mean ± std)": _mean_std([_gain(s) for s in outs]),
-                "share of the non-private gain (same seed)": _mean_std(shares) if shares else "n/a",
+                "share of the non-private gain (same seed)": _mean_std(shares)
+                if shares
+                else ("n/a: no non-private gain" if arm.target_epsilon is not None and outs else "n/a"),
                 "exact match, generated (base → after)": " → ".join(exact),
                 "acc_norm after": _mean([s["after"].get("acc_norm") for s in outs]),
                 "answers' perplexity (base → after)": " → ".join(answers),
