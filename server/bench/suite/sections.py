@@ -386,8 +386,11 @@ def instruction(done: Sequence[dict]) -> dict:
     sec = _base(name, title, [d for d in done if d["run"].section == name])
     sec["columns"] = INSTRUCTION_COLUMNS
     groups = _group(done, name)
-    # a share of a non-private gain that is not positive means nothing: such seeds give none
-    baseline = {seed: g for seed, g in _baseline_drops(groups, _gain).items() if g > 0}
+    # a share of a non-private gain that is not positive means nothing: no share unless the
+    # non-private arm gained on average, and none of a seed where it did not
+    gains = _baseline_drops(groups, _gain)
+    positive = bool(gains) and statistics.mean(gains.values()) > 0
+    baseline = {seed: g for seed, g in gains.items() if g > 0} if positive else {}
     answer_baseline = _baseline_drops(groups, _log_drop)
     for arm, group in groups:
         finished = [d for d in group if d["output"]]
