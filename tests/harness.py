@@ -1,10 +1,12 @@
 """What the federation tests share: a tiny configuration, the in-process federation with an
-optional wrapper around the ClientApp, the run's metrics lines, and Flower's message identity."""
+optional wrapper around the ClientApp, the run's metrics lines, Flower's message identity, and a
+data owner's instruction data written in each of its three forms (docs/instruction-tuning.md)."""
 
 from __future__ import annotations
 
+import csv
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -101,9 +103,6 @@ def card_summary(**data) -> dict:
     }
 
 
-__all__ = ["TINY", "LmTask", "card_summary", "federate", "message_identity", "records", "serve"]
-
-
 def ledger_charge(rnd: int, sigma: float = 1.2, p: float = 0.5, run: str = "r1", **kw) -> Charge:
     """A client-level ledger charge of round ``rnd`` (central noise, dp-fedavg, 3 sampled) with
     ``kw`` changed."""
@@ -120,3 +119,44 @@ def ledger_charge(rnd: int, sigma: float = 1.2, p: float = 0.5, run: str = "r1",
         mechanism="dp-fedavg",
     )
     return Charge(**{**values, **kw})
+
+
+# --- instruction data in its three forms: the same (prompt, answer, user) rows as alpaca JSONL, a
+# prompt/completion CSV or chat JSONL
+
+#: form -> the file name its rows are written to
+FILES = {"alpaca": "sft.jsonl", "prompt-completion": "sft.csv", "chat": "chat.jsonl"}
+FORMS = tuple(FILES)
+
+InstructionRow = tuple[str, str, str]  # (prompt, answer, user)
+
+
+def write_form(directory: Path, form: str, rows: Sequence[InstructionRow]) -> Path:
+    """``rows`` in ``form`` under ``directory`` (a ``user`` column or field beside each row)."""
+    path = directory / FILES[form]
+    if form == "prompt-completion":
+        with path.open("w", newline="") as fh:
+            csv.writer(fh).writerows([("prompt", "completion", "user"), *rows])
+        return path
+    records = [
+        {"instruction": q, "output": a, "user": u}
+        if form == "alpaca"
+        else {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}], "user": u}
+        for q, a, u in rows
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+__all__ = [
+    "FILES",
+    "FORMS",
+    "TINY",
+    "LmTask",
+    "card_summary",
+    "federate",
+    "message_identity",
+    "records",
+    "serve",
+    "write_form",
+]

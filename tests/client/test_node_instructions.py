@@ -22,7 +22,7 @@ from common.presets import preset
 from common.tasks.chat import ChatTask
 from tests.client.test_sdk import ROOT, _process_env, _start, _stop, _wait_for_port
 from tests.conftest import run_cli
-from tests.instruction_files import FILES, FORMS, write_form
+from tests.harness import FILES, FORMS, write_form
 
 ROWS = [
     ("Say the word red.", "Red."),

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from tests.conftest import run_cli
-from tests.instruction_files import FORMS, write_form
+from tests.harness import FORMS, write_form
 from tests.server.test_resume import _fedlora, _finish, kill_after
 from tests.server.test_resume import _rows as _charges
 
