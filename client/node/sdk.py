@@ -178,11 +178,10 @@ def _conversations(data: Data, columns) -> tuple[str, ...] | None:
     if is_conversation_jsonl(data) and columns.instruction_format in ("auto", "chat"):
         return read_conversations(data)
     from common.data.federated import open_corpus
-    from common.data.files import read_rows
+    from common.data.files import first_columns
     from common.data.instructions import reading
 
-    rows = read_rows(data, columns.skip_bad_rows)
-    found = list(rows[0]) if rows else []
+    found = first_columns(data, columns.skip_bad_rows)
     if reading(found, columns.instruction_format, columns.prompt, columns.response, str(data)) is None:
         return None
     return open_corpus(str(data), columns).texts

@@ -389,6 +389,14 @@ def read_rows(path: str | Path, skip_bad_rows: bool = False) -> list[dict]:
     return [row for _, row in read.rows]
 
 
+def first_columns(path: str | Path, skip_bad_rows: bool = False) -> list[str]:
+    """The columns of the first row :func:`read_rows` gives for ``path`` (none for a file without
+    rows), read to tell the file's form: the skipped rows are not reported here, the reading that
+    follows reports them."""
+    rows = _read(Path(path), str(path), skip=skip_bad_rows).rows
+    return list(rows[0][1]) if rows else []
+
+
 def _read(path: Path, shown: str, skip: bool) -> _Rows:
     """:func:`read_rows` of ``path``, each row with its location (``shown`` is the file's name in
     them); with ``skip``, malformed CSV rows are skipped and recorded instead of refused."""
@@ -496,6 +504,7 @@ __all__ = [
     "DEFAULT_LABEL",
     "SUFFIXES",
     "Columns",
+    "first_columns",
     "is_file_dataset",
     "load_file_corpus",
     "read_rows",

@@ -178,6 +178,7 @@ def test_fedlora_node_and_prepare_data_skip_bad_rows_when_told(tmp_path, capsys,
     assert run_cli([*base, "--state-dir", str(tmp_path / "b"), "--skip-bad-rows"]) == 0
     assert len(read_conversations(tmp_path / "b" / "data.jsonl")) == 2  # lines 2 and 4
     assert "skipped 1 bad row" in caplog.text
+    assert caplog.text.count("skipped 1 bad row") == 1  # reported once, not by every reading of the file
     with pytest.raises(FedloraError, match="--skip-bad-rows"):
         sdk.prepare_data(labelled, tmp_path / "c.jsonl", label_names=["billing", "it"])
     out = sdk.prepare_data(labelled, tmp_path / "d.jsonl", label_names=["billing", "it"], skip_bad_rows=True)
