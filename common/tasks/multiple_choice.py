@@ -31,7 +31,7 @@ head evaluated only on the last positions, where every continuation ends, when t
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -258,17 +258,25 @@ class MultipleChoiceScorer:
         ``"<set>/<metric>"`` for every metric of :meth:`score` and, over the sets (each set weighing
         the same), their mean ``"<metric>"``, plus ``"items"`` (all sets) and ``"sets"``."""
         names = list(sets) if sets is not None else list(SETS)
-        out: dict[str, float] = {}
-        for name in names:
-            _, held_out = load_set(name).split()
-            out |= {f"{name}/{k}": v for k, v in self.score(model, sample(held_out, per_set)).items()}
-        means = {m: sum(out[f"{name}/{m}"] for name in names) / len(names) for m in METRICS}
+        scores = self.score_sets(model, {name: sample(load_set(name).split()[1], per_set) for name in names})
         return {
-            **out,
-            **means,
-            "items": sum(out[f"{name}/items"] for name in names),
+            **{f"{name}/{k}": v for name, s in scores.items() for k, v in s.items()},
+            **set_means(scores),
+            "items": sum(s["items"] for s in scores.values()),
             "sets": float(len(names)),
         }
+
+    def score_sets(
+        self, model: nn.Module, items: Mapping[str, Sequence[Item]]
+    ) -> dict[str, dict[str, float]]:
+        """:meth:`score` of each set's ``items``: set -> its metrics."""
+        return {name: self.score(model, chosen) for name, chosen in items.items()}
+
+
+def set_means(scores: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Each of :data:`METRICS` averaged over the sets of ``scores`` (set -> metrics), each set
+    weighing the same."""
+    return {m: sum(s[m] for s in scores.values()) / len(scores) for m in METRICS}
 
 
 class MultipleChoiceTask(ChatTask):
@@ -304,9 +312,9 @@ class MultipleChoiceTask(ChatTask):
                 by_set.setdefault(example["item"].dataset, []).append(example["item"])
         if not by_set:
             raise FedloraError("no held-out multiple-choice items to score")
-        scores = {name: self.scorer.score(model, items) for name, items in sorted(by_set.items())}
+        scores = self.scorer.score_sets(model, dict(sorted(by_set.items())))
         per_set = {f"{_NAMES.get(m, m)}/{name}": s[m] for name, s in scores.items() for m in METRICS}
-        means = {_NAMES.get(m, m): sum(s[m] for s in scores.values()) / len(scores) for m in METRICS}
+        means = {_NAMES.get(m, m): v for m, v in set_means(scores).items()}
         return {**means, **per_set, **super().evaluate(model, examples, device, batch_size)}
 
 
@@ -325,4 +333,5 @@ __all__ = [
     "item_metrics",
     "left_padded",
     "option_loglikelihoods",
+    "set_means",
 ]
