@@ -3,7 +3,8 @@
 Every form a data owner's instruction file takes (alpaca-style ``instruction``/``input``/``output``,
 ``prompt``/``completion``, or chat ``messages``: common/data/instructions.py) becomes a sequence of
 ``(role, content)`` turns, roles from :data:`ROLES`, opening (after any ``system`` turn) with the
-``user``'s, with at least one non-empty ``assistant`` turn (the turns a model learns to produce: the training loss covers them alone, common/tasks/chat.py).
+``user``'s, with at least one non-empty ``assistant`` turn (the turns a model learns to produce:
+the training loss covers them alone, common/tasks/chat.py).
 
 A :class:`~common.data.corpora.Corpus` of task :data:`TASK` holds each conversation in ``texts`` as
 its canonical JSON (:func:`dumps`: a list of ``{"role", "content"}`` objects, no whitespace), so that
