@@ -275,11 +275,13 @@ def _train_steps(
     node = dict(context.node_config)
     ledger = None
     if plan is not None:  # sample-level DP: the node's own ledger, checked and charged before the steps
+        policy = NodePolicy.from_node_config(node)
+        policy.check_run_epsilon(plan.epsilon(), "sample-level", cfg.delta)  # the run's whole plan
         ledger = held_ledger(node, LEDGER_FILE, "sample-level", _owner(cfg, pid, parts), cfg.delta)
         # this round's steps and every later round's, as if sampled in each
         remaining = (cfg.rounds - ins.round + 1) * cfg.local_steps
         plan = replan(plan, _run_history(ledger, str(context.run_id)), remaining)
-        NodePolicy.from_node_config(node).check_sample_budget(ledger, plan.sigma, plan.sample_rate, remaining)
+        policy.check_sample_budget(ledger, plan.sigma, plan.sample_rate, remaining)
         run_key = _charge(ledger, plan, str(context.run_id), ins.round, cfg.local_steps, cfg.optimizer_kind)
     with phase("local-training"):
         metrics = local_update(

@@ -3,7 +3,8 @@
 A run that applied none ends with the adapter it began with, yet may have spent privacy: a round
 that sampled nobody is charged all the same (whom the sampler picks is secret, and so is an empty
 sample). ``fedlora simulate`` and ``fedlora deploy up`` / ``resume`` then exit 1 with one line that
-says what became of each round and what ε was charged (docs/deployment.md, "Exit codes")."""
+says what became of each round and what ε was charged (docs/deployment.md, "Exit codes"), and the
+ServerApp fails with that line (Flower's run status ``finished:failed``, whatever the route)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,12 @@ def no_round_applied(run_dir: Path) -> str | None:
         return None
     what = "; ".join(_what_happened(summary, _records(Path(run_dir)))) or "no round ran"
     return f"no round was applied: {what}{_charged(summary)}; the adapter in {run_dir} is the initial one"
+
+
+def ended_without_a_round(run_dir: Path) -> str | None:
+    """Like :func:`no_round_applied`, but only for a run that ended (its ``summary.json`` written):
+    None for a run that applied a round or that failed before its summary."""
+    return no_round_applied(run_dir) if (Path(run_dir) / SUMMARY_FILE).is_file() else None
 
 
 def check_applied(run_dir: Path) -> None:

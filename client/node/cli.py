@@ -76,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--delta", type=float, default=1e-5, help="the largest delta you accept (1e-5)")
     parser.add_argument(
+        "--run-epsilon",
+        type=float,
+        metavar="E",
+        help="the most of --epsilon one run may spend (default: all of it, and the node warns so at "
+        "start); a run whose plan would spend more is refused",
+    )
+    parser.add_argument(
         "--dataset",
         help="the federation's dataset: this node refuses runs on any other (a packaged one also gives "
         "the label names; a file dataset need not be on this machine, give --labels)",
@@ -102,6 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prints its SHA-256 and key count at start: compare them with the other data owners",
     )
     parser.add_argument("--insecure", action="store_true", help="plain HTTP, no TLS (your own machine only)")
+    parser.add_argument(
+        "--give-up-after",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="stop, exit 1, when the SuperLink has not answered for this long (120; 0: keep trying)",
+    )
     parser.add_argument(
         "--port", type=int, help="local port for the node's ClientApp process (default: free)"
     )
@@ -152,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
         "clear_statistics": args.allow_clear_statistics,
         "trust": args.trust,
         "label_names": args.labels,
+        "run_epsilon": args.run_epsilon,
+        "give_up_after": args.give_up_after,
     }
     if (args.text_column, args.label_column) != ("text", "label"):
         options.update(text_column=args.text_column, label_column=args.label_column)

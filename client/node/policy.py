@@ -11,6 +11,8 @@ The policy lives in the node config (``flower-supernode --node-config``, written
 ``client-epsilon``   client-level budget: the run's planned client-level ε (the statistics round
                      included) must stay within it, and so must the node's whole history in its
                      client-level release ledger plus what the run still plans
+``run-epsilon``      the most one run may spend of that budget: its planned ε (sample-level: its
+                     target; client-level: its plan, the statistics round included)
 ``trust``            which observers the node trusts with less than its own noise (:data:`TRUST`):
                      ``none`` (a data owner's default), ``aggregate`` or ``server``
 ``clear-statistics`` true: take part in DR-Encoder runs whose statistics go out in the clear
@@ -47,6 +49,7 @@ class NodePolicy:
     delta: float = 0.0
     sample_epsilon: float = 0.0
     client_epsilon: float = 0.0
+    run_epsilon: float = 0.0
     clear_statistics: bool = False
     trust: str = ""  # "": "none" for a data owner's policy, "server" for a simulation node
 
@@ -59,6 +62,7 @@ class NodePolicy:
             or self.delta
             or self.sample_epsilon
             or self.client_epsilon
+            or self.run_epsilon
             or self.trust
         )
 
@@ -77,20 +81,23 @@ class NodePolicy:
                 delta=float(node_config.get("delta", 0.0)),
                 sample_epsilon=float(node_config.get("sample-epsilon", 0.0)),
                 client_epsilon=float(node_config.get("client-epsilon", 0.0)),
+                run_epsilon=float(node_config.get("run-epsilon", 0.0)),
                 clear_statistics=_flag(node_config.get("clear-statistics", False)),
                 trust=str(node_config.get("trust", "")),
             )
         except (TypeError, ValueError):
             raise FedloraError(
-                "node config delta / sample-epsilon / client-epsilon must be numbers, "
+                "node config delta / sample-epsilon / client-epsilon / run-epsilon must be numbers, "
                 "clear-statistics true or false"
             ) from None
         if policy.mechanism and policy.mechanism not in MECHANISMS:
             raise FedloraError(f"node config: unknown mechanism '{policy.mechanism}'")
         if policy.trust and policy.trust not in TRUST:
             raise FedloraError(f"node config: trust must be one of {', '.join(TRUST)}, got '{policy.trust}'")
-        if min(policy.delta, policy.sample_epsilon, policy.client_epsilon) < 0:
-            raise FedloraError("node config delta / sample-epsilon / client-epsilon must be >= 0")
+        if min(policy.delta, policy.sample_epsilon, policy.client_epsilon, policy.run_epsilon) < 0:
+            raise FedloraError(
+                "node config delta / sample-epsilon / client-epsilon / run-epsilon must be >= 0"
+            )
         return policy
 
     def check_run(self, cfg: RunConfig, dim: int = 0) -> None:
@@ -169,6 +176,16 @@ class NodePolicy:
             raise FedloraError(
                 f"node policy: the run plans client-level epsilon {shown} > this node's budget "
                 f"{budget} (delta {cfg.delta:g})"
+            )
+        self.check_run_epsilon(planned, "client-level", cfg.delta)
+
+    def check_run_epsilon(self, planned: float, unit: str, delta: float) -> None:
+        """Refuse a run that plans to spend more than ``run_epsilon`` (0: no cap) of the budget."""
+        if self.run_epsilon and planned > self.run_epsilon * (1 + TOLERANCE):
+            shown, cap = apart(planned, self.run_epsilon)
+            raise FedloraError(
+                f"node policy: the run plans {unit} epsilon {shown} > the {cap} this node lets one run "
+                f"spend (run-epsilon; delta {delta:g})"
             )
 
     def check_sample_budget(self, ledger: Ledger, sigma: float, rate: float, steps: int) -> None:

@@ -46,6 +46,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -79,6 +80,8 @@ DATA_FILE = "data.jsonl"  # where join() writes in-memory data, inside the state
 PORT_FILE = "node-port"  # the ClientApp port chosen for this state directory (command() and join() agree)
 LABELS = "labels"  # node config: the federation's class names, comma-separated (client/node/shard.py)
 SUPERNODE = "flower-supernode"
+RUN_EPSILON = "run-epsilon"  # node config: the most one run may spend (client/node/policy.py)
+GIVE_UP_AFTER = 120.0  # seconds a node keeps trying an unreachable SuperLink before it stops
 
 Data = str | os.PathLike | Sequence | Mapping | object
 
@@ -395,11 +398,16 @@ class NodeConfig:
     text_column: str = TEXT  # the columns of a file ``dataset`` (own.csv); ``data`` is the node's JSONL
     label_column: str = LABEL
     label_names: tuple[str, ...] | str | None = None  # the federation's class names (sorted: indices)
+    run_epsilon: float | None = None  # the most one run may spend of ``epsilon`` (None: all of it)
+    give_up_after: float = GIVE_UP_AFTER  # seconds without the SuperLink before the node stops (0: never)
 
     def checked(self) -> NodeConfig:
         """Validated, with absolute paths and a runtime port; raises :class:`FedloraError`."""
         _check_address(self.superlink)
         _check_policy(self.mechanism, self.epsilon, self.delta)
+        _check_run_share(self.epsilon, self.run_epsilon)
+        if not self.give_up_after >= 0:
+            raise FedloraError(f"give-up-after must be seconds >= 0 (0: never), got {self.give_up_after}")
         if self.trust not in TRUST:
             raise FedloraError(f"trust must be one of {', '.join(TRUST)}, got '{self.trust}'")
         _check_transport(self.insecure, self.root_certificates, self.auth_key)
@@ -451,6 +459,8 @@ class NodeConfig:
         if self.epsilon is not None:
             key = "sample-epsilon" if self.mechanism in SAMPLE_LEVEL else "client-epsilon"
             values[key] = float(self.epsilon)
+        if self.run_epsilon is not None:
+            values[RUN_EPSILON] = float(self.run_epsilon)
         if self.dataset:
             values["dataset"] = self.dataset
         if self.label_names:
@@ -475,7 +485,29 @@ class NodeConfig:
         if self.auth_key:
             argv += ["--auth-supernode-private-key", str(self.auth_key)]
         argv += ["--host", "127.0.0.1", "--port", str(self.port)]
+        if self.give_up_after:
+            argv += ["--max-wait-time", f"{self.give_up_after:g}"]
         return [*argv, "--node-config", toml_pairs(self.node_config())]
+
+    def budget_lines(self) -> list[str]:
+        """What a private node says before it starts: its budget, whom it covers, and how much of it
+        one run may spend; a warning when one run may spend all of it (issue 75 item 6)."""
+        if self.epsilon is None:
+            return []
+        unit = "sample-level" if self.mechanism in SAMPLE_LEVEL else "client-level"
+        whole = float(self.epsilon)
+        lines = [
+            f"privacy budget: {unit} epsilon {whole:g} (delta {self.delta:g}) for every {self.mechanism} "
+            f"run this node joins, kept in the ledger under {self.state_dir}"
+        ]
+        share = whole if self.run_epsilon is None else float(self.run_epsilon)
+        lines.append(f"one run may spend up to epsilon {share:g} ({share / whole:.0%} of it)")
+        if share >= whole:
+            lines.append(
+                "warning: one run may spend your whole budget, leaving nothing for later runs "
+                "(--run-epsilon caps what one run may spend)"
+            )
+        return lines
 
     def identity_lines(self) -> list[str]:
         """What a (checked) node with a roster says before it starts: its identity's fingerprint and
@@ -531,6 +563,10 @@ def join(
 
     Keyword options:
         delta: the largest δ you accept (default 1e-5).
+        run_epsilon: the most one run may spend of ``epsilon`` (default: all of it, and the node
+            warns so at start): a run whose plan would spend more is refused.
+        give_up_after: seconds the node keeps trying a SuperLink that does not answer before it
+            stops with a one-line error (default 120; 0: forever).
         dataset: the federation dataset your labels belong to (``rotten-tomatoes``, ..., or a data
             file such as ``own.csv``): labels may then be names, and your node refuses runs on
             another dataset.
@@ -573,7 +609,7 @@ def start(cfg: NodeConfig, *, print_command: bool = False, port_given: bool = Fa
     ``print_command`` print its ``flower-supernode`` command line and run nothing. Either way a node
     with a roster first says, on stderr, its identity's fingerprint and the roster's SHA-256 and
     key count (:meth:`NodeConfig.identity_lines`)."""
-    for line in cfg.identity_lines():
+    for line in (*cfg.budget_lines(), *cfg.identity_lines()):
         print(line, file=sys.stderr, flush=True)
     if print_command:
         import shlex
@@ -584,7 +620,7 @@ def start(cfg: NodeConfig, *, print_command: bool = False, port_given: bool = Fa
     if not port_given and not _bindable(cfg.port):  # the remembered port is taken now
         (cfg.state_dir / PORT_FILE).unlink(missing_ok=True)
         cfg = replace(cfg, port=node_port(cfg.state_dir))
-    return run_supernode(cfg.command(), cfg.environment())
+    return run_supernode(cfg.command(), cfg.environment(), cfg.give_up_after)
 
 
 def keygen(path: str | os.PathLike = DEFAULT_IDENTITY) -> tuple[Path, bytes]:
@@ -677,19 +713,61 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def run_supernode(argv: list[str], env: Mapping[str, str]) -> int:
-    """Run ``argv`` in the foreground; SIGTERM and Ctrl-C stop it cleanly. Returns its exit code."""
-    proc = subprocess.Popen(argv, env=dict(env))
+class SuperLinkUnreachable(FedloraError):
+    """The node's SuperNode could not reach the SuperLink in time and stopped (exit code 1)."""
+
+    exit_code = 1
+
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+_GAVE_UP = "Exit Code: 305"  # Flower's SUPERNODE_CONNECTION_ERROR, after --max-wait-time / --max-retries
+
+
+def run_supernode(argv: list[str], env: Mapping[str, str], give_up_after: float = 0.0) -> int:
+    """Run ``argv`` in the foreground; SIGTERM and Ctrl-C stop it cleanly. Returns its exit code.
+    Its output is relayed line by line, without Flower's colour codes where ours is not a terminal
+    (a log file). A SuperNode that gave up on an unreachable SuperLink (Flower's exit code 305,
+    after ``--max-wait-time``, which ``give_up_after`` states) ends in one line (exit code 1)."""
+    proc = subprocess.Popen(
+        argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace"
+    )
+    gave_up = threading.Event()
+    relays = [
+        threading.Thread(target=_relay, args=(stream, out, gave_up), daemon=True)
+        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+    ]
+    for relay in relays:
+        relay.start()
     # off the main thread nothing is installed: the caller handles signals
     with handlers_while({signal.SIGTERM: lambda *_: proc.terminate()}):
         try:
-            return proc.wait()
+            code = proc.wait()
         except KeyboardInterrupt:  # the SuperNode got the Ctrl-C too (same process group)
             try:
-                return proc.wait(timeout=30)
+                code = proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                return proc.wait()
+                code = proc.wait()
+    for relay in relays:
+        relay.join(timeout=5)
+    if gave_up.is_set():
+        raise SuperLinkUnreachable(
+            f"gave up on the SuperLink after {give_up_after:g} s without an answer (--give-up-after): "
+            "check its HOST:PORT, that it runs, and its TLS settings"
+        )
+    return code
+
+
+def _relay(stream, out, gave_up: threading.Event) -> None:
+    """Copy ``stream``'s lines to ``out`` (colour codes removed unless ``out`` is a terminal);
+    set ``gave_up`` on Flower's connection-error exit line."""
+    keep_colour = out.isatty()
+    for line in stream:
+        plain = _COLOUR.sub("", line)
+        if _GAVE_UP in plain:
+            gave_up.set()
+        out.write(line if keep_colour else plain)
+        out.flush()
 
 
 # --- checks ----------------------------------------------------------------------------------------
@@ -715,6 +793,15 @@ def _check_policy(mechanism: str, epsilon: float | None, delta: float) -> None:
         raise FedloraError(f"mechanism {mechanism} needs your privacy budget: a finite epsilon > 0")
     if not 0 < float(delta) < 1:
         raise FedloraError(f"delta must be in (0, 1), got {delta}")
+
+
+def _check_run_share(epsilon: float | None, run_epsilon: float | None) -> None:
+    if run_epsilon is None:
+        return
+    if epsilon is None:
+        raise FedloraError("run epsilon caps a share of your budget: it needs a mechanism with epsilon")
+    if not 0 < float(run_epsilon) <= float(epsilon):
+        raise FedloraError(f"run epsilon must be in (0, epsilon {epsilon:g}], got {run_epsilon:g}")
 
 
 def _check_transport(insecure: bool, root_certificates: object, auth_key: object) -> None:
@@ -759,6 +846,7 @@ def _model_ref(model: str | None) -> str | None:
 __all__ = [
     "Instructions",
     "NodeConfig",
+    "SuperLinkUnreachable",
     "command",
     "configure",
     "declared_labels",

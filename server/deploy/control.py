@@ -19,6 +19,7 @@ from server.deploy.processes import Proc, spawn, start
 
 CONNECTION = "fedlora-deploy"  # the connection's name in <work>/flwr/config.toml
 COMPLETED = "finished:completed"
+FAILED = "finished:failed"
 CLI_TIMEOUT_S = 180.0  # one `flwr` CLI call (it imports for several seconds on a busy machine)
 
 

@@ -12,11 +12,12 @@ from pathlib import Path
 from common.cores import threads_each
 from common.errors import FedloraError
 from common.flower_processes import flower_env
-from server.deploy.control import flwr_run, register_node, wait_for_run, write_connection
+from server.deploy.control import FAILED, flwr_run, register_node, wait_for_run, write_connection
 from server.deploy.deployment import (
     Deployment,
     Options,
     Result,
+    RunFailed,
     default_work_dir,
     load_deployment,
     save_deployment,
@@ -26,7 +27,7 @@ from server.deploy.processes import Proc, leftovers, shutdown
 from server.deploy.run_config import check_run_config, resolve_run_config
 from server.deploy.supervise import supervisor
 from server.deploy.tls import generate_certs
-from server.outcome import NoRoundApplied, no_round_applied
+from server.outcome import NoRoundApplied, ended_without_a_round, no_round_applied
 
 
 def deploy_env(work_dir: Path, nodes: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -84,8 +85,14 @@ def run_and_wait(dep: Deployment, flat: dict[str, object]) -> Result:
     start = time.monotonic()
     run_id = flwr_run(dep, flat)
     dep.say(f"[deploy] started run {run_id}")
-    status = wait_for_run(dep, run_id, start + dep.opts.timeout, supervisor(dep))
-    return Result(run_id, status, Path(str(flat["out-dir"])), time.monotonic() - start, dep)
+    run_dir = Path(str(flat["out-dir"]))
+    try:
+        status = wait_for_run(dep, run_id, start + dep.opts.timeout, supervisor(dep))
+    except RunFailed:
+        if not ended_without_a_round(run_dir):
+            raise
+        status = FAILED  # the ServerApp failed because no round was applied: check_result says why
+    return Result(run_id, status, run_dir, time.monotonic() - start, dep)
 
 
 def deploy_up(opts: Options, echo: Callable[[str], None] = print) -> Result:

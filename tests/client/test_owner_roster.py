@@ -42,7 +42,7 @@ def node(tmp_path) -> list[str]:
 def no_launch(monkeypatch) -> list:
     """Stand-in for the flower-supernode launch: records each argv instead of running it."""
     launched: list = []
-    monkeypatch.setattr(sdk, "run_supernode", lambda argv, env: launched.append(argv) or 0)
+    monkeypatch.setattr(sdk, "run_supernode", lambda argv, env, *_: launched.append(argv) or 0)
     return launched
 
 
@@ -138,7 +138,7 @@ def test_a_node_prints_its_fingerprint_and_the_roster_digest_before_it_starts(
     for extra in ([], ["--print-command"]):
         assert run_cli([*node, *keys, *extra]) == 0
         captured = capsys.readouterr()
-        lines = captured.err.splitlines()
+        lines = captured.err.splitlines()[-2:]  # after the budget lines (tests/client/test_node_join.py)
         assert lines[0].startswith(f"node identity {fingerprint} ("), lines
         assert f"roster {tmp_path / 'roster.pub'}: 3 keys, sha256 {digest} " in lines[1], lines
     assert len(no_launch) == 1 and Path(no_launch[0][0]).name == "flower-supernode"

@@ -228,6 +228,8 @@ def test_command_builds_the_supernode_argv(tmp_path, data_file):
         "127.0.0.1",
         "--port",
         "9123",
+        "--max-wait-time",  # sdk.GIVE_UP_AFTER: a node stops on a SuperLink that never answers
+        "120",
     ]
     assert argv[-2] == "--node-config"
     from flwr.common.config import parse_config_args  # parsed exactly as flower-supernode does
@@ -643,6 +645,27 @@ def test_client_app_refuses_a_run_against_its_policy(tmp_path, own_data):
     with pytest.raises(FedloraError, match="node policy: this node joins only dp-adamw runs"):
         app(_message(shard.bundle.initial), _context(preset("minilm-rt", **RUN).check(), node))
     assert sample_ledger(tmp_path / "st", "rotten-tomatoes/0-of-1", 1e-5).rows() == []  # nothing charged
+
+
+def test_client_app_refuses_a_run_that_plans_more_than_the_nodes_run_epsilon(tmp_path, own_data):
+    """Issue 75 item 6: a node with budget 8 that lets one run spend 2 refuses a run planned for 4
+    (sample-level, before any step is charged) and a client-level plan above its cap."""
+    cfg = preset("minilm-rt", **RUN, mechanism="dp-adamw", sample_epsilon=4.0).check()
+    node = {
+        "data-path": str(own_data),
+        "state-dir": str(tmp_path / "st"),
+        "mechanism": "dp-adamw",
+        "sample-epsilon": 8.0,
+        "run-epsilon": 2.0,
+    }
+    _, _, shard = node_shard(node, cfg)
+    with pytest.raises(FedloraError, match="plans sample-level epsilon 4 > the 2 this node lets one run"):
+        load_component("client.app:app")(_message(shard.bundle.initial), _context(cfg, node))
+    assert sample_ledger(tmp_path / "st", "rotten-tomatoes/0-of-1", 1e-5).rows() == []  # nothing charged
+    client = preset("minilm-rt", mechanism="dp-fedavg", target_epsilon=3.0).check()
+    NodePolicy(client_epsilon=8.0, run_epsilon=3.0).check_run(client)
+    with pytest.raises(FedloraError, match="plans client-level epsilon 3 > the 2 this node lets one run"):
+        NodePolicy(client_epsilon=8.0, run_epsilon=2.0).check_run(client)
 
 
 @pytest.mark.heavy

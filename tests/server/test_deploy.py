@@ -475,8 +475,9 @@ def test_deploy_up_runs_a_dp_federation(tmp_path):
 def test_deploy_up_that_applied_no_round_exits_1_and_says_so(tmp_path, capsys):
     """Issue 53 item 5 over real processes (~35 s): 2 SuperNodes, one round that samples nobody
     (sample rate 1e-9; the sampler draws from OS entropy), client-level DP. The round is charged and
-    its line says nothing was trained and why; Flower reports the run completed, yet `deploy up`
-    exits 1 (was 0) with one line naming the round and the ε charged. The decision alone, without
+    its line says nothing was trained and why; the ServerApp fails the run (Flower reports it
+    finished:failed, was completed), and `deploy up` exits 1 (was 0) with one line naming the round
+    and the ε charged. The decision alone, without
     processes: tests/server/test_outcome.py."""
     run = "preset='small' rounds=1 local-steps=2 batch-size=8 max-train-examples=200 eval-examples=40 "
     run += "mechanism='dp-fedavg' target-epsilon=8.0 sample-rate=1e-9"
@@ -491,7 +492,8 @@ def test_deploy_up_that_applied_no_round_exits_1_and_says_so(tmp_path, capsys):
         )
         for ln in lines
     ), captured.out[-3000:]
-    finished = [ln for ln in lines if ln.startswith("[deploy] run ") and " finished:completed in " in ln]
+    # the ServerApp fails such a run (Flower's status for `flwr list` on the by-hand route too)
+    finished = [ln for ln in lines if ln.startswith("[deploy] run ") and " finished:failed in " in ln]
     assert len(finished) == 1 and finished[0].endswith(" s; no round was applied"), finished
     err = captured.err.strip()
     assert len(err.splitlines()) == 1, err

@@ -137,3 +137,51 @@ def test_deploy_up_that_applied_a_round_exits_0(tmp_path, capsys, fake_deploymen
     assert run_cli(argv) == 0
     captured = capsys.readouterr()
     assert "[deploy] run 7 finished:completed in 41 s" in captured.out.splitlines() and not captured.err
+
+
+def test_the_serverapp_fails_a_run_that_applied_no_round(tmp_path, monkeypatch):
+    """Issue 75 item 6, the by-hand route (`flwr run`, whose exit code is 0 whatever the run did):
+    the ServerApp itself fails, so Flower records the run ``finished:failed`` with the line saying
+    why; a run that applied a round returns normally."""
+    from flwr.app import Context, RecordDict
+
+    import server.app as server_app
+    from common.config import to_flat
+    from common.presets import preset
+
+    outcomes = {"none": ([_nobody(1)], 0), "one": ([], 1)}
+    for name, (rounds, completed) in outcomes.items():
+        out = tmp_path / name
+        cfg = preset("small", out_dir=str(out), mechanism="dp-fedavg", target_epsilon=8.0)
+        monkeypatch.setattr(
+            server_app,
+            "run_federation",
+            lambda grid, cfg, run_dir, r=rounds, c=completed: _run_dir(run_dir, r, c, client_privacy=PRIVACY),
+        )
+        context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=to_flat(cfg))
+        if completed:
+            server_app.main(None, context)
+            continue
+        with pytest.raises(NoRoundApplied, match="no round was applied: round 1 sampled nobody"):
+            server_app.main(None, context)
+
+
+def test_deploy_reports_a_serverapp_failed_for_no_round_as_no_round(tmp_path, monkeypatch):
+    """The ServerApp's failure for no round applied is `deploy up`'s no-round line (exit 1, via
+    check_result), not a generic failed run; any other failed run stays one (RunFailed)."""
+    from types import SimpleNamespace
+
+    from server.deploy import RunFailed
+
+    def failed(*_args, **_kwargs):
+        raise RunFailed("run 7 finished:failed: ServerApp failed with exception: ...")
+
+    monkeypatch.setattr(up, "flwr_run", lambda dep, flat: 7)
+    monkeypatch.setattr(up, "wait_for_run", failed)
+    monkeypatch.setattr(up, "supervisor", lambda dep: None)
+    dep = SimpleNamespace(opts=SimpleNamespace(timeout=60.0), say=lambda line: None)
+    run = _run_dir(tmp_path / "run", [_nobody(1)], client_privacy=PRIVACY)
+    result = up.run_and_wait(dep, {"out-dir": str(run)})
+    assert (result.run_id, result.status, result.run_dir) == (7, "finished:failed", run)
+    with pytest.raises(RunFailed, match="ServerApp failed"):  # no summary: it failed before the end
+        up.run_and_wait(dep, {"out-dir": str(tmp_path / "crashed")})
