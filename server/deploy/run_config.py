@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from common.config import from_flat
+from common.data.files import is_file_dataset, load_file_corpus
 from common.errors import FedloraError
 
 KEY_VALUE = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")  # flwr.common.config.parse_config_args
@@ -40,10 +41,14 @@ def resolve_run_config(items: tuple[str, ...], nodes: int, work_dir: Path) -> di
 
 
 def check_run_config(flat: dict[str, object]) -> dict[str, object]:
-    """``flat`` if the ServerApp will accept it: a valid configuration, and a run directory that
-    holds no run (or, with ``resume``, the same run); else a one-line error before anything starts."""
+    """``flat`` if the ServerApp will accept it: a valid configuration, a run directory that holds
+    no run (or, with ``resume``, the same run), and a data file dataset whose columns and rows read
+    (issue 75 item 8: it failed 58 s in, exit 1); else a one-line error before anything starts."""
+    from common.runtime import columns_of
     from server.run_dir import RunDir
 
     cfg = from_flat(dict(flat)).check_federated()
     RunDir(Path(cfg.out_dir), cfg)  # its checks only: it writes nothing
+    if is_file_dataset(cfg.dataset):  # its columns, rows and labels, as the ServerApp will read them
+        load_file_corpus(cfg.dataset, columns_of(cfg))
     return flat

@@ -377,6 +377,19 @@ def test_bad_run_config_fails_before_anything_starts(tmp_path, items, message):
         resolve_run_config(items, 3, tmp_path)
 
 
+def test_deploy_up_checks_a_data_files_columns_before_anything_starts(tmp_path, capsys):
+    """Issue 75 item 8: a --run-config naming a column the owner's CSV lacks is exit 2, one line,
+    with nothing started or written (it started everything and failed 58 s later, exit 1)."""
+    data = tmp_path / "tickets.csv"
+    data.write_text("ticket_text,category\n" + "".join(f"text {i},c{i % 2}\n" for i in range(20)))
+    work = tmp_path / "w"
+    run = f"dataset='{data}' text-column='body' label-column='category'"
+    assert run_cli(["deploy", "up", "--nodes", "2", "--work-dir", str(work), "--run-config", run]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "no text column 'body' (columns: ticket_text, category)" in err, err
+    assert not work.exists() and "[deploy]" not in out
+
+
 def test_existing_run_directory_is_refused(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.json").write_text("{}")
