@@ -242,6 +242,11 @@ def _serve(
     os.environ.update(environ)
     import torch
     from flwr.supercore.task_identity import TaskIdentity
+    from tqdm import tqdm
+
+    # tqdm's default lock is a multiprocessing one (a named semaphore): a worker terminated on an
+    # interrupt would leave it to the resource tracker's "leaked semaphore" warning
+    tqdm.set_lock(threading.RLock())
 
     torch.set_num_threads(1)
     if str(run_config.get("device", "auto")) != "cpu" and torch.cuda.is_available():
