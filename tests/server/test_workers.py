@@ -216,7 +216,12 @@ def test_ctrl_c_stops_the_workers_quietly_and_says_how_to_continue(tmp_path):
     }
     tiny |= {"--max-train-examples": 200, "--eval-examples": 40, "--seed": 5}
     argv = [sys.executable, "-m", "common.cli", "simulate", "--preset", "minilm-rt", "--workers", "2"]
-    argv += ["--mechanism", "dp-adamw", "--sample-epsilon", "8"]  # the DP step's progress bar: a lock per worker (it leaked)
+    argv += [
+        "--mechanism",
+        "dp-adamw",
+        "--sample-epsilon",
+        "8",
+    ]  # the DP step's progress bar: a lock per worker (it leaked)
     argv += [*(str(x) for kv in tiny.items() for x in kv), "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     pipe = subprocess.PIPE
