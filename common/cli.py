@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from common.errors import FedloraError
@@ -83,6 +85,9 @@ def build_parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``fedlora`` command (``argv``: the process's own when None). Errors a user can fix are
+    one line, exit 2 (or the error's code); Ctrl-C is one line, exit 130."""
+    ending = argv is None  # the process's entry point: it ends with this call
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
@@ -96,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedlora: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # a subcommand may say how to continue: KeyboardInterrupt(hint)
+        if ending and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C would break into the exit
         hint = " ".join(str(exc).split())
         print(f"fedlora: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return 130

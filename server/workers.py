@@ -118,9 +118,16 @@ class WorkerPoolGrid(InProcessGrid):
             for k in range(workers)
         ]
         # a forkserver's workers inherit SIGINT ignored; a spawned one starts with it ignored
-        with _sigint_ignored() if ctx.get_start_method() == "spawn" else nullcontext():
-            for proc in self._procs:
-                proc.start()
+        try:
+            with _sigint_ignored() if ctx.get_start_method() == "spawn" else nullcontext():
+                for proc in self._procs:
+                    proc.start()
+        except BaseException:  # Ctrl-C while they start: stop those started before this process's
+            # exit unlinks the queues' semaphores (a worker still reading its arguments would print
+            # a FileNotFoundError traceback)
+            self._procs = [proc for proc in self._procs if proc.pid is not None]
+            self.close(abort=True)
+            raise
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         self.provision()
@@ -205,7 +212,18 @@ def _context(*refs: str) -> mp.context.BaseContext:
     ctx.set_forkserver_preload(["torch", *(ref.partition(":")[0] for ref in refs if ref)])
     with _sigint_ignored():
         multiprocessing.forkserver.ensure_running()
+    # Wait for its preloading (seconds) with a process that carries nothing: a Ctrl-C meanwhile
+    # leaves the forkserver to start that one after this process is gone. A worker, started then
+    # instead, would find its queues' semaphores unlinked by this process's exit and print a
+    # FileNotFoundError traceback.
+    probe = ctx.Process(target=_nothing, daemon=True, name="fedlora-forkserver-probe")
+    probe.start()
+    probe.join()
     return ctx
+
+
+def _nothing() -> None:
+    """The forkserver probe's target (:func:`_context`)."""
 
 
 @contextmanager

@@ -264,6 +264,56 @@ def test_ctrl_c_stops_the_workers_quietly_and_says_how_to_continue(tmp_path):
     assert summary["rounds_completed"] == 12
 
 
+@pytest.mark.process
+@pytest.mark.timeout(300)
+def test_ctrl_c_while_the_workers_start_is_one_line(tmp_path):
+    """Issue 75 item 9: Ctrl-C while the forkserver still preloads torch (seconds, before any
+    worker has started): exit 130, one line, nothing left running. A worker the forkserver started
+    after this process was gone found its queues' semaphores unlinked and printed a
+    FileNotFoundError traceback (server/workers.py, the forkserver probe)."""
+    argv = [sys.executable, "-m", "common.cli", "simulate", "--preset", "minilm-rt", "--workers", "2"]
+    argv += ["--num-clients", "2", "--rounds", "2", "--max-train-examples", "200", "--eval-examples", "40"]
+    argv += ["--out", str(tmp_path / "run")]
+    server = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal starts it
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _forkserver_in(server.pid) and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _forkserver_in(server.pid), "no forkserver started"
+        os.killpg(server.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        _, err = server.communicate(timeout=120)
+        deadline = time.monotonic() + 30  # the forkserver ends once this process is gone
+        while (left := _in_group(server.pid)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert server.returncode == 130, err[-3000:]
+    assert err.strip().splitlines() == ["fedlora: interrupted"], err[-3000:]
+    assert not left, left
+
+
+def _forkserver_in(pgid: int) -> bool:
+    """Whether process group ``pgid`` holds a multiprocessing forkserver."""
+    for pid in _in_group(pgid):
+        try:
+            if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _in_group(pgid: int) -> list[int]:
     """The live (not zombie) processes of process group ``pgid``."""
     found = []
