@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from common.privacy.ledger import LEDGER_SYNC
 from common.privacy.participation import SIMULATION, SKIP_IDLE
-from common.progress import bar
+from common.progress import LogBar, bar
 from common.secagg import identity
 
 log = logging.getLogger("fedlora.inprocess")
@@ -35,7 +35,7 @@ SERVER_NODE_ID = 0
 FIRST_NODE_ID = 1001
 
 
-def clients_bar(messages: list[Message]) -> tqdm:
+def clients_bar(messages: list[Message]) -> tqdm | LogBar:
     """The terminal's bar of one exchange's clients (common/progress.py), named by its round and
     message type: ``round 3 train``."""
     head = messages[0].metadata if messages else None
