@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "empirical privacy audits: canary clients (client-level) and canary examples (sample-level)",
     ),
     "generate": ("common.models.generate", "sample text from a saved causal-LM adapter on its base model"),
+    "predict": ("common.models.predict", "label texts (or a CSV/JSONL file) with a saved classifier adapter"),
     "node": ("client.node.cli", "join a federation as a data owner: a flower-supernode over your own data"),
 }
 

@@ -15,6 +15,7 @@ from common.errors import FedloraError
 from common.runtime import open_split
 from common.timing import reset, totals
 from server.inprocess import InProcessGrid, load_component
+from server.outcome import NoRoundApplied
 from server.run_dir import default_run_dir, write_json
 from server.workers import WorkerPoolGrid, resolve_workers
 
@@ -90,6 +91,8 @@ def simulate(cfg: RunConfig, run_dir: Path | None = None, wrap: ClientWrapper | 
     reset()
     try:
         load_component(SERVER_APP)(grid, context)
+    except NoRoundApplied:  # the ServerApp fails such a run for Flower; here the caller decides
+        pass  # (fedlora simulate: server/outcome.check_applied, exit 1), the run directory stands
     except BaseException:  # Ctrl-C or an error: the workers are stopped at once, not waited for
         if isinstance(grid, WorkerPoolGrid):
             grid.close(abort=True)

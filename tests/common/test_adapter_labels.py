@@ -18,6 +18,7 @@ from common.presets import preset
 from common.runtime import open_split
 from server.model_card import model_card
 from server.simulate import simulate
+from tests.conftest import run_cli
 from tests.harness import TINY, card_summary
 
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -109,6 +110,47 @@ def test_the_cards_peft_snippet_names_the_classes_and_reproduces_its_accuracy(cs
     assert model.config.id2label == ID2LABEL
     tokenizer = load_adapter(run_dir / "adapter")[1]
     assert _accuracy(model, tokenizer, cfg, gold) == pytest.approx(_card_accuracy(run_dir), abs=1e-9)
+
+
+@pytest.mark.integration
+def test_fedlora_predict_names_each_files_label_and_reproduces_the_cards_accuracy(csv_run, tmp_path, capsys):
+    """Issue 75 item 11: `fedlora predict --adapter DIR --file F` labels every row by class name;
+    over the run's held-out texts its predictions give the card's accuracy (the server's batches of
+    16); `--json` gives each class's probability; `--text` labels one text."""
+    cfg, run_dir, gold = csv_run
+    texts = _held_out(cfg)
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"review": t}) + "\n" for t in texts), encoding="utf-8")
+    adapter = str(run_dir / "adapter")
+    argv = ["predict", "--adapter", adapter, "--file", str(held), "--text-column", "review", "--json"]
+    assert run_cli([*argv, "--batch-size", "16", "--max-length", str(cfg.max_length)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in rows] == texts
+    accuracy = sum(r["label"] == gold[r["text"]] for r in rows) / len(rows)
+    assert accuracy == pytest.approx(_card_accuracy(run_dir), abs=1e-9)
+    for r in rows:
+        assert set(r["scores"]) == set(MOODS) and sum(r["scores"].values()) == pytest.approx(1, abs=1e-5)
+        assert r["label"] == max(r["scores"], key=r["scores"].get)
+    assert run_cli(["predict", "--adapter", adapter, "--text", texts[0]]) == 0
+    label, text = capsys.readouterr().out.rstrip("\n").split("\t")
+    assert (label, text) == (rows[0]["label"], texts[0])
+
+
+def test_fedlora_predict_refuses_what_it_cannot_label_in_one_line(tmp_path, capsys):
+    causal = tmp_path / "lm"
+    causal.mkdir()
+    (causal / SIDECAR).write_text(json.dumps({"kind": "causal-lm"}))
+    data = tmp_path / "t.csv"
+    data.write_text("body\nhello\n")
+    cases = [
+        (["--adapter", str(causal), "--text", "hi"], "causal LM adapter: it has no classes to predict"),
+        (["--adapter", str(tmp_path), "--file", str(data)], "no --text-column 'text' (columns: body)"),
+        (["--adapter", str(tmp_path), "--text", "hi"], "is not a saved adapter"),
+    ]
+    for args, message in cases:
+        assert run_cli(["predict", *args]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and message in err, err
 
 
 def test_a_card_lists_the_labels_and_loads_them_and_a_causal_lm_card_lists_them_too():
