@@ -1,15 +1,18 @@
-"""A run's learning curves: the held-out metric, the training loss and the client-level ε by round,
-drawn once per run (``curves.png`` beside ``metrics.jsonl``) and, with ``--tensorboard``, logged as
-TensorBoard scalars while the run goes (``<run dir>/tensorboard``; ``tensorboard --logdir runs``).
+"""A run's learning curves: the held-out metric, the losses and ε by round (client-level, and each
+simulated node's sample-level), drawn once per run (``curves.png`` beside ``metrics.jsonl``) and,
+with ``--tensorboard``, logged as TensorBoard scalars while the run goes (``<run dir>/tensorboard``;
+``tensorboard --logdir runs``).
 
-Both read only the rounds' metrics lines (server/federation.py ``_record``): the figure is redrawn
-from ``metrics.jsonl`` alone, so a resumed run's figure holds every round.
+Both read the rounds' metrics lines (server/federation.py ``_record``), the figure also the nodes'
+sample-level ledgers' running ε: it is redrawn from the run directory alone, so a resumed run's
+figure holds every round.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from common.privacy.report import EPS_COLOURS, pyplot, round_axis, save_png
@@ -47,49 +50,81 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def draw_curves(metrics: Path, path: Path, metric: str, target_epsilon: float = 0.0) -> Path:
+Series = tuple[list[int], list[float]]
+
+
+#: at most this many nodes' sample-level ε are drawn one by one; more are drawn as their largest
+EACH_NODE = 8
+
+
+def draw_curves(
+    metrics: Path,
+    path: Path,
+    metric: str,
+    target_epsilon: float = 0.0,
+    nodes: Mapping[int, Series] | None = None,
+    sample_target: float = 0.0,
+) -> Path:
     """One figure of three panels from ``metrics`` (``metrics.jsonl``), written to ``path``: the
-    held-out ``metric`` (round 0: the untrained adapter), the mean training loss of the replies
-    (private runs send none: the panel says so) and the client-level ε after each round (tight
-    accountant and the CLT μ-GDP approximation; none for a non-private run), with the budget
-    ``target_epsilon`` when there is one."""
+    held-out ``metric`` (round 0: the untrained adapter); the loss: the replies' mean training loss
+    (private runs send none) and the held-out loss of each evaluated round; and ε after each round:
+    client-level (tight accountant and the CLT μ-GDP approximation) with the budget
+    ``target_epsilon``, and the sample-level ε of each node's own ledger (``nodes``: node -> its
+    ``(rounds, ε)``; more than :data:`EACH_NODE` nodes as their largest) with ``sample_target``."""
     rows = read_rounds(metrics)
     fig, axes = pyplot().subplots(1, 3, figsize=(12, 3.4), dpi=110)
+    client = [
+        ("eps_tight", "client-level ε (tight accountant)"),
+        ("eps_gdp", "client-level ε (CLT μ-GDP, approx.)"),
+    ]
     panels = (
-        (axes[0], [(metric, f"held-out {metric}")], f"held-out {metric}", "no evaluation yet"),
+        (axes[0], _drawn(rows, [(metric, f"held-out {metric}")]), f"held-out {metric}", "no evaluation yet"),
         (
             axes[1],
-            [("train_loss", "train loss")],
-            "mean train loss of the replies",
-            "not sent (a private run)",
+            _drawn(rows, [("train_loss", "train loss (replies' mean)"), ("loss", "held-out loss")]),
+            "loss",
+            "no loss yet",
         ),
-        (
-            axes[2],
-            [("eps_tight", "ε (tight accountant)"), ("eps_gdp", "ε (CLT μ-GDP, approximation)")],
-            "client-level ε",
-            "no client-level guarantee",
-        ),
+        (axes[2], _drawn(rows, client) + _node_series(nodes or {}), "ε by round", "no privacy guarantee"),
     )
-    for ax, keys, title, empty in panels:
-        drawn = False
-        for key, label in keys:
-            x, y = _series(rows, key)
-            if x:
-                ax.plot(x, y, marker="o", markersize=3, label=label, color=EPS_COLOURS.get(key))
-                drawn = True
-        if not drawn:
+    for ax, series, title, empty in panels:
+        for label, (x, y), colour in series:
+            ax.plot(x, y, marker="o", markersize=3, label=label, color=colour)
+        if not series:
             ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="grey")
         ax.set_title(title, fontsize=10)
         round_axis(ax)
         ax.grid(alpha=0.3)
-        if drawn and len(keys) > 1:
+        if len(series) > 1:
             ax.legend(fontsize=7)
-    if target_epsilon > 0:
-        axes[2].axhline(
-            target_epsilon, color="grey", linestyle="--", linewidth=1, label=f"budget ε = {target_epsilon:g}"
-        )
-        axes[2].legend(fontsize=7)
+    budgets = ((target_epsilon, "client-level budget", "--"), (sample_target, "sample-level target", ":"))
+    for value, what, style in budgets:
+        if value > 0:
+            axes[2].axhline(value, color="grey", linestyle=style, linewidth=1, label=f"{what} ε = {value:g}")
+            axes[2].legend(fontsize=7)
     return save_png(fig, path)
+
+
+def _drawn(rows: list[dict], keys: list[tuple[str, str]]) -> list[tuple[str, Series, str | None]]:
+    """``(label, (rounds, values), colour)`` of each of ``keys`` that ``rows`` have."""
+    found = [(label, _series(rows, key), EPS_COLOURS.get(key)) for key, label in keys]
+    return [(label, xy, colour) for label, xy, colour in found if xy[0]]
+
+
+def _node_series(nodes: Mapping[int, Series]) -> list[tuple[str, Series, str | None]]:
+    """The nodes' sample-level ε curves: each node's, or beyond :data:`EACH_NODE` nodes their
+    largest at each round (a bound for every node)."""
+    nodes = {k: xy for k, xy in nodes.items() if xy[0]}
+    if len(nodes) <= EACH_NODE:
+        return [(f"node {k}, sample-level ε (pld)", xy, None) for k, xy in sorted(nodes.items())]
+    largest: dict[int, float] = {}
+    for x, y in nodes.values():
+        for rnd, eps in zip(x, y, strict=True):
+            largest[rnd] = max(largest.get(rnd, 0.0), eps)
+    rounds = sorted(largest)
+    return [
+        (f"largest of {len(nodes)} nodes' sample-level ε (pld)", (rounds, [largest[r] for r in rounds]), None)
+    ]
 
 
 #: numeric metrics-line keys that are neither :data:`SCALARS` nor a held-out metric

@@ -135,7 +135,15 @@ class RunDir:
         if self._board is not None:
             self._board.close()
             self._board = None
-        return draw_curves(self.metrics_path, self.path / "curves.png", metric, target_epsilon)
+        nodes = {node: series for node, series in self.node_epsilons()}
+        return draw_curves(
+            self.metrics_path,
+            self.path / "curves.png",
+            metric,
+            target_epsilon,
+            nodes,
+            self.cfg.sample_epsilon,
+        )
 
     def records(self) -> list[dict]:
         """The metrics lines written so far (a torn last line from a crash is skipped)."""
@@ -184,11 +192,28 @@ class RunDir:
         tmp.rename(final)
         return final
 
+    def node_epsilons(self) -> list[tuple[int, tuple[list[int], list[float]]]]:
+        """Each simulated node's sample-level ε after each of its charged rounds (its ledger's running
+        tight ε; a round charged again, after an interruption, at its last charge)."""
+        out = []
+        for path in self._node_ledgers():
+            ledger = Ledger.open(path, "sample-level")
+            try:
+                by_round = {int(r["round"]): float(r["eps_tight"]) for r in ledger.rows()}
+            finally:
+                ledger.close()
+            rounds = sorted(by_round)
+            out.append((_node_index(path), (rounds, [by_round[r] for r in rounds])))
+        return out
+
+    def _node_ledgers(self) -> list[Path]:
+        return sorted((self.path / "nodes").glob("node-*/" + NODE_LEDGER), key=_node_index)
+
     def node_privacy(self) -> list[dict]:
         """Each simulated node's sample-level ledger totals (``nodes/node-k``, where ``fedlora simulate``
         keeps node state; a deployment's nodes keep theirs on their own machines: empty here)."""
         rows = []
-        for path in sorted((self.path / "nodes").glob("node-*/" + NODE_LEDGER), key=_node_index):
+        for path in self._node_ledgers():
             ledger = Ledger.open(path, "sample-level")
             try:
                 totals = ledger.report()

@@ -47,15 +47,14 @@ def _metrics(tmp_path, rows=ROWS):
     return path
 
 
-def test_the_figure_has_a_panel_per_curve_and_says_what_a_private_run_does_not_send(tmp_path, monkeypatch):
-    """Three panels: the held-out metric (rounds 0 and 1: round 2 was not evaluated), the train loss
-    (none: a private run sends none, and the panel says so) and ε (both accountants, the budget)."""
+def _panels(monkeypatch) -> dict:
+    """What each saved figure's axes hold: ``drawn["axes"]`` = [(title, lines' x, texts, labels)]."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    drawn = {}
+    drawn: dict = {}
     real = plt.Figure.savefig
 
     def keep(fig, *a, **k):
@@ -64,18 +63,75 @@ def test_the_figure_has_a_panel_per_curve_and_says_what_a_private_run_does_not_s
                 ax.get_title(),
                 [list(line.get_xdata()) for line in ax.get_lines()],
                 [t.get_text() for t in ax.texts],
+                [line.get_label() for line in ax.get_lines()],
             )
             for ax in fig.axes
         ]
+        drawn["y"] = [list(line.get_ydata()) for line in fig.axes[-1].get_lines()]
         return real(fig, *a, **k)
 
     monkeypatch.setattr(plt.Figure, "savefig", keep)
+    return drawn
+
+
+def test_the_figure_has_a_panel_per_curve_and_a_private_runs_loss_is_its_held_out_loss(tmp_path, monkeypatch):
+    """Three panels: the held-out metric (rounds 0 and 1: round 2 was not evaluated), the loss (a
+    private run's replies send none: the held-out loss of the evaluated rounds; the panel was empty in
+    every private run) and ε (both accountants, the budget)."""
+    drawn = _panels(monkeypatch)
     out = draw_curves(_metrics(tmp_path), tmp_path / "curves.png", "accuracy", target_epsilon=8.0)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (t0, x0, _), (_, x1, empty), (t2, x2, _) = drawn["axes"]
+    (t0, x0, _, _), (t1, x1, empty, labels), (t2, x2, _, _) = drawn["axes"]
     assert t0 == "held-out accuracy" and x0 == [[0, 1]]
-    assert x1 == [] and empty == ["not sent (a private run)"]
-    assert t2 == "client-level ε" and x2[:2] == [[1, 2], [1, 2]] and len(x2) == 3  # + the budget line
+    assert t1 == "loss" and x1 == [[0, 1]] and labels == ["held-out loss"] and empty == []
+    assert t2 == "ε by round" and x2[:2] == [[1, 2], [1, 2]] and len(x2) == 3  # + the budget line
+
+
+def test_a_sample_level_run_draws_each_nodes_epsilon_and_many_nodes_as_their_largest(tmp_path, monkeypatch):
+    """Issue 75 item 11: curves.png of a sample-level run said "no client-level guarantee" and drew
+    no node's ε. Each node's running ε from its ledger (rounds it was charged), the sample-level
+    target; past EACH_NODE nodes, their largest at each round."""
+    from server.curves import EACH_NODE
+
+    drawn = _panels(monkeypatch)
+    rows = [{"round": 0, "phase": "initial", "accuracy": 0.5}, {"round": 1}, {"round": 2}]
+    nodes = {0: ([1, 2], [1.0, 2.0]), 1: ([1, 2], [1.5, 2.9]), 2: ([], [])}
+    draw_curves(_metrics(tmp_path, rows), tmp_path / "c.png", "accuracy", nodes=nodes, sample_target=3.0)
+    title, xs, empty, labels = drawn["axes"][2]
+    assert title == "ε by round" and empty == [] and xs[:2] == [[1, 2], [1, 2]]
+    assert labels[:2] == ["node 0, sample-level ε (pld)", "node 1, sample-level ε (pld)"] and len(labels) == 3
+    many = {k: ([1, 2], [1.0 + k / 100, 2.0 - k / 100]) for k in range(EACH_NODE + 1)}
+    draw_curves(_metrics(tmp_path, rows), tmp_path / "c.png", "accuracy", nodes=many)
+    _, xs, _, labels = drawn["axes"][2]
+    assert labels == [f"largest of {EACH_NODE + 1} nodes' sample-level ε (pld)"] and xs == [[1, 2]]
+    assert drawn["y"][0] == [1.0 + EACH_NODE / 100, 2.0]  # the largest at each round
+
+    draw_curves(_metrics(tmp_path, rows), tmp_path / "c.png", "accuracy")
+    assert drawn["axes"][2][2] == ["no privacy guarantee"]
+
+
+def test_a_run_directory_draws_its_nodes_ledgers(tmp_path, monkeypatch):
+    """RunDir.draw_curves reads each simulated node's sample-level ledger (nodes/node-k): the last
+    charge of each round (a round charged again after an interruption counts once, at its last)."""
+    from common.presets import preset
+    from common.privacy.ledger import Charge, Ledger
+    from server.run_dir import NODE_LEDGER, RunDir
+
+    drawn = _panels(monkeypatch)
+    cfg = preset("minilm-rt-silo")
+    run = RunDir(tmp_path / "run", cfg)
+    ledger = Ledger.create(run.path / "nodes" / "node-1" / NODE_LEDGER, "sample-level", "n1", cfg.delta)
+    for key, rnd in (("1", 1), ("1", 2), ("1#2", 2)):  # round 2 again, as client/app.py keys it
+        ledger.charge(Charge(key, rnd, 2.0, 0.1, 5, 0.1, 0, 1.0, "local", "ffa"))
+    charged = [r["eps_tight"] for r in ledger.rows()]
+    ledger.close()
+    (run.path / "metrics.jsonl").write_text(json.dumps({"round": 0, "accuracy": 0.5}) + "\n")
+    run.draw_curves("accuracy", 0.0)
+    _, xs, _, labels = drawn["axes"][2]
+    assert labels[0] == "node 1, sample-level ε (pld)" and xs[0] == [1, 2]
+    assert labels[1] == f"sample-level target ε = {cfg.sample_epsilon:g}"
+    assert len(charged) == 3  # round 2 twice: the figure keeps its last running ε
+    assert list(drawn["y"][0]) == [charged[0], charged[2]]
 
 
 def test_a_torn_or_repeated_round_line_keeps_the_last_line_of_each_round(tmp_path):
@@ -137,6 +193,6 @@ def test_each_epsilon_curve_has_one_colour_in_both_figures_and_rounds_are_whole(
     plot({"rounds": rounds, "delta": 1e-5, "unit": "client-level"}, tmp_path / "privacy.png")
     assert all(float(t).is_integer() for ticks, _ in seen for t in ticks)
     curves_eps, privacy_eps = seen[2][1], seen[3][1]
-    assert curves_eps["ε (tight accountant)"] == privacy_eps["PLD (tight)"]
-    assert curves_eps["ε (CLT μ-GDP, approximation)"] == privacy_eps["CLT μ-GDP (paper)"]
+    assert curves_eps["client-level ε (tight accountant)"] == privacy_eps["PLD (tight)"]
+    assert curves_eps["client-level ε (CLT μ-GDP, approx.)"] == privacy_eps["CLT μ-GDP (paper)"]
     assert privacy_eps["PLD (tight)"] != privacy_eps["CLT μ-GDP (paper)"]
