@@ -54,6 +54,17 @@ class Proc:
         codes = FLOWER_EXIT.findall(self.log_path.read_text(encoding="utf-8", errors="replace"))
         return int(codes[-1]) if codes else None
 
+    def exit_reason(self) -> str:
+        """Why the process ended, in a few words: the signal that killed it (a killed process's log
+        ends on whatever it last did, "Received successfully"), else its log's most telling line."""
+        code = self.poll()
+        if code is not None and code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return self.last_error()
+
     def last_error(self) -> str:
         """The most telling line of a failed process' log, for a one-line error."""
         lines = [ln.strip() for ln in self.tail(40).splitlines() if ln.strip()]

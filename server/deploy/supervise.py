@@ -35,7 +35,7 @@ class Supervisor:
                 continue
             self.reported.add(proc.pid)
             if proc.critical:
-                raise RunFailed(f"{proc.name} exited with code {code} during the run: {proc.last_error()}")
+                raise RunFailed(f"{proc.name} exited with code {code} during the run: {proc.exit_reason()}")
             if proc.partition is not None:
                 self._node_exited(proc, code)
 
@@ -44,7 +44,7 @@ class Supervisor:
         nodes = self.dep.opts.nodes
         alive = sum(1 for p in self.dep.procs if p.partition is not None and p.poll() is None)
         self.dep.say(
-            f"[deploy] {proc.name} exited with code {code} during the run ({proc.last_error()}); "
+            f"[deploy] {proc.name} exited with code {code} during the run ({proc.exit_reason()}); "
             f"{alive} of {nodes} SuperNodes running: the run goes on, rounds short of min-replies are withheld"
         )
         if self.dep.opts.restart_nodes:

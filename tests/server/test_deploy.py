@@ -446,6 +446,35 @@ def test_a_failed_run_is_reported_with_flowers_details(tmp_path, monkeypatch):
         shutdown(dep)
 
 
+def test_a_killed_supernode_is_reported_as_killed_not_by_its_last_log_line(tmp_path):
+    """Issue 75 item 11: a SuperNode killed mid-run was reported with its log's last line
+    ("Received successfully"); the supervisor now names the signal."""
+    import signal
+
+    from server.deploy.supervise import Supervisor
+
+    said: list[str] = []
+    dep = prepare(_opts(tmp_path), echo=said.append)
+    try:
+        node = spawn(
+            dep, "supernode-1", ["sh", "-c", "echo Received successfully; exec sleep 60"], critical=False
+        )
+        node.partition = 1
+        deadline = time.monotonic() + 10
+        while "Received successfully" not in node.tail() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        node.popen.send_signal(signal.SIGKILL)
+        node.popen.wait(timeout=10)
+        said.clear()
+        Supervisor(dep).check()
+        assert (
+            len(said) == 1 and "supernode-1 exited with code -9 during the run (killed by SIGKILL)" in said[0]
+        )
+        assert node.exit_reason() == "killed by SIGKILL"
+    finally:
+        shutdown(dep)
+
+
 # --- real processes ------------------------------------------------------------------------------
 
 
