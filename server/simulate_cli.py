@@ -65,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from common.models.registry import resolve_model
 
     resolve_model(cfg.model)  # so does a model that is not there (a Hub id: its config, transformers alone)
+    # said at once: the imports, the data and the model take seconds before round 0's first line
+    print(
+        f"fedlora simulate: {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients, {cfg.rounds} rounds, "
+        f"{cfg.mechanism}; loading the data and the model",
+        flush=True,
+    )
     from server.outcome import check_applied
     from server.run_dir import default_run_dir, release_empty
     from server.simulate import simulate

@@ -40,3 +40,42 @@ def test_a_log_bar_is_silent_for_short_work_and_paces_the_rest(monkeypatch, caps
     # at 1 s: too soon; at 20 s (2 of 4 done): a line, time left at that pace; at 21 s: too soon
     # since; at 40 s the work is done: no line for it
     assert capsys.readouterr().err.splitlines() == ["scoring options: 2/4 options, 20 s, about 20 s left"]
+
+
+def test_make_runs_command_says_what_it_loads_within_seconds_with_stdout_redirected(tmp_path):
+    """Issue 75 item 10's done-when: `make run` (fedlora simulate --preset default) prints progress
+    within 10 s with stdout redirected. Its first line comes before the data and the model load; the
+    run is then stopped (what follows it: the other tests here)."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = [
+        sys.executable,
+        "-m",
+        "common.cli",
+        "simulate",
+        "--preset",
+        "default",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 10.0)
+        first = proc.stdout.readline() if ready else ""
+        took = time.monotonic() - start
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert first.startswith(
+        "fedlora simulate: minilm-l6 on rotten-tomatoes, 1000 clients, 15 rounds, dp-fedavg"
+    ), first
+    assert took < 10, took
