@@ -275,6 +275,9 @@ PRESETS: dict[str, dict[str, object]] = {
         "max_length": 384,
         "lm_blocks": 4,
         "eval_examples": 260,
+        # per-example gradients of 4 examples at a time (on a CPU the whole batch of 16 at 384 tokens
+        # was killed at 13 GB resident; 4: 5.7 GB peak, docs/instruction-tuning.md)
+        "microbatch": 4,
     },
     "smollm2-shakespeare-silo": _SILO,
     # Issue 52, silos that have data: the same 4 nodes, each holding 7 plays (a seeded choice of 28 of
