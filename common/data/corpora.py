@@ -104,6 +104,12 @@ def _instruct_mc() -> Corpus:
     return benchmark_corpus()
 
 
+def _instruct_mc_balanced() -> Corpus:
+    from common.data.multiple_choice import benchmark_corpus
+
+    return benchmark_corpus(balanced=True)
+
+
 def _chitchat() -> Corpus:
     from common.data.chitchat import chitchat_corpus  # imported here: it imports Corpus from us
 
@@ -117,6 +123,7 @@ DATASETS: dict[str, Callable[[], Corpus]] = {
     "boolq": _boolq,
     "shakespeare": _shakespeare,
     "instruct-mc": _instruct_mc,  # the federated multiple-choice instruction benchmark (issue 76)
+    "instruct-mc-balanced": _instruct_mc_balanced,  # its training answers evenly over the letters
     "chitchat": _chitchat,  # chat with natural users: one client per sender (issue 76)
 }
 

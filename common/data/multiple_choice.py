@@ -29,7 +29,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from pathlib import Path
 
@@ -375,6 +375,16 @@ def answer_text(item: Item) -> str:
     return option_text(item.answer, item.options[item.gold][1])
 
 
+def relettered(item: Item, gold_at: int) -> Item:
+    """``item`` with its option texts rotated so that the gold one sits at index ``gold_at`` (letters
+    stay ``A, B, ...`` in order; the question and the texts are unchanged)."""
+    letters = [letter for letter, _ in item.options]
+    texts = [text for _, text in item.options]
+    shift = (item.gold - gold_at) % len(texts)  # new index j holds old index j + shift
+    rotated = texts[shift:] + texts[:shift]
+    return replace(item, options=tuple(zip(letters, rotated, strict=True)), answer=letters[gold_at])
+
+
 def conversation(item: Item) -> Conversation:
     """``(("user", question), ("assistant", answer))``."""
     return (("user", user_text(item)), ("assistant", answer_text(item)))
@@ -389,6 +399,7 @@ def to_json(item: Item) -> str:
 # --- the federated benchmark's corpus -------------------------------------------------------------
 
 BENCHMARK = "instruct-mc"  # the packaged dataset of every set (common/data/corpora.py)
+BALANCED = "instruct-mc-balanced"  # the same, each set's training answers spread evenly over the letters
 TRAIN_PER_SET = 1000  # training items a set gives at most (BoolQ alone has 10,222)
 HELD_OUT_PER_SET = 60  # held-out items a set gives at most (scored per set: 13 x 60)
 
@@ -397,6 +408,7 @@ def benchmark_corpus(
     names: Sequence[str] | None = None,
     train_per_set: int = TRAIN_PER_SET,
     held_out_per_set: int = HELD_OUT_PER_SET,
+    balanced: bool = False,
 ):
     """The federated instruction benchmark as a corpus (task :data:`MC_TASK`): each set's training
     items, then its held-out ones as the given test split, every text an item's conversation
@@ -405,20 +417,25 @@ def benchmark_corpus(
     again (``--partition-by set``: one client per set). Each set gives its first ``train_per_set``
     training and ``held_out_per_set`` held-out items in :func:`sample` order (fixed, whatever the
     run's seed); the held-out items of all sets are interleaved (a run scores a seeded subset of
-    them, common/data/federated.py ``max_test``)."""
+    them, common/data/federated.py ``max_test``). ``balanced`` (dataset :data:`BALANCED`): each
+    set's training items are relettered so that every letter is gold equally often (:func:`_balanced`)
+    and training teaches no letter prior (the held-out items are unchanged)."""
     from common.data.corpora import Corpus
 
     names = tuple(names) if names is not None else tuple(SETS)
     train, held = [], []
     for label, name in enumerate(names):
         pool, held_out = load_set(name).split()
-        train += [(label, item) for item in sample(pool, train_per_set)]
+        chosen = sample(pool, train_per_set)
+        if balanced:
+            chosen = _balanced(chosen)
+        train += [(label, item) for item in chosen]
         held.append([(label, item) for item in sample(held_out, held_out_per_set)])
     longest = max(map(len, held), default=0)
     tests = [column[rank] for rank in range(longest) for column in held if rank < len(column)]
     rows = train + tests
     return Corpus(
-        BENCHMARK,
+        BALANCED if balanced else BENCHMARK,
         tuple(to_json(item) for _, item in rows),
         tuple(label for label, _ in rows),
         names,
@@ -429,6 +446,18 @@ def benchmark_corpus(
     )
 
 
+def _balanced(items: Sequence[Item]) -> list[Item]:
+    """``items`` :func:`relettered` so that among those with n options the k-th has its gold option
+    at letter k mod n: each letter gold equally often (up to one) for every option count."""
+    seen: dict[int, int] = {}
+    out = []
+    for item in items:
+        n = len(item.options)
+        out.append(relettered(item, seen.get(n, 0) % n))
+        seen[n] = seen.get(n, 0) + 1
+    return out
+
+
 @cache
 def items_by_text() -> dict[str, Item]:
     """Every registered item by its conversation's canonical JSON (what a scorer finds an example's
@@ -437,6 +466,7 @@ def items_by_text() -> dict[str, Item]:
 
 
 __all__ = [
+    "BALANCED",
     "BENCHMARK",
     "EXCLUDED",
     "HELD_OUT_FRACTION",
@@ -458,6 +488,7 @@ __all__ = [
     "fixed_choices",
     "items_by_text",
     "lettered_options",
+    "relettered",
     "load_set",
     "option_text",
     "parse_lettered",

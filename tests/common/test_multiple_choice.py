@@ -249,6 +249,39 @@ def test_the_benchmark_corpus_holds_each_sets_items_with_a_balanced_held_out_spl
         assert sum(i not in test for i in mine) == min(len(train), TRAIN_PER_SET)
 
 
+def test_the_balanced_benchmark_spreads_each_sets_training_answers_over_the_letters():
+    """``instruct-mc-balanced`` (issue 76, the letter-prior diagnosis): the same corpus, each set's
+    k-th training item relettered so its gold option sits at letter k mod its options; the same
+    question, option texts and gold text; the held-out items and their order unchanged."""
+    from collections import Counter
+
+    from common.data.corpora import load_corpus
+    from common.data.multiple_choice import items_by_text, relettered
+
+    item = Item("x", "Which?", (("A", "one"), ("B", "two"), ("C", "three")), "B")
+    assert relettered(item, 0).options == (("A", "two"), ("B", "three"), ("C", "one"))
+    assert relettered(item, 0).answer == "A" and relettered(item, 2).options[2] == ("C", "two")
+    assert relettered(item, 1) == item
+
+    plain, balanced = load_corpus("instruct-mc"), load_corpus("instruct-mc-balanced")
+    lookup = items_by_text()
+    assert balanced.given_test == plain.given_test and balanced.labels == plain.labels
+    held = set(plain.given_test)
+    assert all(balanced.texts[i] == plain.texts[i] for i in held)
+    for name in SETS:
+        rows = [i for i in range(len(plain)) if plain.groups[i] == name and i not in held]
+        golds: dict[int, Counter] = {}  # option count -> gold letters
+        for i in rows:
+            a, b = (loads(c.texts[i]) for c in (plain, balanced))
+            assert a[0][1].split("\n")[0] == b[0][1].split("\n")[0]  # the same question's first line
+            assert a[1][1].split(". ", 1)[1] == b[1][1].split(". ", 1)[1]  # the same gold text
+            options = len(lookup[plain.texts[i]].options)
+            golds.setdefault(options, Counter())[b[1][1][0]] += 1
+        for n, letters in golds.items():  # every letter of n-option items gold equally often (up to one)
+            counts_ = [letters.get(chr(ord("A") + k), 0) for k in range(n)]
+            assert max(counts_) - min(counts_) <= 1, (name, n, letters)
+
+
 def test_the_task_trains_on_answers_and_scores_its_held_out_items_per_set(tiny_peft_llama, smollm2_tokenizer):
     """MultipleChoiceTask: each example keeps its item; evaluation scores them per set (the mean over
     sets is ``accuracy``), beside the answers' perplexity."""

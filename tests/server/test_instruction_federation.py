@@ -52,10 +52,11 @@ def test_an_instruction_file_federates_and_the_answers_perplexity_falls(tmp_path
 
 
 @pytest.mark.slow  # about 90 s on 2 cores: SmolLM2 scored on 13 held-out items twice
-def test_the_multiple_choice_benchmark_federates_and_is_scored_per_set(tmp_path):
+@pytest.mark.parametrize("dataset", ["instruct-mc", "instruct-mc-balanced"])
+def test_the_multiple_choice_benchmark_federates_and_is_scored_per_set(tmp_path, dataset):
     out = tmp_path / "mc"
     argv = [
-        "simulate", "--preset", "smollm2-instruct-xdev", "--rounds", "1", "--num-clients", "4",
+        "simulate", "--preset", "smollm2-instruct-xdev", "--dataset", dataset, "--rounds", "1", "--num-clients", "4",
         "--sample-rate", "1.0", "--local-steps", "1", "--max-train-examples", "40", "--eval-examples", "13",
         "--max-length", "256", "--workers", "1", "--out", str(out),
     ]  # fmt: skip
