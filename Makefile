@@ -8,7 +8,7 @@ export FEDLORA_CACHE ?= $(CURDIR)/.cache
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-unit test-all lint format clean compose-install compose-check bench-gpu
+.PHONY: install run test test-unit test-all lint format clean compose-install compose-check compose-test bench-gpu
 
 install: $(STAMP)
 
@@ -51,6 +51,16 @@ $(COMPOSE_STAMP):
 compose-check: $(COMPOSE_STAMP)
 	$(COMPOSE) -f docker-compose.yml config -q
 	$(COMPOSE) -f docker-compose.yml -f docker-compose.tls.yml config -q
+	$(COMPOSE) -f docker-compose.yml -f docker-compose.local.yml config -q
+
+# The compose federation for real (docs/deployment.md, "Running it for real"): builds local images
+# (debootstrap rootfs, host wheelhouse, pip --no-index), starts docker-compose.yml with the
+# host-network override docker-compose.local.yml, runs a private federation with `flwr run`, checks
+# the named volumes across down/up and kills a SuperNode mid-run. Needs root, a running dockerd and
+# about 30 minutes on 2 cores; never part of `make test`. Uses .venv's flwr (make install), or
+# FLWR=/path/to/flwr VENV_PYTHON=/path/to/python (a Python 3.11 with pip, for the wheelhouse).
+compose-test: $(COMPOSE_STAMP)
+	scripts/compose_test.sh
 
 run: $(STAMP)
 	$(VENV)/bin/fedlora simulate --preset default

@@ -29,9 +29,18 @@ COMPOSE = Path(
 CERTS_SCRIPT = ROOT / "scripts" / "generate_certs.sh"
 PLAIN = ("docker-compose.yml",)
 TLS = ("docker-compose.yml", "docker-compose.tls.yml")
+LOCAL = ("docker-compose.yml", "docker-compose.local.yml")  # make compose-test's host-network override
 NODES = 3
 # Variables the compose files read: unset them so the defaults are what is checked.
-COMPOSE_VARS = ("FLWR_VERSION", "FEDLORA_IMAGE", "SUPERLINK_PUBLISH", "COMPOSE_FILE", "COMPOSE_PROJECT_NAME")
+COMPOSE_VARS = (
+    "FLWR_VERSION",
+    "FEDLORA_IMAGE",
+    "SUPERLINK_PUBLISH",
+    "COMPOSE_FILE",
+    "COMPOSE_PROJECT_NAME",
+    "FLWR_LOCAL_IMAGE",
+    "LOCAL_SUPERLINK_PORT",
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +65,7 @@ def run_compose(compose: Path, files: tuple[str, ...], *args: str, cwd: Path = R
 def configs(compose) -> dict[str, dict]:
     """The normalized configuration docker-compose prints, for the plain and the TLS setup."""
     out = {}
-    for name, files in (("plain", PLAIN), ("tls", TLS)):
+    for name, files in (("plain", PLAIN), ("tls", TLS), ("local", LOCAL)):
         proc = run_compose(compose, files, "config")
         assert proc.returncode == 0, proc.stderr
         out[name] = yaml.safe_load(proc.stdout)
@@ -78,7 +87,7 @@ def mounts(service: dict) -> dict[str, str]:
 # --- docker-compose v1 -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("files", [PLAIN, TLS], ids=["plain", "tls"])
+@pytest.mark.parametrize("files", [PLAIN, TLS, LOCAL], ids=["plain", "tls", "local"])
 def test_compose_v1_config_is_valid(compose, files):
     proc = run_compose(compose, files, "config", "-q")
     assert proc.returncode == 0, f"docker-compose {' '.join(files)} config -q failed:\n{proc.stderr}"
@@ -153,7 +162,7 @@ def _flower_parsers():
     }
 
 
-@pytest.mark.parametrize("setup", ["plain", "tls"])
+@pytest.mark.parametrize("setup", ["plain", "tls", "local"])
 def test_commands_parse_with_installed_flower(configs, setup):
     """Every command line is accepted by the installed flwr 1.41 parsers and uses no flag that
     Flower marks deprecated (the trap Flower's own pre-1.40 compose files fell into)."""
@@ -210,12 +219,43 @@ def test_tls_override(configs, tmp_path):
         assert path.name in written, f"{use}: {path.name} is not produced by generate_certs.sh"
 
 
+def test_local_override(configs):
+    """docker-compose.local.yml (make compose-test): host networking only, each listener on its own
+    loopback port, each ClientApp SuperExec pointed at its own SuperNode, and the base file's
+    volumes and node configs unchanged."""
+    from flwr.common.config import parse_config_args
+
+    base, local = configs["plain"]["services"], configs["local"]["services"]
+    assert set(local) == set(base)
+    for name, service in local.items():
+        assert service.get("network_mode") == "host", name
+        assert "networks" not in service, name
+        assert sorted(service.get("volumes", [])) == sorted(base[name].get("volumes", [])), name
+    link = local["superlink"]
+    assert link["entrypoint"] == ["flower-superlink"] and opt(link["command"], "--host") == "127.0.0.1"
+    address = f"127.0.0.1:{opt(link['command'], '--port')}"
+    assert opt(local["superexec-serverapp"]["command"], "--runtime-api-address") == address
+    ports = {opt(link["command"], "--port")}
+    for k in range(1, NODES + 1):
+        node = local[f"supernode-{k}"]
+        cmd = node["command"]
+        assert node["entrypoint"] == ["flower-supernode"]
+        assert opt(cmd, "--superlink") == address and opt(cmd, "--host") == "127.0.0.1"
+        ports.add(opt(cmd, "--port"))
+        app = local[f"superexec-clientapp-{k}"]["command"]
+        assert opt(app, "--runtime-api-address") == f"127.0.0.1:{opt(cmd, '--port')}"
+        base_conf = opt(base[f"supernode-{k}"]["command"], "--node-config")
+        assert parse_config_args([opt(cmd, "--node-config")]) == parse_config_args([base_conf])
+    assert len(ports) == NODES + 1, f"listeners share a port on the host network: {ports}"
+
+
 def test_versions_agree():
     """The Flower version of the images matches the pinned flwr."""
     pin = re.search(r"^flwr==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert f"ARG FLWR_VERSION={pin}" in dockerfile
-    assert re.search(r"^FROM flwr/superexec:\$\{FLWR_VERSION\}", dockerfile, re.M)
+    assert re.search(r"^ARG SUPEREXEC_IMAGE=flwr/superexec:\$\{FLWR_VERSION\}", dockerfile, re.M)
+    assert re.search(r"^FROM \$\{SUPEREXEC_IMAGE\}$", dockerfile, re.M)
     compose_text = (ROOT / "docker-compose.yml").read_text()
     assert set(re.findall(r"\$\{FLWR_VERSION:-([^}]+)\}", compose_text)) == {pin}
     ignored = (ROOT / ".dockerignore").read_text().split()
