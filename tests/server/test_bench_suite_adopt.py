@@ -194,7 +194,12 @@ def test_the_dp_tracks_gains_pair_each_seed_with_its_own_non_private_run(tmp_pat
         if d["run"].arm is plain:
             d["output"]["after"]["accuracy"] = d["output"]["before"]["accuracy"] - 0.01
     rows = {r["arm"]: r for r in instruction(done)["rows"]}
-    assert rows["dp ε=8"]["share of the non-private gain (same seed)"] == "n/a: no non-private gain"
+    assert rows["dp ε=8"]["share of the non-private gain (same seed)"] == "n/a: no clear non-private gain"
+    # nor a mean gain within its seeds' spread: +0.09 and -0.07 average +0.01, two standard errors 0.16
+    for d, gain in zip([d for d in done if d["run"].arm is plain], (0.09, -0.07), strict=True):
+        d["output"]["after"]["accuracy"] = d["output"]["before"]["accuracy"] + gain
+    rows = {r["arm"]: r for r in instruction(done)["rows"]}
+    assert rows["dp ε=8"]["share of the non-private gain (same seed)"] == "n/a: no clear non-private gain"
 
 
 def _silo(before: float, after: float, epsilons: list[float]) -> dict:

@@ -271,6 +271,15 @@ def _baseline_drops(
     }
 
 
+def _clear_gain(gains: Sequence[float]) -> bool:
+    """Whether the non-private seeds' ``gains`` are clearly positive: their mean more than two
+    standard errors above zero (one seed: above zero). Three seeds of +0.009, -0.026 and +0.020 have
+    a mean of +0.001: a share of that would be a ratio to noise."""
+    if len(gains) < 2:
+        return bool(gains) and gains[0] > 0
+    return statistics.mean(gains) > 2 * statistics.stdev(gains) / math.sqrt(len(gains))
+
+
 def _shares(
     arm: Arm, finished: Sequence[dict], drop: Callable[[dict], float], baseline: dict[int, float]
 ) -> list[float]:
@@ -386,11 +395,11 @@ def instruction(done: Sequence[dict]) -> dict:
     sec = _base(name, title, [d for d in done if d["run"].section == name])
     sec["columns"] = INSTRUCTION_COLUMNS
     groups = _group(done, name)
-    # a share of a non-private gain that is not positive means nothing: no share unless the
-    # non-private arm gained on average, and none of a seed where it did not
+    # a share of a non-private gain that is not clearly positive means nothing: no share unless the
+    # non-private arm's mean gain stands clear of its seeds' spread (:func:`_clear_gain`), and none
+    # of a seed where it did not gain
     gains = _baseline_drops(groups, _gain)
-    positive = bool(gains) and statistics.mean(gains.values()) > 0
-    baseline = {seed: g for seed, g in gains.items() if g > 0} if positive else {}
+    baseline = {seed: g for seed, g in gains.items() if g > 0} if _clear_gain(list(gains.values())) else {}
     answer_baseline = _baseline_drops(groups, _log_drop)
     for arm, group in groups:
         finished = [d for d in group if d["output"]]
@@ -410,7 +419,7 @@ def instruction(done: Sequence[dict]) -> dict:
                 "gain over the base (mean ± std)": _mean_std([_gain(s) for s in outs]),
                 "share of the non-private gain (same seed)": _mean_std(shares)
                 if shares
-                else ("n/a: no non-private gain" if arm.target_epsilon is not None and outs else "n/a"),
+                else ("n/a: no clear non-private gain" if arm.target_epsilon is not None and outs else "n/a"),
                 "exact match, generated (base → after)": " → ".join(exact),
                 "acc_norm after": _mean([s["after"].get("acc_norm") for s in outs]),
                 "answers' perplexity (base → after)": " → ".join(answers),
