@@ -609,6 +609,7 @@ def start(cfg: NodeConfig, *, print_command: bool = False, port_given: bool = Fa
     ``print_command`` print its ``flower-supernode`` command line and run nothing. Either way a node
     with a roster first says, on stderr, its identity's fingerprint and the roster's SHA-256 and
     key count (:meth:`NodeConfig.identity_lines`)."""
+    sys.stdout.flush()  # what the caller printed first comes first in a shared log
     for line in (*cfg.budget_lines(), *cfg.identity_lines()):
         print(line, file=sys.stderr, flush=True)
     if print_command:
