@@ -276,7 +276,8 @@ def _train_steps(
     ledger = None
     if plan is not None:  # sample-level DP: the node's own ledger, checked and charged before the steps
         policy = NodePolicy.from_node_config(node)
-        policy.check_run_epsilon(plan.epsilon(), "sample-level", cfg.delta)  # the run's whole plan
+        if policy.run_epsilon:  # the run's whole plan (a PLD over every step: only when capped)
+            policy.check_run_epsilon(plan.epsilon(), "sample-level", cfg.delta)
         ledger = held_ledger(node, LEDGER_FILE, "sample-level", _owner(cfg, pid, parts), cfg.delta)
         # this round's steps and every later round's, as if sampled in each
         remaining = (cfg.rounds - ins.round + 1) * cfg.local_steps

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import sys
@@ -13,6 +14,10 @@ from pathlib import Path
 from common.errors import FedloraError
 
 ConfigValue = str | float | int | bool
+
+#: Flower's colour codes (its console log colours levels even in a log file) and its exit line
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+FLOWER_EXIT = re.compile(r"Exit Code: (\d+)")
 
 
 def flower_executable(name: str) -> str:

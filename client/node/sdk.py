@@ -65,7 +65,7 @@ from common.data.owner import (
     write_jsonl,
 )
 from common.errors import FedloraError
-from common.flower_processes import flower_env, flower_executable, free_port, toml_pairs
+from common.flower_processes import ANSI, FLOWER_EXIT, flower_env, flower_executable, free_port, toml_pairs
 from common.privacy.threat import TRUST
 from common.secagg import identity
 from common.signals import handlers_while
@@ -720,8 +720,7 @@ class SuperLinkUnreachable(FedloraError):
     exit_code = 1
 
 
-_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
-_GAVE_UP = "Exit Code: 305"  # Flower's SUPERNODE_CONNECTION_ERROR, after --max-wait-time / --max-retries
+GAVE_UP = "305"  # Flower's SUPERNODE_CONNECTION_ERROR exit code, after --max-wait-time / --max-retries
 
 
 def run_supernode(argv: list[str], env: Mapping[str, str], give_up_after: float = 0.0) -> int:
@@ -764,8 +763,8 @@ def _relay(stream, out, gave_up: threading.Event) -> None:
     set ``gave_up`` on Flower's connection-error exit line."""
     keep_colour = out.isatty()
     for line in stream:
-        plain = _COLOUR.sub("", line)
-        if _GAVE_UP in plain:
+        plain = ANSI.sub("", line)
+        if (code := FLOWER_EXIT.search(plain)) and code.group(1) == GAVE_UP:
             gave_up.set()
         out.write(line if keep_colour else plain)
         out.flush()

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import psutil
 
+from common.flower_processes import ANSI, FLOWER_EXIT
 from server.deploy.deployment import Deployment
 from server.deploy.interrupts import holding_interrupts
 
-FLOWER_EXIT = re.compile(r"Exit Code: (\d+)")
 NODE_ID = re.compile(r"SuperNode ID: (\d+)")
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 @dataclass
