@@ -610,17 +610,17 @@ def test_a_node_trains_on_csv_data_prepared_for_the_runs_own_csv_dataset(tmp_pat
     assert not reply.has_error() and "increment" in reply.content
 
 
+def _dp_adamw_node(tmp_path: Path, data: Path, budget: float, **more: object) -> dict:
+    """The node config of a dp-adamw node over ``data`` with sample-level ``budget`` (and ``more``
+    keys), its state in ``tmp_path/st``."""
+    node = {"data-path": str(data), "state-dir": str(tmp_path / "st"), "mechanism": "dp-adamw"}
+    return {**node, "sample-epsilon": budget, **more}
+
+
 @pytest.mark.heavy
 def test_client_app_trains_on_own_data_and_charges_its_ledger(tmp_path, own_data):
     cfg = preset("minilm-rt", **RUN, mechanism="dp-adamw", sample_epsilon=4.0).check()
-    node = {
-        "data-path": str(own_data),
-        "state-dir": str(tmp_path / "st"),
-        "mechanism": "dp-adamw",
-        "sample-epsilon": 8.0,
-        "dataset": "rotten-tomatoes",
-        "delta": 1e-5,
-    }
+    node = _dp_adamw_node(tmp_path, own_data, 8.0, dataset="rotten-tomatoes", delta=1e-5)
     _, _, shard = node_shard(node, cfg)
     app = load_component("client.app:app")
     reply = app(_message(shard.bundle.initial), _context(cfg, node))
@@ -632,12 +632,7 @@ def test_client_app_trains_on_own_data_and_charges_its_ledger(tmp_path, own_data
 
 def test_client_app_refuses_a_run_against_its_policy(tmp_path, own_data):
     cfg = preset("minilm-rt", **RUN, mechanism="dp-adamw", sample_epsilon=4.0).check()
-    node = {
-        "data-path": str(own_data),
-        "state-dir": str(tmp_path / "st"),
-        "mechanism": "dp-adamw",
-        "sample-epsilon": 2.0,
-    }
+    node = _dp_adamw_node(tmp_path, own_data, 2.0)
     _, _, shard = node_shard(node, cfg)
     app = load_component("client.app:app")
     with pytest.raises(FedloraError, match="node policy: sample-level budget 2 exceeded"):
@@ -651,13 +646,7 @@ def test_client_app_refuses_a_run_that_plans_more_than_the_nodes_run_epsilon(tmp
     """Issue 75 item 6: a node with budget 8 that lets one run spend 2 refuses a run planned for 4
     (sample-level, before any step is charged) and a client-level plan above its cap."""
     cfg = preset("minilm-rt", **RUN, mechanism="dp-adamw", sample_epsilon=4.0).check()
-    node = {
-        "data-path": str(own_data),
-        "state-dir": str(tmp_path / "st"),
-        "mechanism": "dp-adamw",
-        "sample-epsilon": 8.0,
-        "run-epsilon": 2.0,
-    }
+    node = _dp_adamw_node(tmp_path, own_data, 8.0, **{"run-epsilon": 2.0})
     _, _, shard = node_shard(node, cfg)
     with pytest.raises(FedloraError, match="plans sample-level epsilon 4 > the 2 this node lets one run"):
         load_component("client.app:app")(_message(shard.bundle.initial), _context(cfg, node))
