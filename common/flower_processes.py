@@ -57,11 +57,13 @@ def toml_value(key: str, value: ConfigValue) -> str:
     raise FedloraError(f"{key} {value!r} cannot go into --node-config (both quote kinds, or a newline)")
 
 
-def flower_env(flwr_home: str | os.PathLike, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def flower_env(flwr_home: str | os.PathLike | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this environment) with this Python's scripts first on ``PATH`` (SuperLink
-    and SuperNode start ``flower-superexec`` by name) and ``FLWR_HOME`` set to ``flwr_home``."""
+    and SuperNode start ``flower-superexec`` by name) and ``FLWR_HOME`` set to ``flwr_home`` (None:
+    as ``base`` has it, or Flower's default ``~/.flwr``)."""
     env = dict(os.environ if base is None else base)
     scripts = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([scripts, env.get("PATH", "")]).rstrip(os.pathsep)
-    env["FLWR_HOME"] = str(flwr_home)
+    if flwr_home is not None:
+        env["FLWR_HOME"] = str(flwr_home)
     return env

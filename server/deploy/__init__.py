@@ -27,7 +27,6 @@ from common.lazy import lazy_exports
 
 _EXPORTS = {
     "server.deploy.control": (
-        "CONNECTION",
         "flwr_cli",
         "flwr_run",
         "follow_run",
@@ -38,6 +37,7 @@ _EXPORTS = {
         "write_connection",
     ),
     "server.deploy.deployment": (
+        "CONNECTION",
         "REPO",
         "Deployment",
         "Options",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from server.deploy.deployment import REPO, Options
@@ -74,6 +75,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     resume.add_argument("--restart-nodes", action="store_true", default=None, help="as for `up`")
     resume.add_argument("--quiet", action="store_true", default=None, help="as for `up`")
 
+    # a run on a SuperLink started elsewhere: exit by the run's outcome (`flwr run --stream` exits 0)
+    submit = actions.add_parser(
+        "run",
+        help="submit this app to a running SuperLink, follow it, exit 0 only if the run completed",
+        description="`flwr run` of the app to the SuperLink CONNECTION names (in FLWR_HOME's config.toml: "
+        "one started by hand, by docker compose or on another machine), its log streamed as `flwr log "
+        "--stream` would, then Flower's final status: exit 0 for finished:completed, else exit 1 with "
+        "Flower's details in one line (a run that applied no round fails). Ctrl-C stops following, not "
+        "the run.",
+    )
+    submit.add_argument(
+        "connection", metavar="CONNECTION", help="a SuperLink connection of FLWR_HOME's config"
+    )
+    submit.add_argument(
+        "--run-config", action="append", default=[], metavar='"K=V ..."', help="as for `up`; checked first"
+    )
+    submit.add_argument("--app", type=Path, default=REPO, help="as for `up`")
+    wait = actions.add_parser(
+        "wait",
+        help="follow a run already submitted (say by `flwr run`); exit 0 only if it completed",
+        description="Stream RUN_ID's log from the SuperLink CONNECTION names until the run ends; exit 0 for "
+        "finished:completed, else exit 1 with Flower's details in one line.",
+    )
+    wait.add_argument("run_id", type=int, metavar="RUN_ID", help="the run id `flwr run` printed")
+    wait.add_argument("connection", metavar="CONNECTION", help="a SuperLink connection of FLWR_HOME's config")
+    for verb in (submit, wait):
+        verb.add_argument(
+            "--timeout",
+            type=float,
+            default=None,
+            metavar="S",
+            help="stop the run after S seconds (default: none)",
+        )
+        verb.add_argument(
+            "--work-dir",
+            type=Path,
+            default=None,
+            help="its run config and logs/run.log (default runs/submit-<time>)",
+        )
+
 
 def options_from_args(args: argparse.Namespace) -> Options:
     return Options(
@@ -92,12 +133,15 @@ def options_from_args(args: argparse.Namespace) -> Options:
     )
 
 
+def echo(line: str) -> None:
+    print(line, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     from server.deploy.up import check_result, deploy_resume, deploy_up  # the run's stack, not --help's
 
-    def echo(line: str) -> None:
-        print(line, flush=True)
-
+    if args.action in ("run", "wait"):
+        return _attached(args, echo)
     with interrupts_shut_down():
         if args.action == "resume":
             keys = ("timeout", "grace", "restart_nodes", "quiet")
@@ -106,4 +150,16 @@ def run(args: argparse.Namespace) -> int:
         else:
             result = deploy_up(options_from_args(args), echo)
     check_result(result)  # a run that applied no round: exit 1
+    return 0
+
+
+def _attached(args: argparse.Namespace, echo: Callable[[str], None]) -> int:
+    """``deploy run`` / ``deploy wait``: exit 0 only when the run finished completed."""
+    from server.deploy.attach import attach, follow, submit
+
+    with interrupts_shut_down():
+        app = args.app if args.action == "run" else None
+        dep = attach(args.connection, work_dir=args.work_dir, app_dir=app, timeout=args.timeout, echo=echo)
+        run_id = submit(dep, tuple(args.run_config)) if args.action == "run" else args.run_id
+        follow(dep, run_id)
     return 0

@@ -17,7 +17,6 @@ from server.deploy.deployment import Deployment, RunFailed
 from server.deploy.interrupts import holding_interrupts
 from server.deploy.processes import Proc, spawn, start
 
-CONNECTION = "fedlora-deploy"  # the connection's name in <work>/flwr/config.toml
 COMPLETED = "finished:completed"
 FAILED = "finished:failed"
 CLI_TIMEOUT_S = 180.0  # one `flwr` CLI call (it imports for several seconds on a busy machine)
@@ -32,7 +31,7 @@ def write_connection(dep: Deployment) -> Path:
         conn["root-certificates"] = str(dep.tls.ca)
     path = dep.flwr_home / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}}), "utf-8")
+    path.write_text(tomli_w.dumps({"superlink": {"default": dep.connection, dep.connection: conn}}), "utf-8")
     return path
 
 
@@ -74,7 +73,7 @@ def register_node(dep: Deployment, public_key: Path) -> int | None:
     """``flwr supernode register KEY``: the node id the SuperLink assigned to that key; None if
     the key was registered before (a reused work dir keeps the SuperLink's state)."""
     try:
-        data = flwr_cli(dep, "supernode", "register", str(public_key), CONNECTION)
+        data = flwr_cli(dep, "supernode", "register", str(public_key), dep.connection)
     except FedloraError as exc:
         if "already in use" in str(exc):
             return None
@@ -84,7 +83,7 @@ def register_node(dep: Deployment, public_key: Path) -> int | None:
 
 def list_nodes(dep: Deployment) -> list[dict]:
     """``flwr supernode list``: one dict per node the SuperLink knows (``node-id``, ``status``)."""
-    return list(flwr_cli(dep, "supernode", "list", CONNECTION)["nodes"])
+    return list(flwr_cli(dep, "supernode", "list", dep.connection)["nodes"])
 
 
 def run_config_file(dep: Deployment, flat: dict[str, object]) -> Path:
@@ -98,20 +97,20 @@ def flwr_run(dep: Deployment, flat: dict[str, object]) -> int:
     """``flwr run APP CONNECTION --run-config FILE``: builds the FAB from the app directory and
     submits it; returns the run id."""
     config = run_config_file(dep, flat)
-    data = flwr_cli(dep, "run", str(dep.opts.app_dir), CONNECTION, "--run-config", str(config))
+    data = flwr_cli(dep, "run", str(dep.opts.app_dir), dep.connection, "--run-config", str(config))
     return int(data["run-id"])
 
 
 def run_status(dep: Deployment, run_id: int) -> tuple[str, str]:
     """``(status, details)`` of a run, e.g. ``("finished:completed", "N/A")``."""
-    runs = flwr_cli(dep, "list", CONNECTION, "--run-id", str(run_id))["runs"]
+    runs = flwr_cli(dep, "list", dep.connection, "--run-id", str(run_id))["runs"]
     return str(runs[0]["status"]), str(runs[0].get("status-details", ""))
 
 
 def follow_run(dep: Deployment, run_id: int) -> Proc:
     """``flwr log RUN --stream``: the ServerApp's output (rounds, the summary) as ``[run]``; it
     exits when the run finishes."""
-    argv = [flower_executable("flwr"), "log", str(run_id), CONNECTION, "--stream"]
+    argv = [flower_executable("flwr"), "log", str(run_id), dep.connection, "--stream"]
     return spawn(dep, "run", argv, critical=False)
 
 
@@ -139,6 +138,6 @@ def wait_for_run(
 
 def _stop_quietly(dep: Deployment, run_id: int) -> None:
     try:
-        flwr_cli(dep, "stop", str(run_id), CONNECTION, timeout=60)
+        flwr_cli(dep, "stop", str(run_id), dep.connection, timeout=60)
     except FedloraError as exc:
         dep.say(f"[deploy] could not stop run {run_id}: {exc}")

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from server.deploy.tls import Tls
 
 REPO = Path(__file__).resolve().parents[2]
+CONNECTION = "fedlora-deploy"  # the connection's name in <work>/flwr/config.toml (deploy up)
 
 
 class RunFailed(FedloraError):
@@ -58,6 +59,7 @@ class Deployment:
     seen_pids: set[int] = field(default_factory=set)  # every PID shutdown() signalled
     tracked: dict[int, psutil.Process] = field(default_factory=dict)  # descendants seen (processes.track)
     echo: Callable[[str], None] = print
+    connection: str = CONNECTION  # the SuperLink connection every `flwr` call names (FLWR_HOME's config)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -125,5 +127,5 @@ def load_deployment(work_dir: Path) -> tuple[Options, dict[str, object]]:
         raise FedloraError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
 
 
-def default_work_dir() -> Path:
-    return Path("runs") / f"deploy-{time.strftime('%Y%m%d-%H%M%S')}"
+def default_work_dir(kind: str = "deploy") -> Path:
+    return Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -40,15 +40,19 @@ def resolve_run_config(items: tuple[str, ...], nodes: int, work_dir: Path) -> di
     return check_run_config(flat)
 
 
-def check_run_config(flat: dict[str, object]) -> dict[str, object]:
+def check_run_config(flat: dict[str, object], *, where_present: bool = False) -> dict[str, object]:
     """``flat`` if the ServerApp will accept it: a valid configuration, a run directory that holds
     no run (or, with ``resume``, the same run), and a data file dataset whose columns and rows read
-    (issue 75 item 8: it failed 58 s in, exit 1); else a one-line error before anything starts."""
+    (issue 75 item 8: it failed 58 s in, exit 1); else a one-line error before anything starts.
+    ``where_present``: for a SuperLink that may run elsewhere (``deploy run``), the run directory
+    and the data file are checked only where their paths exist on this machine."""
     from common.runtime import columns_of
     from server.run_dir import RunDir
 
     cfg = from_flat(dict(flat)).check_federated()
-    RunDir(Path(cfg.out_dir), cfg)  # its checks only: it writes nothing
-    if is_file_dataset(cfg.dataset):  # its columns, rows and labels, as the ServerApp will read them
+    if cfg.out_dir and (Path(cfg.out_dir).exists() or not where_present):
+        RunDir(Path(cfg.out_dir), cfg)  # its checks only: it writes nothing
+    data = is_file_dataset(cfg.dataset) and (Path(cfg.dataset).exists() or not where_present)
+    if data:  # its columns, rows and labels, as the ServerApp will read them
         load_file_corpus(cfg.dataset, columns_of(cfg))
     return flat

@@ -499,6 +499,74 @@ def test_unregistered_supernode_is_refused(tmp_path):
     _assert_all_gone(dep)
 
 
+def _superlink_alone(tmp_path: Path, monkeypatch):
+    """A SuperLink started as a by-hand owner would (``deploy up``'s own helper, no SuperNode), its
+    connection in FLWR_HOME for ``fedlora deploy run`` / ``wait`` to name."""
+    dep = prepare(_opts(tmp_path, nodes=1), echo=lambda _: None)
+    monkeypatch.setenv("FLWR_HOME", str(dep.flwr_home))
+    start_superlink(dep)
+    return dep
+
+
+def test_deploy_run_and_wait_exit_1_with_flowers_details_when_the_run_fails(tmp_path, monkeypatch, capsys):
+    """Issue 75 item 6: `flwr run --stream` exits 0 whatever the run did. `fedlora deploy run`
+    submits to a SuperLink it did not start, follows the log and exits by Flower's final status: here
+    no node ever connects, the ServerApp fails after its 3 s wait, and the command exits 1 with
+    Flower's details in one line; `deploy wait` on the same run says the same."""
+    dep = _superlink_alone(tmp_path, monkeypatch)
+    run = "preset='small' rounds=1 num-clients=1 round-timeout=3 eval-examples=8"
+    work = tmp_path / "submit"
+    try:
+        code = run_cli(["deploy", "run", deploy.CONNECTION, "--run-config", run, "--work-dir", str(work)])
+        captured = capsys.readouterr()
+        assert code == 1, captured.out[-3000:] + captured.err
+        err = captured.err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith("fedlora: error: run ") and " finished:failed: " in err, err
+        assert "only 0 of 1 nodes connected after 3 s" in err, err
+        run_id = int(next(ln for ln in captured.out.splitlines() if "submitted run" in ln).split()[3])
+        assert tomllib.loads((work / "run-config.toml").read_text())["num-clients"] == 1
+        assert (work / "logs" / "run.log").is_file()
+        assert run_cli(["deploy", "wait", str(run_id), deploy.CONNECTION, "--work-dir", str(work)]) == 1
+        assert capsys.readouterr().err.strip() == err
+    finally:
+        shutdown(dep)
+    _assert_all_gone(dep)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_deploy_run_exits_0_when_the_run_completes(tmp_path, monkeypatch, capsys):
+    """The other half: 2 SuperNodes up (``deploy up``'s helpers standing in for an owner's by-hand
+    processes), one round of the small preset: exit 0, the run's summary streamed and written."""
+    dep = prepare(_opts(tmp_path, nodes=2), echo=lambda _: None)
+    monkeypatch.setenv("FLWR_HOME", str(dep.flwr_home))
+    out = tmp_path / "run"
+    run = f"preset='small' num-clients=2 rounds=1 local-steps=2 batch-size=8 max-train-examples=200 eval-examples=40 out-dir='{out}'"
+    try:
+        bring_up(dep)
+        assert (
+            run_cli(
+                ["deploy", "run", deploy.CONNECTION, "--run-config", run, "--work-dir", str(tmp_path / "w")]
+            )
+            == 0
+        )
+    finally:
+        shutdown(dep)
+    lines = capsys.readouterr().out.splitlines()
+    assert any(ln.startswith("[run] fedlora run summary") for ln in lines), lines[-20:]
+    assert any(" finished:completed after " in ln for ln in lines), lines[-5:]
+    assert json.loads((out / "summary.json").read_text())["rounds_completed"] == 1
+
+
+def test_deploy_run_checks_the_run_config_before_submitting(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(control, "flwr_cli", lambda *a, **k: pytest.fail("submitted"))
+    argv = ["deploy", "run", "by-hand", "--work-dir", str(tmp_path / "w"), "--run-config", "rounds=0"]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "rounds" in err, err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_deploy_up_runs_a_dp_federation(tmp_path):
