@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from autoencoder.broadcast import basis_version
 from autoencoder.codecs import PcaCodec, fit_pca
 from autoencoder.layout import Layout
+from common.atomic import replacing
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_state, load_adapter_state
@@ -73,9 +74,8 @@ def fit_public_basis(
     samples = public_increments(evaluator, cfg, state, cfg.public_increments, layout)
     fitted = fit_pca(layout, samples, cfg.public_subspace)
     codec = PcaCodec(layout, fitted.basis, version=basis_version(fitted.basis))
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({"basis": codec.basis, "round": torch.tensor([rnd])}, str(tmp))
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        save_file({"basis": codec.basis, "round": torch.tensor([rnd])}, str(tmp))
     return codec
 
 

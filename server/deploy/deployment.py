@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from common.atomic import write_text
 from common.errors import FedloraError
 
 if TYPE_CHECKING:
@@ -102,9 +103,7 @@ def save_deployment(dep: Deployment, flat: dict[str, object]) -> Path:
     """``<work>/deployment.json``: the options and the run config, for ``deploy resume``."""
     opts = {k: str(v) if k in _PATHS else v for k, v in asdict(dep.opts).items()}
     path = dep.work_dir / DEPLOYMENT_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"options": opts, "run-config": flat}, indent=1), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps({"options": opts, "run-config": flat}, indent=1))
     return path
 
 
