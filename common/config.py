@@ -603,6 +603,13 @@ class RunConfig:
     # -- run
     out_dir: str = option("", "run directory (default runs/<time>-<model>-<dataset>)", RUN)
     resume: bool = option(False, "continue the run in --out from its checkpoint and ledger", RUN)
+    eval_cache: str = option(
+        "",
+        "a directory of held-out evaluations by content (adapter state, held-out examples, model, task): "
+        "an evaluation already there is read, not recomputed (round 0 of every arm of a seed is the same); "
+        "empty: none",
+        RUN,
+    )
     tensorboard: bool = option(
         False,
         "also log each round's metrics, loss and epsilon as TensorBoard event files in <out>/tensorboard "

@@ -28,8 +28,18 @@ NODE_LEDGER = "sample-ledger.sqlite"  # client/node/state.py (the server does no
 
 #: options that do not change what a run computes: where it is stored, whether it resumes, how many
 #: processes train its clients (server/workers.py) and how (the engine, whether idle nodes of hidden
-#: participation train: the same distribution of replies), whether TensorBoard gets its metrics too
-NOT_IDENTITY = ("out_dir", "resume", "workers", "engine", "idle_training", "cohort_tokens", "tensorboard")
+#: participation train: the same distribution of replies), whether TensorBoard gets its metrics too,
+#: and whether an evaluation may be read from server/eval_cache.py (the same evaluation, computed before)
+NOT_IDENTITY = (
+    "out_dir",
+    "resume",
+    "workers",
+    "engine",
+    "idle_training",
+    "cohort_tokens",
+    "tensorboard",
+    "eval_cache",
+)
 
 
 def _node_index(ledger_path: Path) -> int:

@@ -106,7 +106,8 @@ def stored_config(directory: Path) -> dict | None:
 
 def _own_record(directory: Path) -> dict:
     """What a finished run says of itself, from one read of its output: ``wall_s``, its own wall time
-    (its summary's, or a train-local result's seconds), and ``made``, when, at which commit and where
+    (its summary's, with a round-0 evaluation read from ``--eval-cache`` counted at the seconds it
+    took when computed; or a train-local result's seconds), and ``made``, when, at which commit and where
     it was made (the stamp its output carries, written by every run since they record it; else its
     output file's date and this machine, since adoption takes runs made here, with the commit marked
     as not recorded)."""
@@ -121,7 +122,10 @@ def _own_record(directory: Path) -> dict:
                 "commit": NOT_RECORDED,
                 "device": device(),
             }
-            return {"wall_s": own.get(key), "made": made}
+            wall = own.get(key)
+            if wall is not None:  # a round 0 read from --eval-cache counts at what it took when computed
+                wall = round(wall + own.get("cached_evaluation_s", 0.0), 1)
+            return {"wall_s": wall, "made": made}
     raise ValueError(f"{directory} holds no finished run")
 
 

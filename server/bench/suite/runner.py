@@ -152,7 +152,7 @@ def execute(
         _collect(run_dir)
     output = None if error else output_of(run_dir)
     if resumed and output and "wall_time_s" in output:  # the whole run's, every session's rounds (summary)
-        record["wall_s"] = round(output["wall_time_s"], 1)
+        record["wall_s"] = round(output["wall_time_s"] + output.get("cached_evaluation_s", 0.0), 1)
     (run_dir / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
     if error:
         verb = "stopped (the next invocation takes it up again)" if _STOPPING.is_set() else "FAILED"
