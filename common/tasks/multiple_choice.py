@@ -92,13 +92,18 @@ def left_padded(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device
     }
 
 
-def _last_logits(model: nn.Module, batch: dict[str, Tensor], keep: int) -> Tensor:
-    """``(b, keep, V)`` fp32 logits at the last ``keep`` positions; the LM head runs only there where
-    the model takes ``logits_to_keep``."""
+def _forward(model: nn.Module, batch: dict[str, object], keep: int):
+    """The model's output on ``batch``, the LM head run only at the last ``keep`` positions where the
+    model takes ``logits_to_keep`` (else at all of them: slice ``logits[:, -keep:]``)."""
     try:
-        return model(**batch, logits_to_keep=keep).logits[:, -keep:].float()
-    except TypeError:  # a model without logits_to_keep: all positions, then the last ones
-        return model(**batch).logits[:, -keep:].float()
+        return model(**batch, logits_to_keep=keep)
+    except TypeError:
+        return model(**batch)
+
+
+def _last_logits(model: nn.Module, batch: dict[str, Tensor], keep: int) -> Tensor:
+    """``(b, keep, V)`` fp32 logits at the last ``keep`` positions."""
+    return _forward(model, batch, keep).logits[:, -keep:].float()
 
 
 def _token_batches(lengths: Sequence[int], max_tokens: int) -> Iterable[list[int]]:
@@ -123,29 +128,71 @@ def option_loglikelihoods(
     max_length: int | None = None,
 ) -> list[list[float]]:
     """``[item][option]``: the summed log-probability (nats) of each option's continuation given the
-    item's context. ``max_tokens``: padded tokens per forward pass (memory: about ``max_tokens`` x
-    the model's hidden width x layers of activations, the logits only ``b x longest continuation x
-    V``). ``max_length``: a sequence longer than this loses context tokens from the left (the
-    continuation is kept whole); None keeps everything. Call under ``torch.no_grad()`` with the
-    model in eval mode (:class:`MultipleChoiceScorer` does)."""
-    requests: list[tuple[int, int, list[int], list[int]]] = []  # (item, option, context, continuation)
-    for i, item in enumerate(items):
-        context = _ids(tokenizer, context_text(tokenizer, item))
-        for j, text in enumerate(continuations(item)):
-            continuation = _ids(tokenizer, text)
-            cut = len(context) + len(continuation) - max_length if max_length else 0
-            requests.append((i, j, context[min(max(cut, 0), len(context) - 1) :], continuation))
+    item's context. The context runs once per item and its keys and values serve every option
+    (:func:`_shared_context_logprobs`); an item whose context and longest continuation exceed
+    ``max_length`` loses context tokens from the left, as many as each option needs (the
+    continuation is kept whole), and its options run as separate sequences,
+    ``max_tokens`` padded tokens per forward pass (:func:`_continuation_logprobs`). None keeps
+    everything. Call under ``torch.no_grad()`` with the model in eval mode
+    (:class:`MultipleChoiceScorer` does)."""
     scores = [[0.0] * len(item.options) for item in items]
     device = _device(model)
-    with bar(len(requests), "scoring options", "option") as progress:
-        for batch in _token_batches([len(c) + len(k) for _, _, c, k in requests], max_tokens):
-            chosen = [requests[r] for r in batch]
-            for (i, j, _, _), value in zip(
-                chosen, _continuation_logprobs(model, tokenizer, chosen, device), strict=True
-            ):
-                scores[i][j] = value
-            progress.update(len(batch))
+    cut: list[tuple[int, int, list[int], list[int]]] = []  # (item, option, context, continuation)
+    with bar(len(items), "scoring options", "item") as progress:
+        for i, item in enumerate(items):
+            context = _ids(tokenizer, context_text(tokenizer, item))
+            options = [_ids(tokenizer, text) for text in continuations(item)]
+            over = len(context) + max(map(len, options)) - max_length if max_length else 0
+            if over <= 0:
+                scores[i] = _shared_context_logprobs(model, tokenizer, context, options, device)
+            else:
+                for j, continuation in enumerate(options):
+                    drop = len(context) + len(continuation) - max_length
+                    cut.append((i, j, context[min(max(drop, 0), len(context) - 1) :], continuation))
+            progress.update(1)
+    for batch in _token_batches([len(c) + len(k) for _, _, c, k in cut], max_tokens):
+        chosen = [cut[r] for r in batch]
+        for (i, j, _, _), value in zip(
+            chosen, _continuation_logprobs(model, tokenizer, chosen, device), strict=True
+        ):
+            scores[i][j] = value
     return scores
+
+
+def _shared_context_logprobs(
+    model: nn.Module, tokenizer, context: list[int], options: Sequence[list[int]], device: torch.device
+) -> list[float]:
+    """Each option's summed token log-probability after ``context``, the context run once: its last
+    logits give each option's first token, and its cached keys and values, repeated once per
+    option, serve the options' own tokens, right-padded in one pass (``(n, K)``; a padding position
+    comes after every real one, so no real token attends to it)."""
+    prefill = _forward(model, {"input_ids": torch.tensor([context], device=device), "use_cache": True}, 1)
+    first = prefill.logits[0, -1].detach().float().log_softmax(-1)  # (V,): each option's first token
+    values = [float(first[k[0]]) for k in options]
+    if max(map(len, options)) == 1:
+        return values
+    cache = prefill.past_key_values
+    cache.batch_repeat_interleave(len(options))
+    width = max(map(len, options))
+    ids = torch.full((len(options), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(options), len(context) + width), dtype=torch.long)
+    mask[:, : len(context)] = 1
+    for j, k in enumerate(options):
+        ids[j, : len(k)] = torch.as_tensor(k, dtype=torch.long)
+        mask[j, len(context) : len(context) + len(k)] = 1
+    positions = torch.arange(len(context), len(context) + width)[None, :].expand(len(options), -1)
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    logp = out.logits[:, :-1].detach().float().log_softmax(-1)  # (n, K - 1, V): t predicts token t + 1
+    rest = logp.gather(-1, ids[:, 1:, None].to(device)).squeeze(-1)  # (n, K - 1)
+    lengths = torch.tensor([len(k) for k in options], device=device)
+    mine = torch.arange(width - 1, device=device)[None, :] < lengths[:, None] - 1  # (n, K - 1)
+    return [v + r for v, r in zip(values, torch.where(mine, rest, 0.0).sum(1).tolist(), strict=True)]
 
 
 def _continuation_logprobs(
@@ -154,8 +201,8 @@ def _continuation_logprobs(
     requests: Sequence[tuple[int, int, list[int], list[int]]],
     device: torch.device,
 ) -> list[float]:
-    """One forward pass over ``requests`` (context + continuation each): each continuation's summed
-    token log-probability."""
+    """One forward pass over ``requests`` (context + continuation each, left-padded): each
+    continuation's summed token log-probability."""
     batch = left_padded([c + k for _, _, c, k in requests], tokenizer.pad_token_id, device)
     lengths = torch.tensor([len(k) for *_, k in requests], device=device)  # (b,)
     longest = int(lengths.max())

@@ -157,13 +157,15 @@ def tiny_peft_llama(smollm2_tokenizer):
     return model.eval()
 
 
-def _by_hand(model, tokenizer, item: Item) -> list[float]:
-    """Each option's log-likelihood: one unpadded forward pass of context + continuation, the
-    log-softmax at each position before a continuation token, summed."""
-    context = tokenizer(context_text(tokenizer, item), add_special_tokens=False)["input_ids"]
+def _by_hand(model, tokenizer, item: Item, max_length: int | None = None) -> list[float]:
+    """Each option's log-likelihood: one unpadded forward pass of context + continuation (the context
+    cut from the left to ``max_length`` tokens in all), the log-softmax at each position before a
+    continuation token, summed."""
+    whole = tokenizer(context_text(tokenizer, item), add_special_tokens=False)["input_ids"]
     out = []
     for text in continuations(item):
         continuation = tokenizer(text, add_special_tokens=False)["input_ids"]
+        context = whole[max(len(whole) + len(continuation) - (max_length or 10**9), 0) :]
         ids = torch.tensor([context + continuation])
         with torch.no_grad():
             logp = model(input_ids=ids).logits[0].float().log_softmax(-1)
@@ -194,6 +196,20 @@ def test_the_scorer_agrees_with_a_hand_computation(tiny_peft_llama, smollm2_toke
     assert result["acc"] == pytest.approx(acc / 5) and result["acc_norm"] == pytest.approx(acc_norm / 5)
     assert result["exact_match"] == pytest.approx(3 / 5) and result["answered"] == pytest.approx(3 / 5)
     assert result["items"] == 5
+
+
+def test_a_context_cut_to_max_length_keeps_each_options_own_cut(tiny_peft_llama, smollm2_tokenizer):
+    """An item longer than ``max_length`` loses context from the left, as many tokens as each option
+    needs (a short option keeps more); the others share one context pass. Both agree with the hand
+    computation on the cut sequence."""
+    model, tok = tiny_peft_llama, smollm2_tokenizer
+    _, held_out = load_set("mmlu").split()
+    items = sample(held_out, 4)
+    lengths = [len(tok(context_text(tok, i), add_special_tokens=False)["input_ids"]) for i in items]
+    limit = sorted(lengths)[1] + 2  # the shortest item fits whole, the longer ones are cut
+    scored = option_loglikelihoods(model, tok, items, max_tokens=600, max_length=limit)
+    for item, mine in zip(items, scored, strict=True):
+        assert mine == pytest.approx(_by_hand(model, tok, item, limit), rel=1e-4)
 
 
 def test_the_exact_match_rule():
