@@ -202,6 +202,30 @@ def test_the_dp_tracks_gains_pair_each_seed_with_its_own_non_private_run(tmp_pat
     assert rows["dp ε=8"]["share of the non-private gain (same seed)"] == "n/a: no clear non-private gain"
 
 
+def test_the_silo_rows_of_the_dp_track_pair_with_the_silo_non_private_run(tmp_path):
+    """The benchmark cross-silo is its own federation: its private arm's share is over the silo's
+    non-private gain (not the cross-device one), its ε the largest node's sample-level ε."""
+    done = []
+    xdev, silo, silo_dp = Arm("np"), Arm("silo np"), Arm("silo dp ε=3", (), 3.0)
+    for key, arm, before, after in (
+        ("instruction-0-s0", xdev, 0.30, 0.50),  # cross-device gain 0.20
+        ("instruction-silo-0-s0", silo, 0.30, 0.40),  # silo gain 0.10
+        ("instruction-silo-1-s0", silo_dp, 0.30, 0.35),  # 0.05: half the silo's gain
+    ):
+        output, run_dir = _mc(before, after, None, tmp_path, key)
+        if arm is silo_dp:
+            output["node_privacy"] = _silo(1.0, 1.0, [2.999, 2.998])["node_privacy"]
+            output["sample_privacy"] = "sample-level (dp-adamw) per node"
+        run = Run("instruction", key, (), arm=arm, seed=0)
+        done.append({"run": run, "output": output, "error": None, "wall_s": 1.0, "dir": run_dir})
+    sec = instruction(done)
+    rows = {r["arm"]: r for r in sec["rows"]}
+    assert rows["silo dp ε=3"]["share of the non-private gain (same seed)"] == "0.500 (n = 1)"
+    assert rows["silo dp ε=3"]["ε (PLD)"] == "3.00" and rows["silo dp ε=3"]["δ"] == 1e-05
+    assert rows["np"]["ε (PLD)"] == "n/a" and rows["np"]["δ"] == "n/a"
+    assert "guarantee: sample-level (dp-adamw) per node" in sec["notes"]
+
+
 def _silo(before: float, after: float, epsilons: list[float]) -> dict:
     """A ``simulate`` summary of a cross-silo run: each node's sample-level ledger."""
     nodes = [{"node": k, "eps_tight": e, "delta": 1e-05} for k, e in enumerate(epsilons)]

@@ -83,6 +83,8 @@ class Profile:
     ftrl_arms: tuple[Arm, ...] = ()
     mc_base: tuple[str, ...] = ()  # the DP track: instruction tuning on the multiple-choice sets
     mc_arms: tuple[Arm, ...] = ()
+    mc_silo_base: tuple[str, ...] = ()  # the same benchmark cross-silo (sample-level DP per node)
+    mc_silo_arms: tuple[Arm, ...] = ()
     chat_base: tuple[str, ...] = ()  # the DP track: chat with natural users (chitchat senders)
     chat_arms: tuple[Arm, ...] = ()
 
@@ -373,6 +375,19 @@ def _mc_arms() -> tuple[Arm, ...]:
     )
 
 
+def _mc_silo_arms() -> tuple[Arm, ...]:
+    """The multiple-choice benchmark cross-silo (issue 76): 4 nodes of 3 whole sets each, FedAvg of
+    local AdamW without privacy and dp-adamw at sample-level ε 3 per node (the preset's)."""
+    return (
+        Arm("MC silo fedavg (not private)", _args("--mechanism fedavg")),
+        Arm(
+            "MC silo dp-adamw ε=3 per node (sample-level)",
+            _args("--mechanism dp-adamw --sample-epsilon 3"),
+            3.0,
+        ),
+    )
+
+
 def _chat_arms() -> tuple[Arm, ...]:
     """The DP track on chat (issue 76): non-private and user-level dp-fedavg at ε 8 (one sender a
     client; central noise, adaptive clip)."""
@@ -415,6 +430,8 @@ _PROFILES: dict[str, Profile] = {
         ftrl_arms=_ftrl_arms((3.0, 8.0), seeds=(None, (0,)), separation=10),
         mc_base=_args("simulate --preset smollm2-instruct-xdev"),
         mc_arms=_mc_arms(),
+        mc_silo_base=_args("simulate --preset smollm2-instruct-silo"),
+        mc_silo_arms=_mc_silo_arms(),
         chat_base=_args("simulate --preset smollm2-chitchat-xdev"),
         chat_arms=_chat_arms(),
     ),
@@ -478,6 +495,7 @@ def runs(p: Profile) -> list[Run]:
         ("cross-silo", "cross-silo", p.silo_base, p.silo_arms),
         ("cross-silo", "cross-silo-alone", p.alone_base, p.alone_arms),
         ("instruction", "instruction", p.mc_base, p.mc_arms),
+        ("instruction", "instruction-silo", p.mc_silo_base, p.mc_silo_arms),
         ("chat", "chat", p.chat_base, p.chat_arms),
     ):
         for i, arm in enumerate(arms):

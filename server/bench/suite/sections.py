@@ -394,7 +394,30 @@ def instruction(done: Sequence[dict]) -> dict:
     title = "DP track, instruction tuning: SmolLM2-Instruct on the packaged multiple-choice sets"
     sec = _base(name, title, [d for d in done if d["run"].section == name])
     sec["columns"] = INSTRUCTION_COLUMNS
-    groups = _group(done, name)
+    for family in _families(_group(done, name)):  # cross-device, then cross-silo: each its own baseline
+        _instruction_rows(sec, family)
+    sec["notes"] += _client_guarantees(done, name)
+    sec["notes"] += _sample_guarantees(done, name)
+    sec["notes"].append(
+        "held-out items of each set only (fixed by a hash of the item, whatever the seed); a run scores "
+        "a seeded subset of them, the same for every arm of a seed; base: the untrained adapter on "
+        "those items; a share is the private run's gain (or drop of the gold answers' log-perplexity) "
+        "over the non-private run's of the same seed and the same federation (cross-device or silo); "
+        "ε: client-level, or for a silo the largest node's sample-level ε"
+    )
+    return sec
+
+
+def _families(groups: Sequence[tuple[Arm, list[dict]]]) -> list[list[tuple[Arm, list[dict]]]]:
+    """``groups`` by the plan key of their runs (``instruction``, ``instruction-silo``), in order."""
+    out: dict[str, list[tuple[Arm, list[dict]]]] = {}
+    for arm, group in groups:
+        out.setdefault(group[0]["run"].key.rsplit("-", 2)[0], []).append((arm, group))
+    return list(out.values())
+
+
+def _instruction_rows(sec: dict, groups: Sequence[tuple[Arm, list[dict]]]) -> None:
+    """:func:`instruction`'s rows and per-set notes of one federation's arms."""
     # a share of a non-private gain that is not clearly positive means nothing: no share unless the
     # non-private arm's mean gain stands clear of its seeds' spread (:func:`_clear_gain`), and none
     # of a seed where it did not gain
@@ -426,8 +449,12 @@ def instruction(done: Sequence[dict]) -> dict:
                 "share of the non-private answer log-perplexity drop": _mean_std(answer_shares)
                 if answer_shares
                 else "n/a",
-                "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"),
-                "δ": _delta(privacy),
+                "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f")
+                if any(privacy)
+                else _mean([_lm_record(s)[2] for s in outs], ".2f"),
+                "δ": _delta(privacy)
+                if any(privacy)
+                else _delta([(s.get("node_privacy") or [{}])[0] for s in outs]),
                 "communication (GB, total)": _mean([_total_gb(s) for s in outs], ".2f"),
                 "up per client and round (MB)": _mean([_mb_per_reply(d) for d in finished], ".2f"),
                 "min / round": _minutes_per_round(outs),
@@ -437,14 +464,14 @@ def instruction(done: Sequence[dict]) -> dict:
             before, after = _per_set(outs, "before"), _per_set(outs, "after")
             sets = ", ".join(f"{k} {before.get(k, math.nan):.2f} → {v:.2f}" for k, v in after.items())
             sec["notes"].append(f"{arm.label}, accuracy per set (base → after, mean over seeds): {sets}")
-    sec["notes"] += _client_guarantees(done, name)
-    sec["notes"].append(
-        "held-out items of each set only (fixed by a hash of the item, whatever the seed); a run scores "
-        "a seeded subset of them, the same for every arm of a seed; base: the untrained adapter on "
-        "those items; a share is the private run's gain (or drop of the gold answers' log-perplexity) "
-        "over the non-private run's of the same seed"
-    )
-    return sec
+
+
+def _sample_guarantees(done: Sequence[dict], section: str) -> list[str]:
+    """One note per distinct sample-level guarantee the finished runs of ``section`` state."""
+    outputs = [d["output"] for d in done if d["run"].section == section and d["output"]]
+    return [
+        f"guarantee: {g}" for g in sorted({o["sample_privacy"] for o in outputs if o.get("node_privacy")})
+    ]
 
 
 #: the cross-silo table's columns
@@ -533,10 +560,7 @@ def cross_silo(done: Sequence[dict]) -> dict:
                 "min / run": _mean([d["wall_s"] / 60 if d.get("wall_s") else None for d in finished], ".1f"),
             }
         )
-    outputs = [d["output"] for d in runs if d["output"]]
-    sec["notes"] += [
-        f"guarantee: {g}" for g in sorted({o["sample_privacy"] for o in outputs if o.get("node_privacy")})
-    ]
+    sec["notes"] += _sample_guarantees(runs, "cross-silo")
     sec["notes"].append(
         "perplexity of held-out roles (users never seen in training) after the last round or step; "
         "before: the untrained adapter; a node alone is one node's shard with the same local steps; a "
