@@ -86,9 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the run.",
     )
     submit.add_argument(
-        "connection", metavar="CONNECTION", help="a SuperLink connection of FLWR_HOME's config"
-    )
-    submit.add_argument(
         "--run-config", action="append", default=[], metavar='"K=V ..."', help="as for `up`; checked first"
     )
     submit.add_argument("--app", type=Path, default=REPO, help="as for `up`")
@@ -99,8 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "finished:completed, else exit 1 with Flower's details in one line.",
     )
     wait.add_argument("run_id", type=int, metavar="RUN_ID", help="the run id `flwr run` printed")
-    wait.add_argument("connection", metavar="CONNECTION", help="a SuperLink connection of FLWR_HOME's config")
     for verb in (submit, wait):
+        verb.add_argument(
+            "connection", metavar="CONNECTION", help="a SuperLink connection of FLWR_HOME's config"
+        )
         verb.add_argument(
             "--timeout",
             type=float,
