@@ -276,7 +276,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "lm_blocks": 4,
         "eval_examples": 260,
         # per-example gradients of 4 examples at a time (on a CPU the whole batch of 16 at 384 tokens
-        # was killed at 13 GB resident; 4: 5.7 GB peak, docs/instruction-tuning.md)
+        # was killed at 13 GB resident; 4: a whole run peaks at 9.6 GB, docs/instruction-tuning.md)
         "microbatch": 4,
     },
     "smollm2-shakespeare-silo": _SILO,

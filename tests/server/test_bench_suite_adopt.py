@@ -224,6 +224,8 @@ def test_the_silo_rows_of_the_dp_track_pair_with_the_silo_non_private_run(tmp_pa
     assert rows["silo dp ε=3"]["ε (PLD)"] == "3.00" and rows["silo dp ε=3"]["δ"] == 1e-05
     assert rows["np"]["ε (PLD)"] == "n/a" and rows["np"]["δ"] == "n/a"
     assert "guarantee: sample-level (dp-adamw) per node" in sec["notes"]
+    rows = {r["arm"]: r for r in instruction([d for d in done if d["run"].arm is not silo])["rows"]}
+    assert rows["silo dp ε=3"]["share of the non-private gain (same seed)"] == "n/a: no non-private run yet"
 
 
 def _silo(before: float, after: float, epsilons: list[float]) -> dict:

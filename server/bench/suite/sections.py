@@ -442,7 +442,7 @@ def _instruction_rows(sec: dict, groups: Sequence[tuple[Arm, list[dict]]]) -> No
                 "gain over the base (mean ± std)": _mean_std([_gain(s) for s in outs]),
                 "share of the non-private gain (same seed)": _mean_std(shares)
                 if shares
-                else ("n/a: no clear non-private gain" if arm.target_epsilon is not None and outs else "n/a"),
+                else (_no_share(gains) if arm.target_epsilon is not None and outs else "n/a"),
                 "exact match, generated (base → after)": " → ".join(exact),
                 "acc_norm after": _mean([s["after"].get("acc_norm") for s in outs]),
                 "answers' perplexity (base → after)": " → ".join(answers),
@@ -464,6 +464,12 @@ def _instruction_rows(sec: dict, groups: Sequence[tuple[Arm, list[dict]]]) -> No
             before, after = _per_set(outs, "before"), _per_set(outs, "after")
             sets = ", ".join(f"{k} {before.get(k, math.nan):.2f} → {v:.2f}" for k, v in after.items())
             sec["notes"].append(f"{arm.label}, accuracy per set (base → after, mean over seeds): {sets}")
+
+
+def _no_share(gains: dict[int, float]) -> str:
+    """Why a private arm has no share of the non-private gain: no non-private run of its federation
+    yet, or no clear gain (:func:`_clear_gain`)."""
+    return "n/a: no clear non-private gain" if gains else "n/a: no non-private run yet"
 
 
 def _sample_guarantees(done: Sequence[dict], section: str) -> list[str]:
