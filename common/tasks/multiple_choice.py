@@ -169,11 +169,11 @@ def _shared_context_logprobs(
     prefill = _forward(model, {"input_ids": torch.tensor([context], device=device), "use_cache": True}, 1)
     first = prefill.logits[0, -1].detach().float().log_softmax(-1)  # (V,): each option's first token
     values = [float(first[k[0]]) for k in options]
-    if max(map(len, options)) == 1:
+    width = max(map(len, options))
+    if width == 1:
         return values
     cache = prefill.past_key_values
     cache.batch_repeat_interleave(len(options))
-    width = max(map(len, options))
     ids = torch.full((len(options), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(options), len(context) + width), dtype=torch.long)
     mask[:, : len(context)] = 1

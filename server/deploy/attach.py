@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from common.flower_processes import flower_env
@@ -33,9 +32,9 @@ def attach(
     (None: no limit; past it the run is stopped)."""
     work = (work_dir or default_work_dir("submit")).resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    opts = Options(nodes=0, work_dir=work, timeout=math.inf if timeout is None else timeout, grace=5.0)
-    if app_dir is not None:
-        opts = replace(opts, app_dir=app_dir.resolve())
+    limit = math.inf if timeout is None else timeout
+    app = {} if app_dir is None else {"app_dir": app_dir.resolve()}
+    opts = Options(nodes=0, work_dir=work, timeout=limit, grace=5.0, **app)
     return Deployment(opts, work, flower_env(None), echo=echo, connection=connection)
 
 
@@ -51,8 +50,8 @@ def submit(dep: Deployment, items: tuple[str, ...]) -> int:
     return run_id
 
 
-def follow(dep: Deployment, run_id: int) -> float:
-    """Echo the run's log until it finishes; the seconds it took from here. Raises
+def follow(dep: Deployment, run_id: int) -> None:
+    """Echo the run's log until it finishes, then its status and how long it took from here. Raises
     :class:`~server.deploy.deployment.RunFailed` (exit 1, one line with Flower's details) unless it is
     ``finished:completed``; Ctrl-C stops following, not the run (the message says how to go on)."""
     start = time.monotonic()
@@ -67,7 +66,6 @@ def follow(dep: Deployment, run_id: int) -> float:
         shutdown(dep)  # the `flwr log` follower
     seconds = time.monotonic() - start
     dep.say(f"[deploy] run {run_id} {status} after {seconds:.0f} s (log: {dep.logs / 'run.log'})")
-    return seconds
 
 
 __all__ = ["attach", "follow", "submit"]

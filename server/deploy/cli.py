@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 
 from server.deploy.deployment import REPO, Options
@@ -140,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from server.deploy.up import check_result, deploy_resume, deploy_up  # the run's stack, not --help's
 
     if args.action in ("run", "wait"):
-        return _attached(args, echo)
+        return _attached(args)
     with interrupts_shut_down():
         if args.action == "resume":
             keys = ("timeout", "grace", "restart_nodes", "quiet")
@@ -152,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _attached(args: argparse.Namespace, echo: Callable[[str], None]) -> int:
+def _attached(args: argparse.Namespace) -> int:
     """``deploy run`` / ``deploy wait``: exit 0 only when the run finished completed."""
     from server.deploy.attach import attach, follow, submit
 

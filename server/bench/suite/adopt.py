@@ -21,7 +21,7 @@ from pathlib import Path
 from client.train_local_cli import add_arguments, config_of, local_record
 from common.provenance import device
 from server.bench.suite.plan import Run
-from server.bench.suite.runner import finished
+from server.bench.suite.runner import finished, own_wall_s
 from server.simulate_cli import add_config_arguments, config_from_args
 
 #: options added later, each with the value that reproduces runs made before it (issue 26's columns
@@ -122,10 +122,7 @@ def _own_record(directory: Path) -> dict:
                 "commit": NOT_RECORDED,
                 "device": device(),
             }
-            wall = own.get(key)
-            if wall is not None:  # a round 0 read from --eval-cache counts at what it took when computed
-                wall = round(wall + own.get("cached_evaluation_s", 0.0), 1)
-            return {"wall_s": wall, "made": made}
+            return {"wall_s": own_wall_s(own, key), "made": made}
     raise ValueError(f"{directory} holds no finished run")
 
 

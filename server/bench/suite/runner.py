@@ -78,6 +78,13 @@ def interrupted(run: Run, runs_dir: Path, stored: dict | None = None) -> bool:
     return stored.get("command") == run.command and finished(run, runs_dir, stored) is None
 
 
+def own_wall_s(output: dict, key: str) -> float | None:
+    """A finished run's wall time from its output's ``key`` (seconds), with a round-0 evaluation read
+    from ``--eval-cache`` counted at the seconds it took when computed (``cached_evaluation_s``)."""
+    wall = output.get(key)
+    return None if wall is None else round(wall + output.get("cached_evaluation_s", 0.0), 1)
+
+
 def execute(
     run: Run,
     runs_dir: Path,
@@ -152,7 +159,7 @@ def execute(
         _collect(run_dir)
     output = None if error else output_of(run_dir)
     if resumed and output and "wall_time_s" in output:  # the whole run's, every session's rounds (summary)
-        record["wall_s"] = round(output["wall_time_s"] + output.get("cached_evaluation_s", 0.0), 1)
+        record["wall_s"] = own_wall_s(output, "wall_time_s")
     (run_dir / "command.json").write_text(json.dumps(record) + "\n", encoding="utf-8")
     if error:
         verb = "stopped (the next invocation takes it up again)" if _STOPPING.is_set() else "FAILED"

@@ -449,12 +449,7 @@ def _instruction_rows(sec: dict, groups: Sequence[tuple[Arm, list[dict]]]) -> No
                 "share of the non-private answer log-perplexity drop": _mean_std(answer_shares)
                 if answer_shares
                 else "n/a",
-                "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f")
-                if any(privacy)
-                else _mean([_lm_record(s)[2] for s in outs], ".2f"),
-                "δ": _delta(privacy)
-                if any(privacy)
-                else _delta([(s.get("node_privacy") or [{}])[0] for s in outs]),
+                **_instruction_privacy(outs, privacy),
                 "communication (GB, total)": _mean([_total_gb(s) for s in outs], ".2f"),
                 "up per client and round (MB)": _mean([_mb_per_reply(d) for d in finished], ".2f"),
                 "min / round": _minutes_per_round(outs),
@@ -464,6 +459,16 @@ def _instruction_rows(sec: dict, groups: Sequence[tuple[Arm, list[dict]]]) -> No
             before, after = _per_set(outs, "before"), _per_set(outs, "after")
             sets = ", ".join(f"{k} {before.get(k, math.nan):.2f} → {v:.2f}" for k, v in after.items())
             sec["notes"].append(f"{arm.label}, accuracy per set (base → after, mean over seeds): {sets}")
+
+
+def _instruction_privacy(outs: Sequence[dict], privacy: Sequence[dict]) -> dict[str, object]:
+    """The ε and δ columns of an instruction row: client-level, or for a silo its largest node's
+    sample-level ε (:func:`_lm_record`)."""
+    if any(privacy):
+        return {"ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f"), "δ": _delta(privacy)}
+    records = [_lm_record(s) for s in outs]
+    private = [r for r in records if r[2] is not None]
+    return {"ε (PLD)": _mean([r[2] for r in records], ".2f"), "δ": private[0][3] if private else "n/a"}
 
 
 def _no_share(gains: dict[int, float]) -> str:
