@@ -240,7 +240,7 @@ def takes_part(noise: NoisePlan | None) -> bool:
     """Whether this node contributes its update this round (else a zero update of the same shapes):
     the plan's participation rule decides (common/privacy/participation.py; hidden participation: the
     node's own coin from OS entropy), always without a plan. Real clients and audit canaries
-    (server/audit/client.py) flip the same coin."""
+    (client/audit/canary.py, through :func:`admit`) flip the same coin."""
     return noise is None or noise.participation.contributes()
 
 

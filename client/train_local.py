@@ -17,11 +17,11 @@ from client.dp.engine import StepBlocks
 from client.dp.optimizers import dp_optimizer
 from client.dp.sample_plan import SAMPLE_ACCOUNTANT, SamplePlan, plan_sample_noise
 from client.local_update import local_update
-from client.train_local_cli import check_node, local_record
 from common.atomic import replacing
 from common.config import RunConfig
 from common.data.federated import FederatedSplit
 from common.errors import FedloraError
+from common.local_options import check_node, local_record
 from common.models import adapter_state
 from common.models.dense_delta import dense_deltas
 from common.models.loader import ModelBundle

@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run a real deployment: flower-superlink + N flower-supernodes + flwr run",
     ),
     "audit": (
-        "server.audit.cli",
+        "common.privacy.audit_cli",
         "empirical privacy audits: canary clients (client-level) and canary examples (sample-level)",
     ),
     "generate": ("common.models.generate", "sample text from a saved causal-LM adapter on its base model"),

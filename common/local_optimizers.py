@@ -37,7 +37,7 @@ class LocalOptimizerSpec:
     have their own.
     ``row_selection``: SPARTA's row selection (``--sparta-keep`` rows of each factor, or of each base
     layer with ``merges_base``, chosen during the first ``--sparta-selection`` of the steps).
-    ``audited``: ``fedlora audit mia`` has an arm for it (server/audit/cli.py; ``sparta-base`` has
+    ``audited``: ``fedlora audit mia`` has an arm for it (client/audit/cli.py; ``sparta-base`` has
     none yet).
     ``label``: how error messages name it (default: its name).
     """

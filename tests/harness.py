@@ -165,3 +165,13 @@ __all__ = [
     "serve",
     "write_form",
 ]
+
+
+def audit_json(argv: list[str], capsys, kind: str = "client") -> list[dict]:
+    """``fedlora audit KIND --quick --json`` on a tiny federation (client) or client data (mia): one
+    result per audited arm."""
+    from tests.conftest import run_cli
+
+    tiny = ["--clients", "2"] if kind == "client" else ["--examples", "20"]
+    assert run_cli(["audit", kind, "--quick", *tiny, "--json", *argv]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.strip().splitlines() if line.startswith("{")]

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from client.train_local import train_local
-from client.train_local_cli import LOCAL_MECHANISMS, SHARD_OPTIONS, check_node, config_of, local_defaults
 from common.errors import FedloraError
+from common.local_options import LOCAL_MECHANISMS, SHARD_OPTIONS, check_node, config_of, local_defaults
 from common.options import add_config_arguments
 
 GRID_NOTE = "the grid search reads the validation examples and is not accounted in any epsilon"

@@ -1,5 +1,5 @@
 """The statistics of empirical privacy audits: from canary scores to an ε lower bound, an AUC and a
-one-shot ε estimate. The attacks that produce the scores live in server/audit/.
+one-shot ε estimate. The attacks that produce the scores live in server/audit/ (canary clients) and client/audit/ (canary examples).
 
 - **One-run lower bound** (Steinke, Nasr & Jagielski, NeurIPS 2023, "Privacy auditing with one (1)
   training run", Theorem 3.1 / their Algorithm 2 p-value): ``m`` canaries, each included independently

@@ -3,8 +3,9 @@ empirical privacy estimation for federated learning").
 
 ``m`` canary slots are added after the real clients (their partitions hold data like any other).
 Canary ``j`` is included with probability ½: an included canary's node, whenever it is sampled,
-replies with a fixed random direction ``c_j`` of norm ``C`` in place of a trained increment, through
-the client's real release (clip, its noise share, encoding). After the last round the attack scores
+replies with a fixed random direction ``c_j`` of norm ``C`` in place of a trained increment, admitted
+and released as any node's train message is (client/audit/canary.py: the node's checks, coin and
+release ledger, then clip, its noise share, encoding). After the last round the attack scores
 each canary by the cosine of ``c_j`` with the final model delta (final global adapter minus the
 initial one): included canaries' directions are in it, excluded ones' are independent of it. The
 scores give the AUC, the one-run ε lower bound and the one-shot estimate (common/privacy/audit.py);
@@ -52,18 +53,17 @@ from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
 from safetensors.torch import load_file
 
-from client.app import release_reply, reply_of, takes_part
-from client.increment import increment as local_increment
-from client.node.shard import node_shard
-from common.config import RunConfig, from_flat
-from common.models import AdapterState, adapter_size
+from common.config import RunConfig
+from common.models import AdapterState
 from common.privacy.audit import MIN_CANARIES, summarize
-from common.privacy.plan import plan_noise
 from common.privacy.threat import CLIENT_LEVEL
 from common.wire import TrainInstruction
 from server.checkpoint import CHECKPOINT_FILE, OPTIMIZER_PREFIX
+from server.inprocess import load_component
 from server.simulate import simulate
 
+#: a canary node's reply to a train message (its admission and release are every node's)
+CANARY_REPLY = "client.audit.canary:canary_reply"
 #: the neighbouring relations an excluded canary can reproduce
 RELATIONS = ("add/remove", "zero-out")
 #: the reason an excluded add/remove canary's error reply gives (the server logs and records it)
@@ -104,6 +104,8 @@ class Canaries:
         return {k: v * (self.norm / total) for k, v in draw.items()}
 
     def wrapper(self) -> Callable[[Callable, Message, Context], Message]:
+        reply = load_component(CANARY_REPLY)
+
         def handle(app: Callable, msg: Message, ctx: Context) -> Message:
             if msg.metadata.message_type != "train":
                 return app(msg, ctx)
@@ -115,16 +117,8 @@ class Canaries:
                 return app(msg, ctx)  # a real client
             if not self.included[j] and self.relation == "add/remove":
                 return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ABSENT), reply_to=msg)
-            cfg = from_flat(dict(ctx.run_config)).check()
-            template = local_increment(ins.global_state, ins.global_state, cfg.increment_form)
-            if self.included[j] and takes_part(plan_noise(cfg, adapter_size(ins.global_state))):
-                sent = self.direction(j, template)
-            else:  # zero-out: the client's update replaced by zero, its participation unchanged
-                sent = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in sorted(template.items())}
-            examples = len(node_shard(dict(ctx.node_config), cfg)[2].examples) if not cfg.private else 0
-            out = reply_of(sent, ins, cfg, torch.device("cpu"), ctx, examples, {})
-            reply = release_reply(ins, cfg, ctx, out)
-            return Message(reply, reply_to=msg)
+            chosen = (lambda template: self.direction(j, template)) if self.included[j] else None
+            return reply(msg, ctx, chosen)  # zero-out: the update replaced by zero, participation unchanged
 
         return handle
 
@@ -133,12 +127,11 @@ def cosines(canaries: Canaries, final: AdapterState) -> np.ndarray:
     """cos(c_j, final − initial) for every canary (over the canaries' tensors)."""
     if canaries.initial is None:
         raise RuntimeError("the federation sent no round-1 train message")
-    keys = sorted(local_increment(canaries.initial, canaries.initial, "raw"))
+    keys = sorted(canaries.initial)  # an increment has the global adapter's names (client/increment.py)
     delta = torch.cat([(final[k].float() - canaries.initial[k].float()).flatten() for k in keys])
-    template = {k: canaries.initial[k] for k in keys}
     out = []
     for j in range(canaries.count):
-        c = torch.cat([v.flatten() for _, v in sorted(canaries.direction(j, template).items())])
+        c = torch.cat([v.flatten() for _, v in sorted(canaries.direction(j, canaries.initial).items())])
         out.append(float(torch.dot(c, delta) / (c.norm() * delta.norm()).clamp(min=1e-30)))
     return np.asarray(out)
 

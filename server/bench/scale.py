@@ -42,7 +42,11 @@ from common.device import resolve_device
 from common.errors import FedloraError
 from common.flower_processes import flower_env, flower_executable, toml_pairs
 from common.models.registry import RANDOM, SHAPES
+from server.inprocess import load_component
 from server.workers import resolve_workers
+
+#: FLOPs of one client's local step, counted on the client's own code (named, as the ClientApp is)
+CLIENT_FLOPS = "client.bench.flops:client_flops"
 
 ROOT = Path(__file__).resolve().parents[2]  # the Flower app (pyproject.toml)
 
@@ -232,23 +236,6 @@ def matmul_peak(precision: str, device: str = "cpu", seconds: float = 0.5) -> fl
     return 2 * m * k * n * count / elapsed / 1e9
 
 
-def client_flops(preset: str, device: str = "cpu", shape: str = "") -> float:
-    """FLOPs of one client's local update (one step, as the bench runs it), counted by torch."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from client.local_update import local_update
-    from client.node.shard import node_shard
-    from common.presets import preset as make_preset
-
-    model = {"model": RANDOM + shape} if shape else {}
-    cfg = make_preset(preset, local_steps=1, precision="fp32", device=device, **model).check()
-    _, _, shard = node_shard({"partition-id": 0, "num-partitions": cfg.num_clients}, cfg)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        local_update(shard.trainee, cfg, None, seed=0, desc="flops")  # cfg: one local step
-    return float(counter.get_total_flops())
-
-
 def run(args: argparse.Namespace) -> int:
     populations = [int(x) for x in args.populations.split(",") if x.strip()]
     if not populations or min(populations) < 1 or args.cohort < 1 or args.rounds < 2:
@@ -286,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
                     f"N = {n}, {backend}, {engine}, {precision}, workers {count}: {rows[-1]}", file=sys.stderr
                 )
     peaks = {p: round(matmul_peak(resolve(p, device), device), 1) for p in precisions}
-    flops = client_flops(args.preset, device, shape)
+    flops = load_component(CLIENT_FLOPS)(args.preset, device, shape)
     cuda = device.startswith("cuda")
     base = rows[0]
     for row in rows:

@@ -68,7 +68,7 @@ def test_simulate_and_train_local_share_option_names():
     """train-local takes its options from the same declarations: same names, same meaning."""
     import argparse
 
-    from client.train_local_cli import add_arguments as local_arguments
+    from common.local_options import add_arguments as local_arguments
     from server.simulate_cli import add_config_arguments
 
     def dests(add):

@@ -259,7 +259,7 @@ def test_the_two_halves_of_each_optimizer_agree():
 
 
 def test_the_audit_lists_the_audited_optimizers():
-    from server.audit.cli import MIA_ARMS
+    from client.audit.cli import MIA_ARMS
 
     audited = {n for n, s in LOCAL_OPTIMIZERS.items() if s.private and s.audited}
     assert {arm["mechanism"] for arm in MIA_ARMS.values()} - {"fedavg"} == audited

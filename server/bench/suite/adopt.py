@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from client.train_local_cli import add_arguments, config_of, local_record
+from common.local_options import add_arguments, config_of, local_record
 from common.provenance import device
 from server.bench.suite.plan import Run
 from server.bench.suite.runner import finished, own_wall_s

@@ -4,8 +4,8 @@ differ from :class:`RunConfig`'s, every other option takes the declared default.
 import argparse
 from dataclasses import fields
 
-from client.train_local_cli import LOCAL_DEFAULTS, LOCAL_OPTIONS, SHARD_OPTIONS, add_arguments, local_defaults
 from common.config import RunConfig
+from common.local_options import LOCAL_DEFAULTS, LOCAL_OPTIONS, SHARD_OPTIONS, add_arguments, local_defaults
 
 DECLARED = {f.name: f.default for f in fields(RunConfig)}
 
