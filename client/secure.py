@@ -29,6 +29,7 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size
 from common.privacy.plan import plan_noise
+from common.privacy.secure_plan import SecurePlan
 from common.privacy.secure_release import SecureRelease
 from common.secagg import identity, prf, protocol
 from common.secagg import wire as sw
@@ -123,9 +124,11 @@ def prepare(ins: TrainInstruction, cfg: RunConfig, context: Context) -> tuple[Se
     values, checked against that plan; this node's identity and the federation's roster loaded (each
     a one-line refusal)."""
     noise = plan_noise(cfg, adapter_size(ins.global_state))
-    if noise is None or noise.secure is None:  # (the run config refuses it first: common/config.py)
+    if noise is None or not isinstance(
+        noise.family, SecurePlan
+    ):  # (the run config refuses it first: common/config.py)
         raise FedloraError("secure aggregation needs a client-level release (--mechanism dp-fedavg)")
-    release = SecureRelease(noise.secure, {k: tuple(v.shape) for k, v in ins.global_state.items()})
+    release = SecureRelease(noise.family, {k: tuple(v.shape) for k, v in ins.global_state.items()})
     values = sw.fields(RecordDict(dict(ins.records)), ins.round)
     release.check_params(_own_run(sw.params_from(values, ins.round), context), context.node_id, ins.noise_std)
     credentials(dict(context.node_config))

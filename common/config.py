@@ -748,8 +748,8 @@ class RunConfig:
         self._check_client_level()
         if self.public_subspace:
             self._check_public_subspace()
-        if self.release_kind == "dr-encoder":
-            self._check_dr_encoder()
+        if check := _RELEASE_CHECKS.get(self.release_kind):
+            check(self)
 
     @property
     def expected_cohort(self) -> float:
@@ -790,8 +790,6 @@ class RunConfig:
             )
         if self.noise_cohort and self.clip_only:
             raise FedloraError("--noise-cohort needs noise: it cannot be combined with --clip-only")
-        if release == CORRELATED:
-            self._check_correlated()
 
     def _check_correlated(self) -> None:
         """dp-ftrl: the server adds the correlated noise to the sum of clipped updates (central noise
@@ -871,9 +869,15 @@ class RunConfig:
             )
 
 
-#: ``--help`` text of every option (from the declarations)
 #: transport name (common/privacy/threat.py ``TransportSpec``) -> what a run through it must also hold
 _TRANSPORT_CHECKS: dict[str, Callable[[RunConfig], None]] = {"secagg+": RunConfig._check_secure_aggregation}
+#: release kind -> what a run with it must also hold (after every option's own check)
+_RELEASE_CHECKS: dict[str, Callable[[RunConfig], None]] = {
+    CORRELATED: RunConfig._check_correlated,
+    "dr-encoder": RunConfig._check_dr_encoder,
+}
+
+#: ``--help`` text of every option (from the declarations)
 
 HELP: dict[str, str] = {f.name: f.metadata["help"] for f in fields(RunConfig)}
 

@@ -201,7 +201,7 @@ def secagg_round(
     least the planned noise, and after ``ctx.gate(rnd, survivors, event)`` (the ledger narrowed to the
     survivors and their realised noise) allowed it."""
     plan = ctx.release.plan
-    release = SecureRelease(plan.secure, ctx.shapes)
+    release = SecureRelease(plan.family, ctx.shapes)
     seed = os.urandom(32)
     params = release.params(rnd, tuple(sampled), seed, ctx.grid.run.run_id)
     messages = train_messages(release, params, state)
@@ -212,9 +212,9 @@ def secagg_round(
     advertised = _advertised(ctx.grid, messages, rnd, expected, record, ctx.cfg.round_timeout)
 
     def gate(survivors: list[int]) -> str:
-        if len(survivors) < plan.secure.min_survivors:
+        if len(survivors) < release.plan.min_survivors:
             return (
-                f"{len(survivors)} masked inputs < min-replies {plan.secure.min_survivors}: the sum would "
+                f"{len(survivors)} masked inputs < min-replies {release.plan.min_survivors}: the sum would "
                 "carry less noise than planned; not unmasked"
             )
         return ctx.gate(rnd, survivors, release.released_event(len(survivors))) if ctx.gate else ""

@@ -29,6 +29,7 @@ from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.accountants import Event
 from common.privacy.banded_noise import BandedNoise, standard_normal
+from common.privacy.ftrl_plan import FtrlPlan
 from common.privacy.mechanism import GaussianMechanism, GaussianSum, RoundSum
 from common.privacy.plan import NoisePlan
 from common.privacy.threat import ThreatModel
@@ -64,11 +65,11 @@ class BandedFtrl:
     name = "dp-ftrl"
 
     def __init__(self, plan: NoisePlan, expected: float) -> None:
-        if plan.ftrl is None:
+        if not isinstance(plan.family, FtrlPlan):
             raise ValueError("a dp-ftrl mechanism needs a correlated-noise plan")
         self.inner = GaussianMechanism(plan, expected)
         self.plan, self.clip = plan, plan.clip
-        self.stream = BandedNoise(plan.ftrl.coefs)
+        self.stream = BandedNoise(plan.family.coefs)
         self.store: Path | None = None
         self.restored = 0  # the checkpoint's noise index (resume)
         self.shapes: dict[str, tuple[int, ...]] = {}
@@ -119,7 +120,7 @@ class BandedFtrl:
         line, and overwrites nothing."""
         self.store, self.shapes, restored = run_dir / NOISE_FILE, dict(shapes), self.restored
         if not self.store.exists():
-            if first > self.plan.ftrl.rounds:
+            if first > self.plan.family.rounds:
                 return  # a finished run (its stream removed at the end): nothing left to draw
             if restored or first > 1:
                 raise FedloraError(
@@ -128,7 +129,7 @@ class BandedFtrl:
                 )
             return
         try:
-            self.stream = BandedNoise.from_tensors(self.plan.ftrl.coefs, load_file(self.store))
+            self.stream = BandedNoise.from_tensors(self.plan.family.coefs, load_file(self.store))
         except (SafetensorError, OSError, KeyError, ValueError) as exc:
             raise FedloraError(f"{self.store} is unreadable ({exc})") from None
         if not restored <= self.stream.index <= first - 1:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +35,10 @@ from common.privacy.factorization import (
     optimize_banded,
     workload,
 )
+from common.privacy.participation import CyclicPoisson, MinSeparation, Participation
+
+if TYPE_CHECKING:
+    from common.privacy.plan import NoisePlan
 
 #: the participation rules correlated noise may rest on (see the module docstring)
 RULES = ("cyclic-poisson", "min-sep")
@@ -103,6 +108,35 @@ class FtrlPlan:
                 accountant, [Event(self.sigma, 1.0, math.ceil(rounds / self.min_sep))], self.delta
             )
         return events_epsilon(accountant, [e for t in range(rounds) for e in self.events(t)], self.delta)
+
+    # its part of the run's plan (common/privacy/plan.py ``Family``): the node's event, its rule's rounds
+    def round_event(self, plan: NoisePlan) -> Event:
+        return self.node_event
+
+    def round_events(self, plan: NoisePlan, rnd: int) -> tuple[Event, ...]:
+        return self.events(rnd - 1)
+
+    def client_std(self, plan: NoisePlan, sampled: int, clip: float) -> float:
+        return plan.threat_std(sampled, clip)  # central noise only: the server adds it
+
+    def participation(self, plan: NoisePlan) -> Participation:
+        if self.rule == "min-sep":
+            return MinSeparation(self.min_sep, self.cohort)
+        return CyclicPoisson(self.bands, self.q)
+
+    def spent_line(self, plan: NoisePlan, head: str, clip: str, totals: dict) -> str:
+        """The ledger's ε (the worst client's under min-sep), naming the rule it assumes."""
+        from common.privacy.statement import both_epsilons  # (the statement reads the plan)
+
+        spent = (
+            f"epsilon {totals['eps_tight']:.4g} (pld, the worst client's) at delta {plan.delta:g}"
+            if self.per_client
+            else both_epsilons(totals, plan.delta)
+        )
+        return f"{head}, {clip}, {self.bands}-band correlated noise (banded MF DP-FTRL), assuming {self.guarantee}): {spent}"
+
+    def epsilon_after(self, plan: NoisePlan, rounds: int) -> float:
+        return max(self.epsilon(rounds, name) for name in self.accountants)
 
     @cached_property
     def error(self) -> float:

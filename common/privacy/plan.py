@@ -16,25 +16,21 @@ the noise a K'-client round would, and the ε is valid for that deployment, not 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import Protocol
 
 from common.config import CORRELATED, RunConfig
 from common.errors import FedloraError
-from common.privacy.accountants import Event, SkellamEvent
+from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
-from common.privacy.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
+from common.privacy.ftrl_plan import Target, plan_ftrl, workload_name
 from common.privacy.ledger import Ledger
-from common.privacy.participation import (
-    CappedCohorts,
-    CyclicPoisson,
-    MinSeparation,
-    Participation,
-    PoissonSampling,
-)
+from common.privacy.participation import Participation, PoissonSampling
 from common.privacy.report import apart
-from common.privacy.secure_plan import SecurePlan, run_secure_plan
+from common.privacy.secure_plan import run_secure_plan
 from common.privacy.threat import THREATS, Guarantee, ThreatModel
 
 STATS_ROUND = 0  # the DR-Encoder statistics round's row in the client-level ledger
@@ -59,10 +55,10 @@ class NoisePlan:
     noise_cohort: int = 0  # what-if: the cohort the noise is sized for (0: this run's)
     cohort_scale: float = 1.0  # K / K' (≤ 1): the sum's noise std relative to a K'-cohort plan
     sample_rate: float = 0.0  # the run's client sampling rate (names a what-if run's population K'/rate)
-    secure: SecurePlan | None = (
-        None  # secure aggregation: the release's numbers (σ is its Gaussian equivalent)
-    )
-    ftrl: FtrlPlan | None = None  # correlated noise: the strategy and participation rule σ is for
+    # the noise family's own part of the plan (:class:`Family`): the independent Gaussian release's
+    # (:data:`GAUSSIAN`), secure aggregation's Skellam release (σ its Gaussian equivalent) or
+    # correlated noise's strategy and participation rule
+    family: Family = field(default_factory=lambda: GAUSSIAN)
 
     @property
     def what_if_population(self) -> float:
@@ -77,26 +73,18 @@ class NoisePlan:
 
     @property
     def event(self) -> Event:
-        """One round's planned charge (secure aggregation: Skellam noise of μ, the fewest survivors')."""
-        if self.secure:
-            return SkellamEvent(self.sigma, self.p, 1, self.secure.l1, self.secure.l2)
-        if self.ftrl:
-            return self.ftrl.node_event
-        return Event(self.sigma, self.p)
+        """One round's planned charge to a client that takes part (the family's)."""
+        return self.family.round_event(self)
 
     def round_events(self, rnd: int) -> tuple[Event, ...]:
-        """What round ``rnd`` (1-based) charges: the plan's one event, or correlated noise's event of
-        that round (cyclic Poisson charges one per cycle)."""
-        return self.ftrl.events(rnd - 1) if self.ftrl else (self.event,)
+        """What round ``rnd`` (1-based) charges (the family's: one event, or correlated noise's of
+        that round)."""
+        return self.family.round_events(self, rnd)
 
     @property
     def budget_accountants(self) -> tuple[str, ...]:
-        """Accountants whose larger ε budget decisions use: :data:`BUDGET_ACCOUNTANTS`, RDP alone for
-        Skellam noise (Agarwal et al.'s bound; the CLT μ-GDP is no bound for it), or the accountants
-        correlated noise's plan was calibrated with (PLD alone under min-sep)."""
-        if self.secure:
-            return ("rdp",)
-        return self.ftrl.accountants if self.ftrl else BUDGET_ACCOUNTANTS
+        """Accountants whose larger ε budget decisions use (the family's)."""
+        return self.family.accountants
 
     @property
     def budget_keys(self) -> tuple[str, ...]:
@@ -129,13 +117,14 @@ class NoisePlan:
         return max(1, min(self.min_replies, sampled))
 
     def client_std(self, sampled: int, clip: float = 0.0) -> float:
-        """Noise std one of ``sampled`` clients adds to its increment clipped to ``clip`` (0: C); under
-        secure aggregation its Skellam share of μ/m, in units of the update (√(μ/m) / s)."""
-        if self.secure:
-            return self.secure.share_std
-        return self.threat.client_std(
-            self.update_sigma, clip or self.clip, self.shares(sampled), self.cohort_scale
-        )
+        """Noise std one of ``sampled`` clients adds to its increment clipped to ``clip`` (0: C), in
+        units of the update (the family's)."""
+        return self.family.client_std(self, sampled, clip or self.clip)
+
+    def threat_std(self, sampled: int, clip: float) -> float:
+        """A Gaussian client's noise std under the run's threat model: σC (local), σC/√m (distributed),
+        0 (central), with adaptive clipping's z_Δ and a what-if run's scale."""
+        return self.threat.client_std(self.update_sigma, clip, self.shares(sampled), self.cohort_scale)
 
     @property
     def server_sigma(self) -> float:
@@ -145,25 +134,13 @@ class NoisePlan:
 
     @property
     def participation(self) -> Participation:
-        """Who takes part in a round (common/privacy/participation.py): secure aggregation's capped
-        cohorts (every node, each by its own coin, with hidden participation), else Poisson sampling
-        at the run's rate."""
-        if self.secure:
-            s = self.secure
-            return CappedCohorts(s.cohort, s.participations, s.min_survivors, s.sample_rate)
-        if self.ftrl and self.ftrl.rule == "min-sep":
-            return MinSeparation(self.ftrl.min_sep, self.ftrl.cohort)
-        if self.ftrl:
-            return CyclicPoisson(self.ftrl.bands, self.ftrl.q)
-        return PoissonSampling(self.sample_rate)
+        """Who takes part in a round (common/privacy/participation.py; the family's rule)."""
+        return self.family.participation(self)
 
     @property
     def participation_cap(self) -> int:
-        """The rounds one client may take part in (secure aggregation's cap, or what correlated noise's
-        rule allows: one in every b rounds); 0: no cap."""
-        if self.ftrl:
-            return self.ftrl.participations
-        return self.secure.participations if self.secure else 0
+        """The rounds one client may take part in (the family's); 0: no cap."""
+        return self.family.participations
 
     def count_stds(self, sampled: int) -> tuple[float, float]:
         """Adaptive clipping: noise std (each client's share, the server's) on the unclipped count."""
@@ -175,61 +152,85 @@ class NoisePlan:
         return self.threat.released_sigma(self.server_sigma, replied, self.shares(sampled))
 
     def spent_line(self, head: str, clip: str, totals: dict) -> str:
-        """The privacy statement's client-level line for a plan with its own accountant (secure
-        aggregation's Skellam noise: RDP, per client, the CLT μ-GDP no bound for it); empty: the
-        Gaussian ledger's (common/privacy/statement.py ``client_level``). ``head``: the line's
+        """The privacy statement's client-level line for a family with its own accountant; empty:
+        the Gaussian ledger's (common/privacy/statement.py ``client_level``). ``head``: the line's
         opening; ``clip``: how C is set; ``totals``: the ledger's report."""
-        if self.ftrl:
-            from common.privacy.statement import both_epsilons  # (the statement reads this plan)
-
-            f = self.ftrl
-            spent = (
-                f"epsilon {totals['eps_tight']:.4g} (pld, the worst client's) at delta {self.delta:g}"
-                if f.per_client
-                else both_epsilons(totals, self.delta)
-            )
-            return f"{head}, {clip}, {f.bands}-band correlated noise (banded MF DP-FTRL), assuming {f.guarantee}): {spent}"
-        if not self.secure:
-            return ""
-        s = self.secure
-        return (
-            f"{head} for the fewest survivors m = {s.min_survivors} (a round with r > m survivors "
-            f"carries sigma x sqrt(r/m), the ledger's), {clip}, at most {s.participations} rounds "
-            f"per client at p = {self.p:g}): epsilon {totals['eps_tight']:.4g} "
-            f"({totals.get('tight_accountant', 'rdp')}, the worst client's{_below_target(self, totals)})"
-            f" at delta {self.delta:g}"
-        )
+        return self.family.spent_line(self, head, clip, totals)
 
     def planned_epsilon(self, rounds: int) -> float:
-        """The larger ε of :data:`BUDGET_ACCOUNTANTS` after the prior events and ``rounds`` rounds,
-        capped by the target (the server stops before exceeding it)."""
-        if self.ftrl:
-            eps = max(self.ftrl.epsilon(rounds, name) for name in self.budget_accountants)
-            return min(eps, self.target_epsilon) if self.target_epsilon > 0 else eps
-        if self.secure:  # a client takes part in at most the cap of them
-            rounds = min(rounds, self.secure.participations)
-        events = [*self.prior, replace(self.event, count=rounds)]
-        eps = max(events_epsilon(name, events, self.delta) for name in self.budget_accountants)
+        """The family's ε after the prior events and ``rounds`` rounds, capped by the target (the
+        server stops before exceeding it)."""
+        eps = self.family.epsilon_after(self, rounds)
         return min(eps, self.target_epsilon) if self.target_epsilon > 0 else eps
 
+    def events_epsilon(self, rounds: int) -> float:
+        """The larger ε of the budget accountants after the prior events and ``rounds`` of the
+        plan's round event (uncapped)."""
+        events = [*self.prior, replace(self.event, count=rounds)]
+        return max(events_epsilon(name, events, self.delta) for name in self.budget_accountants)
 
-def _below_target(plan: NoisePlan, totals: dict) -> str:
-    """Why a secure run's worst client spent less than the target (empty when it did not): rounds
-    with more survivors than m (the ledger's σ above the plan's), or fewer participations than the
-    cap."""
-    assert plan.secure is not None
-    eps, target = totals["eps_tight"], plan.target_epsilon
-    if target <= 0 or f"{eps:.4g}" == f"{target:.4g}":
+
+class Family(Protocol):
+    """A noise family's own part of a run's plan (pfl-research: a mechanism owns its noise plan).
+    :class:`Gaussian` is the independent Gaussian release's; secure aggregation's Skellam release
+    (common/privacy/secure_plan.py ``SecurePlan``) and correlated noise (common/privacy/ftrl_plan.py
+    ``FtrlPlan``) bring their own. Each method receives the whole :class:`NoisePlan`."""
+
+    @property
+    def accountants(self) -> tuple[str, ...]:
+        """The accountants budget decisions use (their larger ε)."""
+
+    @property
+    def participations(self) -> int:
+        """The most rounds one client may take part in (0: no cap)."""
+
+    def round_event(self, plan: NoisePlan) -> Event:
+        """What one round costs a client that takes part (its node's release ledger)."""
+
+    def round_events(self, plan: NoisePlan, rnd: int) -> tuple[Event, ...]:
+        """What round ``rnd`` (1-based) charges the run's ledger."""
+
+    def client_std(self, plan: NoisePlan, sampled: int, clip: float) -> float:
+        """Noise std one of ``sampled`` clients adds to its increment clipped to ``clip``."""
+
+    def participation(self, plan: NoisePlan) -> Participation:
+        """Who takes part in a round."""
+
+    def spent_line(self, plan: NoisePlan, head: str, clip: str, totals: dict) -> str:
+        """The statement's client-level line, or empty for the Gaussian ledger's."""
+
+    def epsilon_after(self, plan: NoisePlan, rounds: int) -> float:
+        """The ε ``rounds`` rounds plan to spend, uncapped."""
+
+
+@dataclass(frozen=True)
+class Gaussian:
+    """The independent Gaussian release (central, local or distributed noise): one event of (σ, p) a
+    round, :data:`BUDGET_ACCOUNTANTS`, Poisson sampling at the run's rate, no cap."""
+
+    accountants: tuple[str, ...] = BUDGET_ACCOUNTANTS
+    participations: int = 0
+
+    def round_event(self, plan: NoisePlan) -> Event:
+        return Event(plan.sigma, plan.p)
+
+    def round_events(self, plan: NoisePlan, rnd: int) -> tuple[Event, ...]:
+        return (plan.event,)
+
+    def client_std(self, plan: NoisePlan, sampled: int, clip: float) -> float:
+        return plan.threat_std(sampled, clip)
+
+    def participation(self, plan: NoisePlan) -> Participation:
+        return PoissonSampling(plan.sample_rate)
+
+    def spent_line(self, plan: NoisePlan, head: str, clip: str, totals: dict) -> str:
         return ""
-    why = []
-    realised = max((r["sigma"] for r in totals.get("rounds", ())), default=plan.sigma)
-    if realised > plan.sigma * (1 + 1e-9):
-        m = plan.secure.min_survivors
-        why.append(f"rounds had more survivors than m = {m}, so more noise (sigma up to {realised:.4g})")
-    most = totals.get("most_participations")
-    if most is not None and most < plan.secure.participations:
-        why.append(f"the worst client took part in {most} of at most {plan.secure.participations} rounds")
-    return f"; below the target {target:g}: {' and '.join(why)}" if why else ""
+
+    def epsilon_after(self, plan: NoisePlan, rounds: int) -> float:
+        return plan.events_epsilon(rounds)
+
+
+GAUSSIAN = Gaussian()
 
 
 def has_statistics_round(cfg: RunConfig) -> bool:
@@ -269,10 +270,13 @@ def plan_noise(cfg: RunConfig, dim: int = 0) -> NoisePlan | None:
     configuration (a node checks it every round)."""
     if cfg.release_kind == "none":
         return None
-    if THREATS[cfg.threat_model].summed_securely:
-        return _secure_noise(cfg, dim)
-    if cfg.release_kind == CORRELATED:
-        return _correlated_noise(cfg)
+    planner = TRANSPORT_PLANNERS.get(THREATS[cfg.threat_model].transport.name)
+    return (planner or RELEASE_PLANNERS.get(cfg.release_kind, _gaussian_noise))(cfg, dim)
+
+
+def _gaussian_noise(cfg: RunConfig, dim: int) -> NoisePlan:
+    """The independent Gaussian release's plan: σ given, or calibrated to the target over the
+    statistics round (if noised) and ``rounds`` rounds under both accountants."""
     p = cfg.sample_rate if THREATS[cfg.threat_model].guarantee.amplified else 1.0
     prior = statistics_events(cfg)
     sigma, calibrated = cfg.noise_multiplier, False
@@ -326,7 +330,7 @@ def _secure_noise(cfg: RunConfig, dim: int) -> NoisePlan:
         secure = run_secure_plan(cfg, dim)
     except ValueError as exc:  # the accountant's: no variance reaches the target
         raise FedloraError(f"cannot plan the secure-aggregation noise: {exc}") from None
-    return _planned(cfg, secure.sigma, secure.sample_rate, secure=secure)
+    return _planned(cfg, secure.sigma, secure.sample_rate, family=secure)
 
 
 def _planned(cfg: RunConfig, sigma: float, p: float, **plan: object) -> NoisePlan:
@@ -346,7 +350,7 @@ def _planned(cfg: RunConfig, sigma: float, p: float, **plan: object) -> NoisePla
     )
 
 
-def _correlated_noise(cfg: RunConfig) -> NoisePlan:
+def _correlated_noise(cfg: RunConfig, dim: int) -> NoisePlan:
     """Correlated noise's plan (common/privacy/ftrl_plan.py): the banded strategy for the server
     optimizer's workload, σ for the run's participation rule and target ε (central noise only)."""
     try:
@@ -362,7 +366,13 @@ def _correlated_noise(cfg: RunConfig) -> NoisePlan:
     except ValueError as exc:
         raise FedloraError(f"cannot plan the correlated noise: {exc}") from None
     ftrl = replace(ftrl, cohort=max(1, round(cfg.expected_cohort)))
-    return _planned(cfg, ftrl.sigma, ftrl.q, ftrl=ftrl)
+    return _planned(cfg, ftrl.sigma, ftrl.q, family=ftrl)
+
+
+#: families that plan their own noise, by the transport that carries them (its declared name) or by
+#: the run's release kind; every other release is the independent Gaussian one
+TRANSPORT_PLANNERS: dict[str, Callable[[RunConfig, int], NoisePlan]] = {"secagg+": _secure_noise}
+RELEASE_PLANNERS: dict[str, Callable[[RunConfig, int], NoisePlan]] = {CORRELATED: _correlated_noise}
 
 
 def _count_std(cfg: RunConfig) -> float:

@@ -24,15 +24,21 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING, ClassVar
 
 from scipy.stats import binom
 
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy import discrete
+from common.privacy.accountants import Event, SkellamEvent
+from common.privacy.participation import CappedCohorts, Participation
 from common.privacy.skellam import integer_sensitivities, rounding_norm_bound, skellam_epsilon, skellam_mu
 from common.privacy.skellam_sampler import MAX_TABLE_VARIANCE
 from common.privacy.threat import THREATS
+
+if TYPE_CHECKING:
+    from common.privacy.plan import NoisePlan
 
 #: sC = SCALE_FACTOR·√D: rounding inflates the norm by ~1/(8·factor²), 0.5 % at 5
 SCALE_FACTOR = 5.0
@@ -99,6 +105,55 @@ class SecurePlan:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    # its part of the run's plan (common/privacy/plan.py ``Family``): RDP alone (Agarwal et al.'s
+    # bound; the CLT μ-GDP is no bound for Skellam noise), capped cohorts, each client's Skellam share
+    accountants: ClassVar[tuple[str, ...]] = ("rdp",)
+
+    def round_event(self, plan: NoisePlan) -> Event:
+        """Skellam noise of μ (the fewest survivors'), σ its Gaussian equivalent, at the plan's p."""
+        return SkellamEvent(plan.sigma, plan.p, 1, self.l1, self.l2)
+
+    def round_events(self, plan: NoisePlan, rnd: int) -> tuple[Event, ...]:
+        return (plan.event,)
+
+    def client_std(self, plan: NoisePlan, sampled: int, clip: float) -> float:
+        """Each client's Skellam share of μ/m, in units of the update (√(μ/m) / s)."""
+        return self.share_std
+
+    def participation(self, plan: NoisePlan) -> Participation:
+        """Capped cohorts: every node by its own coin with hidden participation, at most the cap."""
+        return CappedCohorts(self.cohort, self.participations, self.min_survivors, self.sample_rate)
+
+    def spent_line(self, plan: NoisePlan, head: str, clip: str, totals: dict) -> str:
+        """RDP, per client, for the fewest survivors, and why it is below the target if it is."""
+        return (
+            f"{head} for the fewest survivors m = {self.min_survivors} (a round with r > m survivors "
+            f"carries sigma x sqrt(r/m), the ledger's), {clip}, at most {self.participations} rounds "
+            f"per client at p = {plan.p:g}): epsilon {totals['eps_tight']:.4g} "
+            f"({totals.get('tight_accountant', 'rdp')}, the worst client's{self._below_target(plan, totals)})"
+            f" at delta {plan.delta:g}"
+        )
+
+    def epsilon_after(self, plan: NoisePlan, rounds: int) -> float:
+        """A client takes part in at most the cap of ``rounds``."""
+        return plan.events_epsilon(min(rounds, self.participations))
+
+    def _below_target(self, plan: NoisePlan, totals: dict) -> str:
+        """Why the worst client spent less than the target (empty when it did not): rounds with more
+        survivors than m (the ledger's σ above the plan's), or fewer participations than the cap."""
+        eps, target = totals["eps_tight"], plan.target_epsilon
+        if target <= 0 or f"{eps:.4g}" == f"{target:.4g}":
+            return ""
+        why = []
+        realised = max((r["sigma"] for r in totals.get("rounds", ())), default=plan.sigma)
+        if realised > plan.sigma * (1 + 1e-9):
+            m = self.min_survivors
+            why.append(f"rounds had more survivors than m = {m}, so more noise (sigma up to {realised:.4g})")
+        most = totals.get("most_participations")
+        if most is not None and most < self.participations:
+            why.append(f"the worst client took part in {most} of at most {self.participations} rounds")
+        return f"; below the target {target:g}: {' and '.join(why)}" if why else ""
 
     def observers_epsilon(self, sample_rate: float, rounds: int) -> float:
         """ε against observers of the released adapter only, who do not see who was sampled:

@@ -85,7 +85,7 @@ class CorrelatedRelease(MechanismRelease):
     name = CORRELATED
 
     def prepare(self, grid: Grid, nodes: Sequence[int], state: AdapterState, run: RunHandles) -> dict:
-        f, optimizer = self.plan.ftrl, self.cfg.server_optimizer
+        f, optimizer = self.plan.family, self.cfg.server_optimizer
         run.echo(
             f"dp-ftrl: {f.bands}-band correlated noise (sigma {self.plan.sigma:.4g}, the strategy for server "
             f"{f.workload} over {f.rounds} rounds), assuming {f.guarantee}"

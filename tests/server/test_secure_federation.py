@@ -295,7 +295,7 @@ def _hidden_node(tmp_path: Path, rounds: int):
     )
     state = Evaluator(cfg).initial_state()
     shapes = {k: tuple(v.shape) for k, v in state.items()}
-    release = SecureRelease(plan_noise(cfg, adapter_size(shapes)).secure, shapes)
+    release = SecureRelease(plan_noise(cfg, adapter_size(shapes)).family, shapes)
     client = load_component(CLIENT_APP)
     grid = InProcessGrid(client, NODES, to_flat(cfg), state_root=tmp_path / "nodes")
     grid.provision()  # (the messages below go to the ClientApp directly, not through the grid)

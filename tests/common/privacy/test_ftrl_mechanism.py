@@ -63,7 +63,7 @@ def test_the_released_noise_is_c_inverse_z_and_its_file_is_secret(tmp_path, seed
     mech.open_state(tmp_path, 1, SHAPES)
     noise = np.stack([_noise(mech, _release(mech, r)) for r in range(1, 7)])
     z = np.stack([np.concatenate([d[k].flatten().numpy() for k in sorted(d)]) for d in seeded])
-    c = np.asarray(mech.plan.ftrl.coefs)
+    c = np.asarray(mech.plan.family.coefs)
     np.testing.assert_allclose(noise, solve_triangular(toeplitz(c, 6), z, lower=True), atol=1e-5)
     path = tmp_path / NOISE_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -88,7 +88,7 @@ def test_a_resumed_stream_continues_the_uninterrupted_one(tmp_path, seeded):
     late = [_noise(resumed, _release(resumed, r)) for r in (5, 6, 8)]
     z = np.stack([np.concatenate([d[k].flatten().numpy() for k in sorted(d)]) for d in seeded])
     assert len(z) == 8  # one z per index 0..7, none drawn twice
-    dense = solve_triangular(toeplitz(np.asarray(resumed.plan.ftrl.coefs), 8), z, lower=True)
+    dense = solve_triangular(toeplitz(np.asarray(resumed.plan.family.coefs), 8), z, lower=True)
     np.testing.assert_allclose(np.stack(late), dense[[4, 5, 7]], atol=1e-5)
 
 

@@ -147,10 +147,10 @@ def test_a_secure_runs_plan_is_derived_from_its_config_and_the_adapters_size():
 
     cfg = _secure_cfg().check()
     plan = plan_noise(cfg, 74_000)
-    assert plan.p == 1.0 and plan.secure.participations == 5 and plan.secure.cohort == 100
-    assert plan.sigma == plan.secure.sigma and plan.event.l2 == plan.secure.l2
+    assert plan.p == 1.0 and plan.family.participations == 5 and plan.family.cohort == 100
+    assert plan.sigma == plan.family.sigma and plan.event.l2 == plan.family.l2
     # the ledger's RDP accountant (a finer grid of orders than the plan's search) lands at or below it
-    assert 7.5 < plan.planned_epsilon(30) <= plan.secure.epsilon <= 8.0
+    assert 7.5 < plan.planned_epsilon(30) <= plan.family.epsilon <= 8.0
     assert plan.budget_accountants == ("rdp",)
     derived = cfg.replace(max_participations=0)
     # 30 rounds of 100 of 1,000 clients: 3 participations each on average, the default cap
@@ -202,8 +202,8 @@ def test_a_hidden_participation_runs_plan_asks_everyone_every_round_at_the_sampl
     cfg = _secure_cfg(threat_model="secure-aggregation-hidden", max_participations=0, min_replies=900).check()
     plan = plan_noise(cfg, 74_000)
     assert (cohort_bound(cfg), participation_cap(cfg)) == (1000, 30)
-    assert plan.p == plan.event.p == plan.secure.sample_rate == 0.1
-    assert plan.secure.contributors == contributor_bound(1000, 0.1) and plan.secure.bits <= 20
+    assert plan.p == plan.event.p == plan.family.sample_rate == 0.1
+    assert plan.family.contributors == contributor_bound(1000, 0.1) and plan.family.bits <= 20
     assert 7.5 < plan.planned_epsilon(30) <= 8.0
 
 
