@@ -45,6 +45,9 @@ class LoopState:
     optimizer_steps: int = 0  # steps the server optimizer has taken
     stale: bool = False  # the adapter changed after the last evaluation (--eval-every)
     elapsed_s: float = 0.0  # wall seconds from the run's start to this commit, summed over resumed sessions
+    cached_evaluation_s: float = (
+        0.0  # round 0's evaluation seconds when read from --eval-cache (not in elapsed_s)
+    )
 
     def count(self, result) -> None:
         """Add one round's :class:`server.round.RoundRecord` to the counters."""

@@ -79,8 +79,6 @@ class FederationRun:
     rng: the client sampler: OS entropy, never ``cfg.seed``, never checkpointed (the sample is secret).
     stopped: why the budget stopped the run early; None while it was not.
     evaluation_s: seconds round 0's held-out evaluation took (0 on resume: not measured).
-    cached_evaluation_s: ``evaluation_s`` when round 0 was read from ``--eval-cache`` (the summary
-    states it beside the wall time, which does not hold it), else 0.
     """
 
     grid: Grid
@@ -103,7 +101,6 @@ class FederationRun:
     rng: np.random.Generator | None = None
     stopped: str | None = None
     evaluation_s: float = 0.0
-    cached_evaluation_s: float = 0.0
 
     @property
     def run_id(self) -> str:
@@ -223,7 +220,7 @@ def _resume_or_begin(run: FederationRun) -> None:
     # said first: evaluating a large held-out set takes minutes on a CPU, and a log file shows no bar
     run.echo(f"round 0: evaluating the untrained adapter on {len(evaluator.examples)} held-out examples")
     run.loop.before, run.evaluation_s, cached = evaluator.timed(run.state)  # (s: when computed, if cached)
-    run.cached_evaluation_s = run.evaluation_s if cached else 0.0
+    run.loop.cached_evaluation_s = run.evaluation_s if cached else 0.0  # checkpointed: kept on resume
     run.loop.after = run.loop.before
     if not cfg.resume or not out.logged_rounds():
         out.log(
@@ -462,7 +459,7 @@ def _summary(run: FederationRun) -> dict:
         "bytes_up_per_round": loop.bytes_up / max(loop.completed, 1),
         **statement(cfg, run.plan, ledger.report() if ledger else None),
         "wall_time_s": round(time.monotonic() - run.start, 1),
-        "cached_evaluation_s": round(run.cached_evaluation_s, 1),  # not in wall_time_s (--eval-cache)
+        "cached_evaluation_s": round(run.loop.cached_evaluation_s, 1),  # not in wall_time_s (--eval-cache)
         "adapter": str(out.adapter_path),
         "metrics_file": str(out.metrics_path),
         "curves": str(out.draw_curves(evaluator.task.metric, run.plan.target_epsilon if run.plan else 0.0)),

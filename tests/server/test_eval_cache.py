@@ -70,6 +70,10 @@ def test_round_0_of_a_second_arm_is_read_from_the_cache_and_is_the_same(tmp_path
     assert summaries[0]["after"] != summaries[1]["after"]
     assert summaries[0]["cached_evaluation_s"] == 0 < summaries[1]["cached_evaluation_s"]
     assert len(list(cache.glob("*.json"))) == 3
+    # resumed (here after its last round), the run still states the cached seconds of its first session
+    simulate(dp.replace(resume=True).check(), second)
+    resumed = json.loads((second / "summary.json").read_text())
+    assert resumed["cached_evaluation_s"] == summaries[1]["cached_evaluation_s"]
     simulate(preset("small", **{**base, "seed": 6}).check(), tmp_path / "other-seed")
     assert "read from --eval-cache" not in capsys.readouterr().out
     assert len(list(cache.glob("*.json"))) == 5
