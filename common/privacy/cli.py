@@ -367,8 +367,7 @@ def _ledger_path(path: Path) -> Path:
 
 def _ledger(args: argparse.Namespace) -> int:
     from common.privacy.ledger import Ledger
-    from common.privacy.report import write_report
-    from common.privacy.statement import both_epsilons
+    from common.privacy.report import both_epsilons, write_report
 
     path = _ledger_path(args.path)
     ledger = Ledger.open(path)

@@ -36,9 +36,10 @@ from common.privacy.factorization import (
     workload,
 )
 from common.privacy.participation import CyclicPoisson, MinSeparation, Participation
+from common.privacy.report import both_epsilons
 
 if TYPE_CHECKING:
-    from common.privacy.plan import NoisePlan
+    from common.privacy.family import PlanView
 
 #: the participation rules correlated noise may rest on (see the module docstring)
 RULES = ("cyclic-poisson", "min-sep")
@@ -110,24 +111,22 @@ class FtrlPlan:
         return events_epsilon(accountant, [e for t in range(rounds) for e in self.events(t)], self.delta)
 
     # its part of the run's plan (common/privacy/plan.py ``Family``): the node's event, its rule's rounds
-    def round_event(self, plan: NoisePlan) -> Event:
+    def round_event(self, plan: PlanView) -> Event:
         return self.node_event
 
-    def round_events(self, plan: NoisePlan, rnd: int) -> tuple[Event, ...]:
+    def round_events(self, plan: PlanView, rnd: int) -> tuple[Event, ...]:
         return self.events(rnd - 1)
 
-    def client_std(self, plan: NoisePlan, sampled: int, clip: float) -> float:
+    def client_std(self, plan: PlanView, sampled: int, clip: float) -> float:
         return plan.threat_std(sampled, clip)  # central noise only: the server adds it
 
-    def participation(self, plan: NoisePlan) -> Participation:
+    def participation(self, plan: PlanView) -> Participation:
         if self.rule == "min-sep":
             return MinSeparation(self.min_sep, self.cohort)
         return CyclicPoisson(self.bands, self.q)
 
-    def spent_line(self, plan: NoisePlan, head: str, clip: str, totals: dict) -> str:
+    def spent_line(self, plan: PlanView, head: str, clip: str, totals: dict) -> str:
         """The ledger's ε (the worst client's under min-sep), naming the rule it assumes."""
-        from common.privacy.statement import both_epsilons  # (the statement reads the plan)
-
         spent = (
             f"epsilon {totals['eps_tight']:.4g} (pld, the worst client's) at delta {plan.delta:g}"
             if self.per_client
@@ -135,7 +134,7 @@ class FtrlPlan:
         )
         return f"{head}, {clip}, {self.bands}-band correlated noise (banded MF DP-FTRL), assuming {self.guarantee}): {spent}"
 
-    def epsilon_after(self, plan: NoisePlan, rounds: int) -> float:
+    def epsilon_after(self, plan: PlanView, rounds: int) -> float:
         return max(self.epsilon(rounds, name) for name in self.accountants)
 
     @cached_property

@@ -25,12 +25,19 @@ import hashlib
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from common.privacy.ledger import Ledger
+
+class History(Protocol):
+    """What a rule reads of the run's client-level ledger (common/privacy/ledger.py ``Ledger``)."""
+
+    def participations(self) -> dict[int, int]:
+        """node id -> the rounds it was charged for."""
+
+    def last_rounds(self) -> dict[int, int]:
+        """node id -> the last round it was charged for."""
 
 
 def os_sampler() -> np.random.Generator:
@@ -113,7 +120,7 @@ class Participation(Protocol):
     per_client: bool
     charges_empty: bool
 
-    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
+    def taken(self, ledger: History | None, rnd: int) -> dict[int, int]:
         """Node id -> the rounds it has taken part in before round ``rnd``, as far as this rule
         counts them."""
         ...
@@ -153,7 +160,7 @@ class PoissonSampling:
     per_client: bool = False
     charges_empty: bool = True
 
-    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
+    def taken(self, ledger: History | None, rnd: int) -> dict[int, int]:
         return {}
 
     def online(self, nodes: Sequence[int], taken: Mapping[int, int], rnd: int) -> list[int]:
@@ -194,7 +201,7 @@ class CyclicPoisson:
     per_client: bool = False
     charges_empty: bool = True
 
-    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
+    def taken(self, ledger: History | None, rnd: int) -> dict[int, int]:
         return {}
 
     def eligible(self, node: int, rnd: int) -> bool:
@@ -242,7 +249,7 @@ class MinSeparation:
     per_client: bool = True
     charges_empty: bool = False
 
-    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
+    def taken(self, ledger: History | None, rnd: int) -> dict[int, int]:
         if ledger is None:
             return {}
         return {n: r for n, r in ledger.last_rounds().items() if rnd - r < self.separation}
@@ -289,7 +296,7 @@ class CappedCohorts:
     per_client: bool = True
     charges_empty: bool = False
 
-    def taken(self, ledger: Ledger | None, rnd: int) -> dict[int, int]:
+    def taken(self, ledger: History | None, rnd: int) -> dict[int, int]:
         return ledger.participations() if ledger is not None else {}
 
     def online(self, nodes: Sequence[int], taken: Mapping[int, int], rnd: int) -> list[int]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Protocol
 
 from common.config import CORRELATED, RunConfig
 from common.errors import FedloraError
 from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
+from common.privacy.family import Family
 from common.privacy.ftrl_plan import Target, plan_ftrl, workload_name
 from common.privacy.ledger import Ledger
 from common.privacy.participation import Participation, PoissonSampling
@@ -168,39 +168,6 @@ class NoisePlan:
         plan's round event (uncapped)."""
         events = [*self.prior, replace(self.event, count=rounds)]
         return max(events_epsilon(name, events, self.delta) for name in self.budget_accountants)
-
-
-class Family(Protocol):
-    """A noise family's own part of a run's plan (pfl-research: a mechanism owns its noise plan).
-    :class:`Gaussian` is the independent Gaussian release's; secure aggregation's Skellam release
-    (common/privacy/secure_plan.py ``SecurePlan``) and correlated noise (common/privacy/ftrl_plan.py
-    ``FtrlPlan``) bring their own. Each method receives the whole :class:`NoisePlan`."""
-
-    @property
-    def accountants(self) -> tuple[str, ...]:
-        """The accountants budget decisions use (their larger ε)."""
-
-    @property
-    def participations(self) -> int:
-        """The most rounds one client may take part in (0: no cap)."""
-
-    def round_event(self, plan: NoisePlan) -> Event:
-        """What one round costs a client that takes part (its node's release ledger)."""
-
-    def round_events(self, plan: NoisePlan, rnd: int) -> tuple[Event, ...]:
-        """What round ``rnd`` (1-based) charges the run's ledger."""
-
-    def client_std(self, plan: NoisePlan, sampled: int, clip: float) -> float:
-        """Noise std one of ``sampled`` clients adds to its increment clipped to ``clip``."""
-
-    def participation(self, plan: NoisePlan) -> Participation:
-        """Who takes part in a round."""
-
-    def spent_line(self, plan: NoisePlan, head: str, clip: str, totals: dict) -> str:
-        """The statement's client-level line, or empty for the Gaussian ledger's."""
-
-    def epsilon_after(self, plan: NoisePlan, rounds: int) -> float:
-        """The ε ``rounds`` rounds plan to spend, uncapped."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,24 @@ def apart(value: float, bound: float) -> tuple[str, str]:
     return shown
 
 
+def both_epsilons(totals: dict, delta: float | None = None) -> str:
+    """The Gaussian ledger's ε, led by the one the run holds to: the larger of the pld bound and the
+    CLT μ-GDP approximation (the budget and the calibration take the larger; ``totals['epsilon']``),
+    with what the other one is (``delta``, when given, follows the lead). Wording only: the numbers
+    are the ledger's."""
+    gdp, pld, mu = totals["eps_gdp"], totals["eps_tight"], totals["mu"]
+    at = "" if delta is None else f" at delta {delta:g}"
+    if pld >= gdp:
+        return (
+            f"epsilon {pld:.4g} (pld, the guarantee: a tight upper bound){at}; gdp {gdp:.4g} (mu {mu:.4g}) "
+            f"is the CLT mu-GDP approximation, not a bound"
+        )
+    return (
+        f"epsilon {gdp:.4g} (gdp, mu {mu:.4g}: the CLT mu-GDP approximation, above the pld bound here, "
+        f"so the run holds to it){at}; pld {pld:.4g} is the tight upper bound"
+    )
+
+
 def write_report(ledger: Ledger, directory: Path, stem: str = "privacy") -> tuple[Path, Path]:
     """Write ``<stem>.json`` and ``<stem>.png`` into ``directory``; returns both paths."""
     report = ledger.report()

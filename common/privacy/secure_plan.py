@@ -38,7 +38,7 @@ from common.privacy.skellam_sampler import MAX_TABLE_VARIANCE
 from common.privacy.threat import THREATS
 
 if TYPE_CHECKING:
-    from common.privacy.plan import NoisePlan
+    from common.privacy.family import PlanView
 
 #: sC = SCALE_FACTOR·√D: rounding inflates the norm by ~1/(8·factor²), 0.5 % at 5
 SCALE_FACTOR = 5.0
@@ -110,22 +110,22 @@ class SecurePlan:
     # bound; the CLT μ-GDP is no bound for Skellam noise), capped cohorts, each client's Skellam share
     accountants: ClassVar[tuple[str, ...]] = ("rdp",)
 
-    def round_event(self, plan: NoisePlan) -> Event:
+    def round_event(self, plan: PlanView) -> Event:
         """Skellam noise of μ (the fewest survivors'), σ its Gaussian equivalent, at the plan's p."""
         return SkellamEvent(plan.sigma, plan.p, 1, self.l1, self.l2)
 
-    def round_events(self, plan: NoisePlan, rnd: int) -> tuple[Event, ...]:
+    def round_events(self, plan: PlanView, rnd: int) -> tuple[Event, ...]:
         return (plan.event,)
 
-    def client_std(self, plan: NoisePlan, sampled: int, clip: float) -> float:
+    def client_std(self, plan: PlanView, sampled: int, clip: float) -> float:
         """Each client's Skellam share of μ/m, in units of the update (√(μ/m) / s)."""
         return self.share_std
 
-    def participation(self, plan: NoisePlan) -> Participation:
+    def participation(self, plan: PlanView) -> Participation:
         """Capped cohorts: every node by its own coin with hidden participation, at most the cap."""
         return CappedCohorts(self.cohort, self.participations, self.min_survivors, self.sample_rate)
 
-    def spent_line(self, plan: NoisePlan, head: str, clip: str, totals: dict) -> str:
+    def spent_line(self, plan: PlanView, head: str, clip: str, totals: dict) -> str:
         """RDP, per client, for the fewest survivors, and why it is below the target if it is."""
         return (
             f"{head} for the fewest survivors m = {self.min_survivors} (a round with r > m survivors "
@@ -135,11 +135,11 @@ class SecurePlan:
             f" at delta {plan.delta:g}"
         )
 
-    def epsilon_after(self, plan: NoisePlan, rounds: int) -> float:
+    def epsilon_after(self, plan: PlanView, rounds: int) -> float:
         """A client takes part in at most the cap of ``rounds``."""
         return plan.events_epsilon(min(rounds, self.participations))
 
-    def _below_target(self, plan: NoisePlan, totals: dict) -> str:
+    def _below_target(self, plan: PlanView, totals: dict) -> str:
         """Why the worst client spent less than the target (empty when it did not): rounds with more
         survivors than m (the ledger's σ above the plan's), or fewer participations than the cap."""
         eps, target = totals["eps_tight"], plan.target_epsilon

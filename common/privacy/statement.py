@@ -6,29 +6,12 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.privacy.plan import NoisePlan, uncovered, what_if
+from common.privacy.report import both_epsilons
 from common.privacy.threat import SAMPLE_LEVEL, THREATS, what_if_label
 
 
-def both_epsilons(totals: dict, delta: float | None = None) -> str:
-    """The Gaussian ledger's ε, led by the one the run holds to: the larger of the pld bound and the
-    CLT μ-GDP approximation (the budget and the calibration take the larger; ``totals['epsilon']``),
-    with what the other one is (``delta``, when given, follows the lead). Wording only: the numbers
-    are the ledger's."""
-    gdp, pld, mu = totals["eps_gdp"], totals["eps_tight"], totals["mu"]
-    at = "" if delta is None else f" at delta {delta:g}"
-    if pld >= gdp:
-        return (
-            f"epsilon {pld:.4g} (pld, the guarantee: a tight upper bound){at}; gdp {gdp:.4g} (mu {mu:.4g}) "
-            f"is the CLT mu-GDP approximation, not a bound"
-        )
-    return (
-        f"epsilon {gdp:.4g} (gdp, mu {mu:.4g}: the CLT mu-GDP approximation, above the pld bound here, "
-        f"so the run holds to it){at}; pld {pld:.4g} is the tight upper bound"
-    )
-
-
 def round_epsilons(eps_gdp: float, eps_tight: float) -> str:
-    """A round line's ε, as :func:`both_epsilons` says it, in short."""
+    """A round line's ε, as :func:`~common.privacy.report.both_epsilons` says it, in short."""
     if eps_tight >= eps_gdp:
         return f"pld {eps_tight:.3g} (gdp {eps_gdp:.3g}: CLT approximation, no bound)"
     return f"gdp {eps_gdp:.3g} (CLT approximation, above the pld bound {eps_tight:.3g}; the budget holds to the larger)"
@@ -79,4 +62,4 @@ def statement(cfg: RunConfig, plan: NoisePlan | None, totals: dict | None) -> di
     }
 
 
-__all__ = ["both_epsilons", "client_level", "outside", "round_epsilons", "sample_level", "statement"]
+__all__ = ["client_level", "outside", "round_epsilons", "sample_level", "statement"]
