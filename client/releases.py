@@ -1,5 +1,5 @@
-"""Client-level releases, client side: what leaves a client, by the run's release.
-server/releases holds the server sides under the same names.
+"""Client-level releases, client side: what leaves a client, by the run's release kind (named by
+common/privacy/registry.py; server/releases holds the server sides).
 
 Each release takes the client's increment (adapter state minus the round's global state), the
 round's instruction and the run config, and returns what is sent plus the meta values the server
@@ -15,10 +15,11 @@ import torch
 
 from autoencoder.coded import encode_update
 from client.drencoder.round_codec import round_codec
-from common.config import CORRELATED, RunConfig
+from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.mechanism import run_mechanism
+from common.privacy.registry import GENERIC_CLIENT, load, release_kind
 from common.wire import TrainInstruction
 
 Sent = tuple[AdapterState, dict]
@@ -59,17 +60,10 @@ def release_dr_encoder(
     return coded, {"ae-version": str(ins.codec["ae-version"])}
 
 
-CLIENT_RELEASES: dict[str, ClientRelease] = {
-    "none": release_none,
-    "gaussian": release_mechanism,
-    "dr-encoder": release_dr_encoder,
-    CORRELATED: release_mechanism,  # the client clips; the server adds the correlated noise
-}
-
-
 def client_release(kind: str) -> ClientRelease:
-    """The client half of release ``kind`` (a registered kind without one of its own: its mechanism's)."""
-    return CLIENT_RELEASES.get(kind, release_mechanism)
+    """The client half of release ``kind``, named by the registry (common/privacy/registry.py; a kind
+    without one of its own: :func:`release_mechanism`, its mechanism's)."""
+    return load(release_kind(kind).client or GENERIC_CLIENT)
 
 
-__all__ = ["CLIENT_RELEASES", "ClientRelease", "client_release", "release_mechanism"]
+__all__ = ["ClientRelease", "client_release", "release_dr_encoder", "release_mechanism", "release_none"]

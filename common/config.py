@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from common.codec_specs import CODEC_SPECS, CodecSpec, find_codec
 from common.errors import FedloraError
 from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec, find_local_optimizer
+from common.privacy.registry import CORRELATED, RELEASE_KINDS
 from common.privacy.threat import THREATS
 from common.sparta import kept_rows, selection_steps
 
@@ -28,8 +29,6 @@ MECHANISMS: dict[str, tuple[str, str]] = {
     "dr-encoder": ("none", "dr-encoder"),
     "dp-ftrl": ("none", "dp-ftrl"),
 }
-#: the release of correlated noise (banded matrix-factorization DP-FTRL, common/privacy/ftrl_plan.py)
-CORRELATED = "dp-ftrl"
 #: the participation rules correlated noise rests on (common/privacy/ftrl_plan.py RULES)
 PARTICIPATIONS = ("min-sep", "cyclic-poisson")
 #: how a simulation trains a round's clients (client/cohort.py)
@@ -38,8 +37,6 @@ ENGINES = ("auto", "sequential", "batched")
 IDLE_TRAINING = ("train", "skip")
 #: the frozen base model's precision (common/models/precision.py)
 PRECISIONS = ("auto", "fp32", "bf16")
-#: client-level release kinds (common/privacy/mechanism.py ``register_release`` adds one at run time)
-RELEASES = ["none", "gaussian", "dr-encoder", CORRELATED]
 #: DR-Encoder options (autoencoder/ holds the implementations; tests check these lists agree)
 CODECS = tuple(CODEC_SPECS)  # common/codec_specs.py
 AE_SIZES = ("tiny", "tiny-64", "paper", "paper-best")
@@ -400,7 +397,7 @@ class RunConfig:
         "",
         "client-level release: none, gaussian, dr-encoder or dp-ftrl (default: the mechanism's)",
         CLIENT_DP,
-        choices=RELEASES,
+        choices=RELEASE_KINDS,  # common/privacy/registry.py (``register_release`` adds one)
     )
     clip: float = option(
         1.0, "client-level clip C on the L2 norm of a client's increment", CLIENT_DP, rule=POSITIVE

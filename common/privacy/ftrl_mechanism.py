@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from common.atomic import replacing
+from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.accountants import Event
@@ -170,4 +171,10 @@ class BandedFtrl:
             save_file(tensors, tmp)
 
 
-__all__ = ["NOISE_FILE", "BandedFtrl"]
+def banded_ftrl(plan: NoisePlan, cfg: RunConfig) -> BandedFtrl:
+    """The ``dp-ftrl`` release's mechanism (common/privacy/registry.py): banded correlated noise over
+    the sum divided by p·N."""
+    return BandedFtrl(plan, cfg.expected_cohort)
+
+
+__all__ = ["NOISE_FILE", "BandedFtrl", "banded_ftrl"]

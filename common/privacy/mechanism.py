@@ -32,12 +32,13 @@ from typing import Protocol
 
 import torch
 
-from common.config import CORRELATED, RELEASES, RunConfig
+from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import next_clip
 from common.privacy.plan import NoisePlan, plan_noise
+from common.privacy.registry import load, release_kind
 from common.privacy.release import add_noise, clip, global_norm
 from common.privacy.threat import ThreatModel
 from common.wire import CLIP_BIT, InvalidReply
@@ -356,49 +357,16 @@ class AdaptiveClipping:
 MechanismFactory = Callable[[NoisePlan, RunConfig], Mechanism]
 
 
-def _gaussian(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
+def gaussian_mechanism(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
     """The Gaussian mechanism of ``plan`` (sum divided by p·N), wrapped in adaptive clipping when the
-    run asks for it."""
+    run asks for it (the ``gaussian`` and ``dr-encoder`` releases: common/privacy/registry.py)."""
     mechanism = GaussianMechanism(plan, cfg.expected_cohort)
     return AdaptiveClipping(mechanism, cfg.target_quantile, cfg.clip_lr) if cfg.adaptive_clip else mechanism
 
 
-def _correlated(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
-    """Banded correlated noise (DP-FTRL), a stateful mechanism (common/privacy/ftrl_mechanism.py)."""
-    from common.privacy.ftrl_mechanism import BandedFtrl  # it builds on this module's Gaussian sum
-
-    return BandedFtrl(plan, cfg.expected_cohort)
-
-
-#: the mechanism of each private release kind (``dr-encoder``: the Gaussian mechanism on the latent)
-RELEASE_MECHANISMS: dict[str, MechanismFactory] = {
-    "gaussian": _gaussian,
-    "dr-encoder": _gaussian,
-    CORRELATED: _correlated,
-}
-_BUILT_IN = frozenset(RELEASE_MECHANISMS)
-
-
-def register_release(name: str, factory: MechanismFactory) -> None:
-    """Add a release kind whose mechanism ``factory`` builds: ``--release name`` is then accepted, and
-    the server and the client run it through their generic halves (server/releases ``MechanismRelease``,
-    client/releases ``release_mechanism``), which ask the mechanism everything."""
-    if name in RELEASES:
-        raise FedloraError(f"release '{name}' is already registered")
-    RELEASES.append(name)
-    RELEASE_MECHANISMS[name] = factory
-
-
-def unregister_release(name: str) -> None:
-    """Undo :func:`register_release` (a test's teardown)."""
-    if name in RELEASE_MECHANISMS and name not in _BUILT_IN:
-        RELEASES.remove(name)
-        del RELEASE_MECHANISMS[name]
-
-
 def mechanism_for(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
-    """The mechanism of ``cfg``'s release for its noise ``plan``."""
-    return RELEASE_MECHANISMS[cfg.release_kind](plan, cfg)
+    """The mechanism of ``cfg``'s release for its noise ``plan`` (its factory in the registry)."""
+    return load(release_kind(cfg.release_kind).mechanism)(plan, cfg)
 
 
 def run_mechanism(cfg: RunConfig) -> Mechanism | None:
@@ -410,7 +378,6 @@ def run_mechanism(cfg: RunConfig) -> Mechanism | None:
 
 __all__ = [
     "CLIP_SLACK",
-    "RELEASE_MECHANISMS",
     "AdaptiveClipping",
     "GaussianMechanism",
     "GaussianSum",
@@ -418,9 +385,8 @@ __all__ = [
     "MechanismFactory",
     "PostProcessed",
     "RoundSum",
+    "gaussian_mechanism",
     "mechanism_for",
     "private_mean",
-    "register_release",
     "run_mechanism",
-    "unregister_release",
 ]

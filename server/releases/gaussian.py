@@ -1,7 +1,7 @@
 """A private release through its mechanism (common/privacy/mechanism.py), which does the work: for
 ``gaussian`` each client's increment clipped to C and noised as the threat model says (DP-FedAvg,
 McMahan et al. 2018), with adaptive clipping (Andrew et al. 2021) as a wrapper; a release kind added
-with ``register_release`` runs through this class as it is. The release adds what a round of the
+with ``register_release`` (common/privacy/registry.py) runs through this class as it is. The release adds what a round of the
 ServerApp needs around the mechanism (the start-up notes)."""
 
 from __future__ import annotations

@@ -89,7 +89,6 @@ KNOWN_CIRCLES = {
         }
     ),
     frozenset({"common.data", "common.data.federated", "common.data.files"}),
-    frozenset({"common.privacy.ftrl_mechanism", "common.privacy.mechanism"}),
     frozenset({"server.deploy.deployment", "server.deploy.processes", "server.deploy.tls"}),
 }
 

@@ -35,13 +35,9 @@ from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec
 from common.models.dense_delta import dense_deltas
 from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
-from common.privacy.mechanism import (
-    RELEASE_MECHANISMS,
-    GaussianMechanism,
-    register_release,
-    unregister_release,
-)
+from common.privacy.mechanism import GaussianMechanism
 from common.privacy.plan import plan_noise
+from common.privacy.registry import RELEASE_KINDS, register_release, unregister_release
 from common.privacy.threat import THREATS
 from common.tasks.training import Trainee
 from tests.harness import LmTask
@@ -490,7 +486,7 @@ def toy_release():
     register_release(TOY_RELEASE, lambda plan, cfg: UniformTopUp(plan, cfg.expected_cohort))
     yield
     unregister_release(TOY_RELEASE)
-    assert TOY_RELEASE not in config.RELEASES and TOY_RELEASE not in RELEASE_MECHANISMS
+    assert TOY_RELEASE not in RELEASE_KINDS
 
 
 @pytest.mark.heavy

@@ -149,14 +149,21 @@ def test_calibration_includes_the_noised_statistics_round():
         plan_noise(preset("small", **base, stats_noise_multiplier=0.3).check())
 
 
-def test_release_registries_match_the_config():
-    """Every release the configuration accepts has a server side and a client side of that name."""
-    from client.releases import CLIENT_RELEASES
-    from common.config import RELEASES as NAMES
-    from server.releases import RELEASES
+def test_every_registered_release_kind_resolves_to_its_parts():
+    """The one registry names, for every release kind the configuration accepts, a mechanism factory,
+    a server half of that name and a client half, each loadable; a kind without a half of its own
+    gets the generic one."""
+    from dataclasses import fields
 
-    assert set(NAMES) == set(RELEASES) == set(CLIENT_RELEASES)
-    assert all(cls.name == name for name, cls in RELEASES.items())
+    from common.config import HELP, RunConfig
+    from common.privacy.registry import GENERIC_CLIENT, GENERIC_SERVER, RELEASE_KINDS, load
+
+    assert {f.name: f.metadata["choices"] for f in fields(RunConfig)}["release"] is RELEASE_KINDS
+    assert HELP["release"]
+    for name, kind in RELEASE_KINDS.items():
+        server = load(kind.server or GENERIC_SERVER)
+        assert server.name in (name, "gaussian") and callable(load(kind.client or GENERIC_CLIENT))
+        assert name == "none" or callable(load(kind.mechanism))
 
 
 def test_the_central_guarantee_says_what_the_server_receives_under_encode_at_server():

@@ -1,0 +1,91 @@
+"""The one registry of client-level release kinds: for each, its mechanism (what both halves run:
+the noise, the clip, the sum's post-processing, its state), its server half and its client half.
+
+Each part is a component reference, ``"module:attr"`` as Flower names a ClientApp, loaded when a run
+uses it: this module imports none of them, so it sits below every mechanism and both packages, and
+no import circle runs through it. An empty server or client half is the generic one, which asks the
+mechanism everything (server/releases/gaussian.py ``MechanismRelease``, client/releases.py
+``release_mechanism``): a new release kind is its mechanism and one :func:`register_release` call.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import FedloraError
+
+#: the release of correlated noise (banded matrix-factorization DP-FTRL, common/privacy/ftrl_plan.py)
+CORRELATED = "dp-ftrl"
+#: the generic halves: a release kind without one of its own runs through these
+GENERIC_SERVER = "server.releases.gaussian:MechanismRelease"
+GENERIC_CLIENT = "client.releases:release_mechanism"
+
+
+@dataclass(frozen=True)
+class ReleaseKind:
+    """``mechanism``: a factory ``(noise plan, run config) -> Mechanism`` or its reference (empty: no
+    client-level release); ``server`` / ``client``: the halves' references (empty: the generic ones)."""
+
+    mechanism: str | Callable = ""
+    server: str = ""
+    client: str = ""
+
+
+RELEASE_KINDS: dict[str, ReleaseKind] = {
+    "none": ReleaseKind(server="server.releases.none:NoRelease", client="client.releases:release_none"),
+    "gaussian": ReleaseKind("common.privacy.mechanism:gaussian_mechanism"),
+    # the Gaussian mechanism on the codec's latent; its halves encode and decode around it
+    "dr-encoder": ReleaseKind(
+        "common.privacy.mechanism:gaussian_mechanism",
+        "server.releases.dr_encoder:DrEncoderRelease",
+        "client.releases:release_dr_encoder",
+    ),
+    # banded correlated noise: the client clips (the generic half); the server adds the noise
+    CORRELATED: ReleaseKind(
+        "common.privacy.ftrl_mechanism:banded_ftrl", "server.releases.gaussian:CorrelatedRelease"
+    ),
+}
+_BUILT_IN = frozenset(RELEASE_KINDS)
+
+
+def load(ref: str | Callable) -> Any:
+    """``"module:attr"`` -> the object (a callable is returned as it is)."""
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def release_kind(name: str) -> ReleaseKind:
+    """The registered release kind ``name`` (the run config has checked it)."""
+    return RELEASE_KINDS[name]
+
+
+def register_release(name: str, mechanism: str | Callable) -> None:
+    """Add a release kind whose ``mechanism`` factory (or its reference) builds its mechanism:
+    ``--release name`` is then accepted, and both halves run it through their generic ones."""
+    if name in RELEASE_KINDS:
+        raise FedloraError(f"release '{name}' is already registered")
+    RELEASE_KINDS[name] = ReleaseKind(mechanism)
+
+
+def unregister_release(name: str) -> None:
+    """Undo :func:`register_release` (a test's teardown)."""
+    if name in RELEASE_KINDS and name not in _BUILT_IN:
+        del RELEASE_KINDS[name]
+
+
+__all__ = [
+    "CORRELATED",
+    "GENERIC_CLIENT",
+    "GENERIC_SERVER",
+    "RELEASE_KINDS",
+    "ReleaseKind",
+    "load",
+    "register_release",
+    "release_kind",
+    "unregister_release",
+]
