@@ -35,6 +35,7 @@ from common.privacy.accountants import Event
 from common.privacy.ledger import Charge, Ledger, tight_accountant
 from common.privacy.participation import Participation, PoissonSampling, os_sampler
 from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, what_if
+from common.privacy.registry import release_kind
 from common.privacy.report import write_report
 from common.privacy.statement import round_epsilons, statement
 from common.progress import eta_line
@@ -238,7 +239,7 @@ def _resume_or_begin(run: FederationRun) -> None:
 def _public_subspace(run: FederationRun) -> PublicSubspace | None:
     """The public subspace aggregates are projected onto (``--public-subspace``), if any."""
     cfg = run.cfg
-    in_subspace = cfg.release_kind == "dr-encoder" and cfg.codec_spec.needs_public_subspace
+    in_subspace = release_kind(cfg.release_kind).encodes and cfg.codec_spec.needs_public_subspace
     if not cfg.public_subspace or in_subspace:
         return None  # (a codec whose latent is the public subspace, pca, releases within it already)
     return PublicSubspace(cfg, run.evaluator, Layout.from_shapes(run.shapes, 1), run.out.path)

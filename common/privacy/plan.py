@@ -29,6 +29,7 @@ from common.privacy.family import Family
 from common.privacy.ftrl_plan import Target, plan_ftrl, workload_name
 from common.privacy.ledger import Ledger
 from common.privacy.participation import Participation, PoissonSampling
+from common.privacy.registry import release_kind
 from common.privacy.report import apart
 from common.privacy.secure_plan import run_secure_plan
 from common.privacy.threat import THREATS, Guarantee, ThreatModel
@@ -201,9 +202,10 @@ GAUSSIAN = Gaussian()
 
 
 def has_statistics_round(cfg: RunConfig) -> bool:
-    """A ``dr-encoder`` run asks every client for statistics before round 1, except when its codec's
-    prior comes from the server's public data (``pca``, or ``ae`` with ``--ae-prior public``)."""
-    return cfg.release_kind == "dr-encoder" and not cfg.public_prior
+    """A run whose release encodes (``dr-encoder``) asks every client for statistics before round 1,
+    except when its codec's prior comes from the server's public data (``pca``, or ``ae`` with
+    ``--ae-prior public``)."""
+    return release_kind(cfg.release_kind).encodes and not cfg.public_prior
 
 
 def statistics_events(cfg: RunConfig) -> tuple[Event, ...]:

@@ -27,11 +27,14 @@ GENERIC_CLIENT = "client.releases:release_mechanism"
 @dataclass(frozen=True)
 class ReleaseKind:
     """``mechanism``: a factory ``(noise plan, run config) -> Mechanism`` or its reference (empty: no
-    client-level release); ``server`` / ``client``: the halves' references (empty: the generic ones)."""
+    client-level release); ``server`` / ``client``: the halves' references (empty: the generic ones);
+    ``encodes``: the release carries the run's codec's latent (``--codec``: its prior, statistics
+    round and public subspace apply)."""
 
     mechanism: str | Callable = ""
     server: str = ""
     client: str = ""
+    encodes: bool = False
 
 
 RELEASE_KINDS: dict[str, ReleaseKind] = {
@@ -42,6 +45,7 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
         "common.privacy.mechanism:gaussian_mechanism",
         "server.releases.dr_encoder:DrEncoderRelease",
         "client.releases:release_dr_encoder",
+        encodes=True,
     ),
     # banded correlated noise: the client clips (the generic half); the server adds the noise
     CORRELATED: ReleaseKind(

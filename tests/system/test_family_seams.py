@@ -3,11 +3,11 @@
 Every ``if``, conditional expression, ``while``, ``assert``, boolean operand, comprehension filter and
 ``match`` subject in the shipped code is read (AST); one that tests a name or attribute mentioning a
 family (``secure``: ``summed_securely``, ``secure_round`` ...; ``ftrl`` or ``correlated``:
-``CORRELATED``, ``FtrlPlan`` ...) or compares with a string naming it (a secure threat model,
-``dp-ftrl``) must sit in that family's own modules. Every other module asks a declared fact
+``CORRELATED``, ``FtrlPlan`` ...; ``drencoder``) or compares with a string naming it (a secure threat
+model, ``dp-ftrl``, ``dr-encoder``) must sit in that family's own modules. Every other module asks a declared fact
 instead: the plan's family (common/privacy/plan.py ``Family``: its events, accountants,
 participation rule, noise share, statement line), a planner or check registered by transport or
-release name, the transport by name (server/transport.py, client/transport.py), or a
+release name, a release kind's declared facts (common/privacy/registry.py), the transport by name (server/transport.py, client/transport.py), or a
 ``TransportSpec``'s capabilities (common/privacy/threat.py).
 """
 
@@ -48,6 +48,19 @@ FAMILIES: dict[str, Family] = {
                 "common/privacy/secure_release.py",
                 "common/privacy/threat.py",
                 "common/secagg/",
+            }
+        ),
+    ),
+    "dr-encoder": Family(
+        lambda w: "drencoder" in w.lower() or "dr_encoder" in w.lower(),
+        lambda v: v == "dr-encoder",
+        frozenset(
+            {
+                "server/drencoder.py",
+                "server/releases/dr_encoder.py",
+                "client/drencoder/",
+                "client/releases.py",
+                "autoencoder/",
             }
         ),
     ),
