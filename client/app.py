@@ -103,7 +103,9 @@ class Admitted:
     charges, None when nothing private is released; releases: the node's release ledger (None with
     nothing to charge); cap: the participation cap (0: none); contributes: this node's coin (hidden
     participation; otherwise True); shard: its data and model with the global adapter loaded;
-    plan: its sample-level DP plan (None without a sample-level optimizer)."""
+    plan: its sample-level DP plan (None without a sample-level optimizer), re-planned against the
+    node's ledger; charge: that ledger and the run key this round's steps were charged under (None
+    when no steps are charged: no sample-level optimizer, or a simulated idle node)."""
 
     ins: TrainInstruction
     cfg: RunConfig
@@ -117,6 +119,7 @@ class Admitted:
     contributes: bool
     shard: Shard
     plan: SamplePlan | None
+    charge: tuple[Ledger, str] | None = None
 
     def check_budget(self) -> None:
         """The node's release ledger: this round's charge and every later one the run may make fit."""
@@ -131,7 +134,8 @@ def admit(msg: Message, context: Context) -> Admitted:
     (common/wire.py :func:`~common.wire.global_of`) and the run's config against the node's policy,
     both before the participation coin is drawn, the round against the node's own plan (noise,
     transport, the coin), its data and model loaded, its release ledger checked (a one-line refusal
-    otherwise)."""
+    otherwise), and last, under sample-level DP, the round's steps checked against and charged to the
+    node's own ledger (:func:`_charge_steps`), before any of them runs."""
     ins = TrainInstruction.from_record(msg.content)
     cfg, pid, parts = _run(context, ins.global_state)
     noise = plan_noise(cfg, adapter_size(ins.global_state))
@@ -164,6 +168,8 @@ def admit(msg: Message, context: Context) -> Admitted:
     if admitted.releases is not None:
         admitted.releases.check_rule(noise.participation, context.node_id, ins.round)
     admitted.check_budget()
+    if plan is not None and not idle(admitted, context):
+        admitted.plan, admitted.charge = _charge_steps(context, cfg, ins.round, pid, parts, plan)
     return admitted
 
 
@@ -172,8 +178,25 @@ def train_admitted(a: Admitted, context: Context) -> tuple[AdapterState, dict]:
     none for a simulated idle node (:func:`idle`), whose increment is the same zero update."""
     if idle(a, context):
         return trained(a, a.ins.global_state, {})
-    metrics = _train_steps(context, a.cfg, a.ins, a.pid, a.parts, a.shard, a.plan)
+    metrics = _train_steps(a, context)
     return trained(a, adapter_state(a.shard.bundle.model), metrics)
+
+
+def _train_steps(a: Admitted, context: Context) -> dict:
+    """The round's local steps (under the plan :func:`admit` charged them for); the charge settled
+    ``applied`` once they ran. Returns the local metrics."""
+    with phase("local-training"):
+        metrics = local_update(
+            a.shard.trainee,
+            a.cfg,
+            a.plan,
+            seed=local_seed(a.cfg, a.ins.round, a.pid),
+            desc=f"client {a.pid} round {a.ins.round}",
+        )
+    if a.charge is not None:
+        ledger, run_key = a.charge
+        ledger.settle(run_key, a.ins.round, "applied")
+    return metrics
 
 
 def trained(a: Admitted, local: AdapterState, metrics: dict) -> tuple[AdapterState, dict]:
@@ -201,7 +224,7 @@ def batchable(a: Admitted) -> bool:
 
 def cohort_member(a: Admitted) -> Member:
     """An admitted message's local steps as a member of a cohort: its examples, the schedule
-    :func:`_train_steps` would run, from the round's global adapter."""
+    :func:`train_admitted` would run, from the round's global adapter."""
     return Member(
         a.shard.examples, StepSchedule.of(a.cfg, local_seed(a.cfg, a.ins.round, a.pid)), a.ins.global_state
     )
@@ -259,42 +282,25 @@ def contribution(increment: AdapterState, coin: bool) -> AdapterState:
     return {name: torch.where(keep.to(value.device), value, 0.0) for name, value in increment.items()}
 
 
-def _train_steps(
-    context: Context,
-    cfg: RunConfig,
-    ins: TrainInstruction,
-    pid: int,
-    parts: int,
-    shard: Shard,
-    plan: SamplePlan | None,
-) -> dict:
-    """The round's local steps; under sample-level DP checked against and charged to the node's own
-    ledger first (settled ``applied`` once they ran). A run whose history holds more steps than its
-    plan (a round interrupted and run again: a resumed server, a restarted node) is re-planned so
-    that it ends at or under its target (client/dp/sample_plan.py :func:`replan`)."""
+def _charge_steps(
+    context: Context, cfg: RunConfig, rnd: int, pid: int, parts: int, plan: SamplePlan
+) -> tuple[SamplePlan, tuple[Ledger, str]]:
+    """Round ``rnd``'s local steps checked against and charged to the node's own sample-level ledger
+    (settled ``applied`` once they ran: :func:`train_admitted`): the plan they run under and
+    ``(ledger, run key)``. A run whose history holds more steps than its plan (a round interrupted
+    and run again: a resumed server, a restarted node) is re-planned so that it ends at or under its
+    target (client/dp/sample_plan.py :func:`replan`)."""
     node = dict(context.node_config)
-    ledger = None
-    if plan is not None:  # sample-level DP: the node's own ledger, checked and charged before the steps
-        policy = NodePolicy.from_node_config(node)
-        if policy.run_epsilon:  # the run's whole plan (a PLD over every step: only when capped)
-            policy.check_run_epsilon(plan.epsilon(), "sample-level", cfg.delta)
-        ledger = held_ledger(node, LEDGER_FILE, "sample-level", _owner(cfg, pid, parts), cfg.delta)
-        # this round's steps and every later round's, as if sampled in each
-        remaining = (cfg.rounds - ins.round + 1) * cfg.local_steps
-        plan = replan(plan, _run_history(ledger, str(context.run_id)), remaining)
-        policy.check_sample_budget(ledger, plan.sigma, plan.sample_rate, remaining)
-        run_key = _charge(ledger, plan, str(context.run_id), ins.round, cfg.local_steps, cfg.optimizer_kind)
-    with phase("local-training"):
-        metrics = local_update(
-            shard.trainee,
-            cfg,
-            plan,
-            seed=local_seed(cfg, ins.round, pid),
-            desc=f"client {pid} round {ins.round}",
-        )
-    if ledger is not None:
-        ledger.settle(run_key, ins.round, "applied")
-    return metrics
+    policy = NodePolicy.from_node_config(node)
+    if policy.run_epsilon:  # the run's whole plan (a PLD over every step: only when capped)
+        policy.check_run_epsilon(plan.epsilon(), "sample-level", cfg.delta)
+    ledger = held_ledger(node, LEDGER_FILE, "sample-level", _owner(cfg, pid, parts), cfg.delta)
+    # this round's steps and every later round's, as if sampled in each
+    remaining = (cfg.rounds - rnd + 1) * cfg.local_steps
+    plan = replan(plan, _run_history(ledger, str(context.run_id)), remaining)
+    policy.check_sample_budget(ledger, plan.sigma, plan.sample_rate, remaining)
+    run_key = _charge(ledger, plan, str(context.run_id), rnd, cfg.local_steps, cfg.optimizer_kind)
+    return plan, (ledger, run_key)
 
 
 def _releases(context: Context, cfg: RunConfig, pid: int, parts: int) -> ReleaseLedger:

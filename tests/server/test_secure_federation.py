@@ -208,7 +208,7 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     monkeypatch.setattr(
         app_module,
         "_train_steps",
-        lambda context, *a: trained.append(context.node_id) or real_steps(context, *a),
+        lambda a, context: trained.append(context.node_id) or real_steps(a, context),
     )
     monkeypatch.setattr(
         app_module, "_shard", lambda context, *a: loaded.append(context.node_id) or real_shard(context, *a)
