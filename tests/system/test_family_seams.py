@@ -14,7 +14,6 @@ release name, a release kind's declared facts (common/privacy/registry.py), the 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,55 +25,46 @@ SHIPPED = ("server", "client", "common", "autoencoder")
 
 @dataclass(frozen=True)
 class Family:
-    """``words``: an identifier mentions the family; ``strings``: a compared string names it; ``own``:
-    its modules (files, or folders ending in /)."""
+    """An identifier containing one of ``words`` (lower case; not ``unless``), or a compared string
+    containing one of ``names``, names the family; ``own``: its modules, whitespace-separated (files,
+    or folders ending in /)."""
 
-    words: Callable[[str], bool]
-    strings: Callable[[str], bool]
-    own: frozenset[str]
+    words: tuple[str, ...]
+    names: tuple[str, ...]
+    own: str
+    unless: str = "\0"
+
+    def named_by(self, word: str) -> bool:
+        word = word.lower()
+        return any(w in word for w in self.words) and self.unless not in word
+
+    def named_in(self, value: str) -> bool:
+        return any(n in value for n in self.names)
+
+    def owns(self, rel: str) -> bool:
+        return any(rel == o or (o.endswith("/") and rel.startswith(o)) for o in self.own.split())
 
 
+#: each family or transport and its own modules
 FAMILIES: dict[str, Family] = {
     "secure aggregation": Family(
-        lambda w: "secure" in w.lower() and "insecure" not in w.lower(),
-        lambda v: "secure" in v,
-        frozenset(
-            {
-                "client/secure.py",
-                "client/transport.py",
-                "server/secure_round.py",
-                "server/transport.py",
-                "common/privacy/secure_plan.py",
-                "common/privacy/secure_release.py",
-                "common/privacy/threat.py",
-                "common/secagg/",
-            }
-        ),
+        ("secure",),
+        ("secure",),
+        """client/secure.py client/transport.py server/secure_round.py server/transport.py
+        common/privacy/secure_plan.py common/privacy/secure_release.py common/privacy/threat.py
+        common/secagg/""",
+        unless="insecure",
     ),
     "dr-encoder": Family(
-        lambda w: "drencoder" in w.lower() or "dr_encoder" in w.lower(),
-        lambda v: v == "dr-encoder",
-        frozenset(
-            {
-                "server/drencoder.py",
-                "server/releases/dr_encoder.py",
-                "client/drencoder/",
-                "client/releases.py",
-                "autoencoder/",
-            }
-        ),
+        ("drencoder", "dr_encoder"),
+        ("dr-encoder",),
+        "server/drencoder.py server/releases/dr_encoder.py client/drencoder/ client/releases.py autoencoder/",
     ),
     "correlated noise": Family(
-        lambda w: "ftrl" in w.lower() or "correlated" in w.lower(),
-        lambda v: v == "dp-ftrl",
-        frozenset(
-            {
-                "common/privacy/ftrl_plan.py",
-                "common/privacy/ftrl_mechanism.py",
-                "common/privacy/factorization.py",
-                "common/privacy/banded_noise.py",
-            }
-        ),
+        ("ftrl", "correlated"),
+        ("dp-ftrl",),
+        """common/privacy/ftrl_plan.py common/privacy/ftrl_mechanism.py common/privacy/factorization.py
+        common/privacy/banded_noise.py""",
     ),
 }
 
@@ -82,11 +72,11 @@ FAMILIES: dict[str, Family] = {
 def _mentions(node: ast.AST, family: Family) -> bool:
     for sub in ast.walk(node):
         word = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else ""
-        if word and family.words(word):
+        if word and family.named_by(word):
             return True
         if isinstance(sub, ast.Compare):
             strings = [c.value for c in (sub.left, *sub.comparators) if isinstance(c, ast.Constant)]
-            if any(isinstance(v, str) and family.strings(v) for v in strings):
+            if any(isinstance(v, str) and family.named_in(v) for v in strings):
                 return True
     return False
 
@@ -110,7 +100,7 @@ def family_branches(family: Family, root: Path = ROOT) -> list[str]:
     for top in SHIPPED:
         for path in sorted((root / top).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            if rel in family.own or rel.startswith(tuple(o for o in family.own if o.endswith("/"))):
+            if family.owns(rel):
                 continue
             tree = ast.parse(path.read_text(encoding="utf-8"))
             found += [f"{rel}:{t.lineno}" for t in _tests(tree) if _mentions(t, family)]
