@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from common.config import CORRELATED, RunConfig
+from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
@@ -29,7 +29,7 @@ from common.privacy.family import Family
 from common.privacy.ftrl_plan import Target, plan_ftrl, workload_name
 from common.privacy.ledger import Ledger
 from common.privacy.participation import Participation, PoissonSampling
-from common.privacy.registry import release_kind
+from common.privacy.registry import load, release_kind
 from common.privacy.report import apart
 from common.privacy.secure_plan import run_secure_plan
 from common.privacy.threat import THREATS, Guarantee, ThreatModel
@@ -240,7 +240,8 @@ def plan_noise(cfg: RunConfig, dim: int = 0) -> NoisePlan | None:
     if cfg.release_kind == "none":
         return None
     planner = TRANSPORT_PLANNERS.get(THREATS[cfg.threat_model].transport.name)
-    return (planner or RELEASE_PLANNERS.get(cfg.release_kind, _gaussian_noise))(cfg, dim)
+    own = release_kind(cfg.release_kind).planner  # a release kind that plans its own noise
+    return (planner or (load(own) if own else _gaussian_noise))(cfg, dim)
 
 
 def _gaussian_noise(cfg: RunConfig, dim: int) -> NoisePlan:
@@ -319,7 +320,7 @@ def _planned(cfg: RunConfig, sigma: float, p: float, **plan: object) -> NoisePla
     )
 
 
-def _correlated_noise(cfg: RunConfig, dim: int) -> NoisePlan:
+def correlated_noise(cfg: RunConfig, dim: int) -> NoisePlan:
     """Correlated noise's plan (common/privacy/ftrl_plan.py): the banded strategy for the server
     optimizer's workload, σ for the run's participation rule and target ε (central noise only)."""
     try:
@@ -338,10 +339,9 @@ def _correlated_noise(cfg: RunConfig, dim: int) -> NoisePlan:
     return _planned(cfg, ftrl.sigma, ftrl.q, family=ftrl)
 
 
-#: families that plan their own noise, by the transport that carries them (its declared name) or by
-#: the run's release kind; every other release is the independent Gaussian one
+#: a transport whose noise plans itself, by its declared name (a release kind names its own planner
+#: in the registry, common/privacy/registry.py); every other run is planned by its release kind
 TRANSPORT_PLANNERS: dict[str, Callable[[RunConfig, int], NoisePlan]] = {"secagg+": _secure_noise}
-RELEASE_PLANNERS: dict[str, Callable[[RunConfig, int], NoisePlan]] = {CORRELATED: _correlated_noise}
 
 
 def _count_std(cfg: RunConfig) -> float:

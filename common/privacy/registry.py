@@ -27,11 +27,14 @@ GENERIC_CLIENT = "client.releases:release_mechanism"
 @dataclass(frozen=True)
 class ReleaseKind:
     """``mechanism``: a factory ``(noise plan, run config) -> Mechanism`` or its reference (empty: no
-    client-level release); ``server`` / ``client``: the halves' references (empty: the generic ones);
+    client-level release); ``planner``: ``(run config, adapter size) -> NoisePlan`` or its reference,
+    the kind's own noise plan (empty: the independent Gaussian release's, common/privacy/plan.py);
+    ``server`` / ``client``: the halves' references (empty: the generic ones);
     ``encodes``: the release carries the run's codec's latent (``--codec``: its prior, statistics
     round and public subspace apply)."""
 
     mechanism: str | Callable = ""
+    planner: str | Callable = ""
     server: str = ""
     client: str = ""
     encodes: bool = False
@@ -43,13 +46,16 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
     # the Gaussian mechanism on the codec's latent; its halves encode and decode around it
     "dr-encoder": ReleaseKind(
         "common.privacy.mechanism:gaussian_mechanism",
-        "server.releases.dr_encoder:DrEncoderRelease",
-        "client.releases:release_dr_encoder",
+        server="server.releases.dr_encoder:DrEncoderRelease",
+        client="client.releases:release_dr_encoder",
         encodes=True,
     ),
-    # banded correlated noise: the client clips (the generic half); the server adds the noise
+    # banded correlated noise, planned for its participation rule: the client clips (the generic
+    # half); the server adds the noise
     CORRELATED: ReleaseKind(
-        "common.privacy.ftrl_mechanism:banded_ftrl", "server.releases.gaussian:CorrelatedRelease"
+        "common.privacy.ftrl_mechanism:banded_ftrl",
+        planner="common.privacy.plan:correlated_noise",
+        server="server.releases.gaussian:CorrelatedRelease",
     ),
 }
 _BUILT_IN = frozenset(RELEASE_KINDS)
@@ -68,12 +74,13 @@ def release_kind(name: str) -> ReleaseKind:
     return RELEASE_KINDS[name]
 
 
-def register_release(name: str, mechanism: str | Callable) -> None:
-    """Add a release kind whose ``mechanism`` factory (or its reference) builds its mechanism:
-    ``--release name`` is then accepted, and both halves run it through their generic ones."""
+def register_release(name: str, mechanism: str | Callable, planner: str | Callable = "") -> None:
+    """Add a release kind whose ``mechanism`` factory (or its reference) builds its mechanism, planned
+    by its own ``planner`` (empty: as the Gaussian release): ``--release name`` is then accepted, and
+    both halves run it through their generic ones."""
     if name in RELEASE_KINDS:
         raise FedloraError(f"release '{name}' is already registered")
-    RELEASE_KINDS[name] = ReleaseKind(mechanism)
+    RELEASE_KINDS[name] = ReleaseKind(mechanism, planner)
 
 
 def unregister_release(name: str) -> None:

@@ -35,8 +35,10 @@ from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec
 from common.models.dense_delta import dense_deltas
 from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
-from common.privacy.mechanism import GaussianMechanism
-from common.privacy.plan import plan_noise
+from common.privacy.accountants import Event
+from common.privacy.mechanism import GaussianMechanism, mechanism_for
+from common.privacy.participation import PoissonSampling
+from common.privacy.plan import NoisePlan, plan_noise
 from common.privacy.registry import RELEASE_KINDS, register_release, unregister_release
 from common.privacy.threat import THREATS
 from common.tasks.training import Trainee
@@ -522,3 +524,58 @@ def test_a_new_release_needs_no_edit_outside_its_own_files(toy_release, threat, 
     assert ledger.events() == [plan.event, plan.event] and all(
         r["mechanism"] == "dp-fedavg" for r in ledger.rows()
     )
+
+
+# -- a toy release kind that plans its own noise (its family), registered from here -------------------------
+
+
+class CappedFamily:
+    """A toy family: the Gaussian release's event, at most 2 rounds a client, PLD alone."""
+
+    accountants = ("pld",)
+    participations = 2
+
+    def round_event(self, plan):
+        return Event(plan.sigma, plan.p)
+
+    def round_events(self, plan, rnd):
+        return (plan.event,)
+
+    def client_std(self, plan, sampled, clip):
+        return plan.threat_std(sampled, clip)
+
+    def participation(self, plan):
+        return PoissonSampling(plan.sample_rate)
+
+    def spent_line(self, plan, head, clip, totals):
+        return f"{head}, capped at 2 rounds: epsilon {totals['eps_tight']:.4g}"
+
+    def epsilon_after(self, plan, rounds):
+        return plan.events_epsilon(min(rounds, self.participations))
+
+
+def _capped_plan(cfg: RunConfig, dim: int) -> NoisePlan:
+    return NoisePlan(1.0, cfg.sample_rate, cfg.clip, cfg.threat_model, cfg.target_epsilon, cfg.delta, True,
+                     family=CappedFamily(), sample_rate=cfg.sample_rate)  # fmt: skip
+
+
+def test_a_release_kind_plans_its_own_noise():
+    """A release kind with its own planner (its family: events, accountants, cap, statement line,
+    planned ε) is its module and one ``register_release`` call, here both this file: the plan, the
+    budget's accountants and the cap are the family's, with no branch on it anywhere."""
+    register_release(
+        "toy-capped", lambda plan, cfg: GaussianMechanism(plan, cfg.expected_cohort), planner=_capped_plan
+    )
+    try:
+        assert files_naming("toy-capped") == {"tests/system/test_registries.py"}
+        cfg = RunConfig(mechanism="dp-fedavg", release="toy-capped", target_epsilon=8.0, rounds=5).check()
+        plan = plan_noise(cfg)
+        assert isinstance(plan.family, CappedFamily) and plan.sigma == 1.0
+        assert plan.participation_cap == 2 and plan.budget_accountants == ("pld",)
+        assert plan.budget_keys == ("eps_tight",)
+        assert plan.planned_epsilon(1) < plan.planned_epsilon(2) == plan.planned_epsilon(5)
+        assert plan.spent_line("client-level (toy", "C 1", {"eps_tight": 1.5}).endswith("epsilon 1.5")
+        assert mechanism_for(plan, cfg).plan is plan
+    finally:
+        unregister_release("toy-capped")
+    assert "toy-capped" not in RELEASE_KINDS
