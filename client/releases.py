@@ -17,9 +17,10 @@ from autoencoder.coded import encode_update
 from client.drencoder.round_codec import round_codec
 from common.config import RunConfig
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.models import AdapterState
 from common.privacy.mechanism import run_mechanism
-from common.privacy.registry import GENERIC_CLIENT, load, release_kind
+from common.privacy.registry import GENERIC_CLIENT, release_kind
 from common.wire import TrainInstruction
 
 Sent = tuple[AdapterState, dict]
@@ -63,7 +64,7 @@ def release_dr_encoder(
 def client_release(kind: str) -> ClientRelease:
     """The client half of release ``kind``, named by the registry (common/privacy/registry.py; a kind
     without one of its own: :func:`release_mechanism`, its mechanism's)."""
-    return load(release_kind(kind).client or GENERIC_CLIENT)
+    return load_component(release_kind(kind).client or GENERIC_CLIENT)
 
 
 __all__ = ["ClientRelease", "client_release", "release_dr_encoder", "release_mechanism", "release_none"]

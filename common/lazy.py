@@ -28,3 +28,12 @@ def lazy_exports(
         return sorted(set(vars(sys.modules[package])) | set(where))
 
     return __getattr__, __dir__
+
+
+def load_component(ref: str | Callable) -> Any:
+    """``"package.module:attr"`` -> the object, as in ``[tool.flwr.app.components]`` (a callable, as
+    a release kind registered at run time may give, is returned as it is)."""
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)

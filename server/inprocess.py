@@ -8,7 +8,6 @@ the way in and out so nothing is shared by reference between server and clients.
 from __future__ import annotations
 
 import copy
-import importlib
 import logging
 import tempfile
 import uuid
@@ -49,12 +48,6 @@ def tqdm_clients(messages: list[Message]) -> Iterable[Message]:
         for msg in messages:
             yield msg
             progress.update(1)
-
-
-def load_component(ref: str) -> Callable:
-    """``"package.module:attr"`` -> object, as in ``[tool.flwr.app.components]``."""
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def call_app(

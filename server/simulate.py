@@ -12,9 +12,10 @@ from flwr.app import Context, Message, RecordDict
 from common.config import RunConfig, to_flat
 from common.device import resolve_device
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.runtime import open_split
 from common.timing import reset, totals
-from server.inprocess import InProcessGrid, load_component
+from server.inprocess import InProcessGrid
 from server.outcome import NoRoundApplied
 from server.run_dir import default_run_dir, write_json
 from server.workers import WorkerPoolGrid, resolve_workers

@@ -57,8 +57,9 @@ from common import timing
 from common.cores import available_cores
 from common.device import resolve_device
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.signals import handlers_while
-from server.inprocess import InProcessGrid, call_app, clients_bar, is_train_round, load_component
+from server.inprocess import InProcessGrid, call_app, clients_bar, is_train_round
 
 log = logging.getLogger("fedlora.workers")
 

@@ -14,8 +14,9 @@ import torch
 from flwr.app import Context, Message, RecordDict
 
 from common.config import RunConfig, to_flat
+from common.lazy import load_component
 from common.privacy.ledger import Charge
-from server.inprocess import InProcessGrid, load_component
+from server.inprocess import InProcessGrid
 from server.outcome import NoRoundApplied
 from server.simulate import CLIENT_APP, SERVER_APP
 

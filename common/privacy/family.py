@@ -63,4 +63,15 @@ class Family(Protocol):
         """The ε ``rounds`` rounds plan to spend, uncapped."""
 
 
-__all__ = ["Family", "PlanView"]
+class OneEventRounds:
+    """What families share unless they say otherwise: the plan's one event each round, and a
+    Gaussian client's noise share under the run's threat model."""
+
+    def round_events(self, plan: PlanView, rnd: int) -> tuple[Event, ...]:
+        return (plan.event,)
+
+    def client_std(self, plan: PlanView, sampled: int, clip: float) -> float:
+        return plan.threat_std(sampled, clip)
+
+
+__all__ = ["Family", "OneEventRounds", "PlanView"]

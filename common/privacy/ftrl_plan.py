@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,18 +34,16 @@ from common.privacy.factorization import (
     optimize_banded,
     workload,
 )
+from common.privacy.family import OneEventRounds, PlanView
 from common.privacy.participation import CyclicPoisson, MinSeparation, Participation
 from common.privacy.report import both_epsilons
-
-if TYPE_CHECKING:
-    from common.privacy.family import PlanView
 
 #: the participation rules correlated noise may rest on (see the module docstring)
 RULES = ("cyclic-poisson", "min-sep")
 
 
 @dataclass(frozen=True)
-class FtrlPlan:
+class FtrlPlan(OneEventRounds):  # central noise only: its clients' share is the threat model's (0)
     """One run's correlated-noise plan. ``sigma``: noise multiplier of z (per coordinate std σζ of
     z_t, ζ the clip); ``rate``: the population's sampling rate p (a round's expected cohort is pN
     under either rule); ``workload``: the server optimizer the strategy was optimized for."""
@@ -116,9 +113,6 @@ class FtrlPlan:
 
     def round_events(self, plan: PlanView, rnd: int) -> tuple[Event, ...]:
         return self.events(rnd - 1)
-
-    def client_std(self, plan: PlanView, sampled: int, clip: float) -> float:
-        return plan.threat_std(sampled, clip)  # central noise only: the server adds it
 
     def participation(self, plan: PlanView) -> Participation:
         if self.rule == "min-sep":

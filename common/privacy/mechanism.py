@@ -34,11 +34,12 @@ import torch
 
 from common.config import RunConfig
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.models import AdapterState
 from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import next_clip
 from common.privacy.plan import NoisePlan, plan_noise
-from common.privacy.registry import load, release_kind
+from common.privacy.registry import release_kind
 from common.privacy.release import add_noise, clip, global_norm
 from common.privacy.threat import ThreatModel
 from common.wire import CLIP_BIT, InvalidReply
@@ -366,7 +367,7 @@ def gaussian_mechanism(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
 
 def mechanism_for(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
     """The mechanism of ``cfg``'s release for its noise ``plan`` (its factory in the registry)."""
-    return load(release_kind(cfg.release_kind).mechanism)(plan, cfg)
+    return load_component(release_kind(cfg.release_kind).mechanism)(plan, cfg)
 
 
 def run_mechanism(cfg: RunConfig) -> Mechanism | None:

@@ -17,24 +17,49 @@ the noise a K'-client round would, and the ε is valid for that deployment, not 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from common.config import RunConfig
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
-from common.privacy.family import Family
+from common.privacy.family import Family, OneEventRounds
 from common.privacy.ftrl_plan import Target, plan_ftrl, workload_name
 from common.privacy.ledger import Ledger
 from common.privacy.participation import Participation, PoissonSampling
-from common.privacy.registry import load, release_kind
+from common.privacy.registry import release_kind
 from common.privacy.report import apart
 from common.privacy.secure_plan import run_secure_plan
 from common.privacy.threat import THREATS, Guarantee, ThreatModel
 
 STATS_ROUND = 0  # the DR-Encoder statistics round's row in the client-level ledger
+
+
+@dataclass(frozen=True)
+class Gaussian(OneEventRounds):
+    """The independent Gaussian release (central, local or distributed noise): one event of (σ, p) a
+    round, :data:`BUDGET_ACCOUNTANTS`, Poisson sampling at the run's rate, no cap."""
+
+    accountants: tuple[str, ...] = BUDGET_ACCOUNTANTS
+    participations: int = 0
+
+    def round_event(self, plan: NoisePlan) -> Event:
+        return Event(plan.sigma, plan.p)
+
+    def participation(self, plan: NoisePlan) -> Participation:
+        return PoissonSampling(plan.sample_rate)
+
+    def spent_line(self, plan: NoisePlan, head: str, clip: str, totals: dict) -> str:
+        return ""
+
+    def epsilon_after(self, plan: NoisePlan, rounds: int) -> float:
+        return plan.events_epsilon(rounds)
+
+
+GAUSSIAN = Gaussian()
 
 
 @dataclass(frozen=True)
@@ -59,7 +84,7 @@ class NoisePlan:
     # the noise family's own part of the plan (:class:`Family`): the independent Gaussian release's
     # (:data:`GAUSSIAN`), secure aggregation's Skellam release (σ its Gaussian equivalent) or
     # correlated noise's strategy and participation rule
-    family: Family = field(default_factory=lambda: GAUSSIAN)
+    family: Family = GAUSSIAN
 
     @property
     def what_if_population(self) -> float:
@@ -171,36 +196,6 @@ class NoisePlan:
         return max(events_epsilon(name, events, self.delta) for name in self.budget_accountants)
 
 
-@dataclass(frozen=True)
-class Gaussian:
-    """The independent Gaussian release (central, local or distributed noise): one event of (σ, p) a
-    round, :data:`BUDGET_ACCOUNTANTS`, Poisson sampling at the run's rate, no cap."""
-
-    accountants: tuple[str, ...] = BUDGET_ACCOUNTANTS
-    participations: int = 0
-
-    def round_event(self, plan: NoisePlan) -> Event:
-        return Event(plan.sigma, plan.p)
-
-    def round_events(self, plan: NoisePlan, rnd: int) -> tuple[Event, ...]:
-        return (plan.event,)
-
-    def client_std(self, plan: NoisePlan, sampled: int, clip: float) -> float:
-        return plan.threat_std(sampled, clip)
-
-    def participation(self, plan: NoisePlan) -> Participation:
-        return PoissonSampling(plan.sample_rate)
-
-    def spent_line(self, plan: NoisePlan, head: str, clip: str, totals: dict) -> str:
-        return ""
-
-    def epsilon_after(self, plan: NoisePlan, rounds: int) -> float:
-        return plan.events_epsilon(rounds)
-
-
-GAUSSIAN = Gaussian()
-
-
 def has_statistics_round(cfg: RunConfig) -> bool:
     """A run whose release encodes (``dr-encoder``) asks every client for statistics before round 1,
     except when its codec's prior comes from the server's public data (``pca``, or ``ae`` with
@@ -241,7 +236,7 @@ def plan_noise(cfg: RunConfig, dim: int = 0) -> NoisePlan | None:
         return None
     planner = TRANSPORT_PLANNERS.get(THREATS[cfg.threat_model].transport.name)
     own = release_kind(cfg.release_kind).planner  # a release kind that plans its own noise
-    return (planner or (load(own) if own else _gaussian_noise))(cfg, dim)
+    return (planner or (load_component(own) if own else _gaussian_noise))(cfg, dim)
 
 
 def _gaussian_noise(cfg: RunConfig, dim: int) -> NoisePlan:

@@ -10,10 +10,8 @@ mechanism everything (server/releases/gaussian.py ``MechanismRelease``, client/r
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from common.errors import FedloraError
 
@@ -61,14 +59,6 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
 _BUILT_IN = frozenset(RELEASE_KINDS)
 
 
-def load(ref: str | Callable) -> Any:
-    """``"module:attr"`` -> the object (a callable is returned as it is)."""
-    if callable(ref):
-        return ref
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def release_kind(name: str) -> ReleaseKind:
     """The registered release kind ``name`` (the run config has checked it)."""
     return RELEASE_KINDS[name]
@@ -95,7 +85,6 @@ __all__ = [
     "GENERIC_SERVER",
     "RELEASE_KINDS",
     "ReleaseKind",
-    "load",
     "register_release",
     "release_kind",
     "unregister_release",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from scipy.stats import binom
 
@@ -32,13 +32,11 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.privacy import discrete
 from common.privacy.accountants import Event, SkellamEvent
+from common.privacy.family import OneEventRounds, PlanView
 from common.privacy.participation import CappedCohorts, Participation
 from common.privacy.skellam import integer_sensitivities, rounding_norm_bound, skellam_epsilon, skellam_mu
 from common.privacy.skellam_sampler import MAX_TABLE_VARIANCE
 from common.privacy.threat import THREATS
-
-if TYPE_CHECKING:
-    from common.privacy.family import PlanView
 
 #: sC = SCALE_FACTOR·√D: rounding inflates the norm by ~1/(8·factor²), 0.5 % at 5
 SCALE_FACTOR = 5.0
@@ -63,7 +61,7 @@ class SecureTarget:
 
 
 @dataclass(frozen=True)
-class SecurePlan:
+class SecurePlan(OneEventRounds):
     """One run's secure-aggregation release. Integer units: s per unit of the update.
 
     dim / padded: the update's coordinates d and the rotation's length D (:func:`discrete.padded_dim`);
@@ -113,9 +111,6 @@ class SecurePlan:
     def round_event(self, plan: PlanView) -> Event:
         """Skellam noise of μ (the fewest survivors'), σ its Gaussian equivalent, at the plan's p."""
         return SkellamEvent(plan.sigma, plan.p, 1, self.l1, self.l2)
-
-    def round_events(self, plan: PlanView, rnd: int) -> tuple[Event, ...]:
-        return (plan.event,)
 
     def client_std(self, plan: PlanView, sampled: int, clip: float) -> float:
         """Each client's Skellam share of μ/m, in units of the update (√(μ/m) / s)."""

@@ -54,12 +54,12 @@ from flwr.common.constant import ErrorCode
 from safetensors.torch import load_file
 
 from common.config import RunConfig
+from common.lazy import load_component
 from common.models import AdapterState
 from common.privacy.audit import MIN_CANARIES, summarize
 from common.privacy.threat import CLIENT_LEVEL
 from common.wire import TrainInstruction
 from server.checkpoint import CHECKPOINT_FILE, OPTIMIZER_PREFIX
-from server.inprocess import load_component
 from server.simulate import simulate
 
 #: a canary node's reply to a train message (its admission and release are every node's)

@@ -60,6 +60,7 @@ from autoencoder.synthetic import empirical_stats, prior_moments
 from autoencoder.train import loss_ends, train_autoencoder
 from common.config import RunConfig, to_flat
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.models import AdapterState, adapter_shapes
 from common.privacy.mechanism import private_mean
 from common.privacy.plan import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
@@ -71,7 +72,7 @@ from server.checkpoint import load as load_checkpoint
 from server.drencoder import STATS_FILE, ServerCodec, ae_train_config, load_stats, prepare_codec
 from server.evaluation import Evaluator
 from server.exchange import exchange
-from server.inprocess import InProcessGrid, load_component
+from server.inprocess import InProcessGrid
 from server.public_prior import public_increments
 from server.releases import RunHandles
 from server.simulate import CLIENT_APP

@@ -41,8 +41,8 @@ from common.cores import available_cores
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.flower_processes import flower_env, flower_executable, toml_pairs
+from common.lazy import load_component
 from common.models.registry import RANDOM, SHAPES
-from server.inprocess import load_component
 from server.workers import resolve_workers
 
 #: FLOPs of one client's local step, counted on the client's own code (named, as the ClientApp is)

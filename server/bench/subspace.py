@@ -30,10 +30,11 @@ from autoencoder.codecs import Codec, IdentityCodec, RandomProjectionCodec, fit_
 from autoencoder.layout import Layout
 from common.config import RunConfig, to_flat
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.models import AdapterState
 from server.bench.codec import collect_increments, collection_config, errors, start_state
 from server.evaluation import Evaluator
-from server.inprocess import InProcessGrid, load_component
+from server.inprocess import InProcessGrid
 from server.public_prior import public_increments
 from server.simulate import CLIENT_APP
 from server.simulate_cli import add_config_arguments, config_from_args

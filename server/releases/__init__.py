@@ -5,8 +5,9 @@ as Flower picks a strategy and Opacus an optimizer."""
 from __future__ import annotations
 
 from common.config import RunConfig
+from common.lazy import load_component
 from common.privacy.plan import NoisePlan
-from common.privacy.registry import GENERIC_SERVER, load, release_kind
+from common.privacy.registry import GENERIC_SERVER, release_kind
 from server.releases.base import Release, RunHandles
 from server.releases.gaussian import MechanismRelease
 
@@ -14,7 +15,7 @@ from server.releases.gaussian import MechanismRelease
 def make_release(cfg: RunConfig, plan: NoisePlan | None) -> Release:
     """The run's release (``none`` when there is no client-level noise plan)."""
     kind = release_kind(cfg.release_kind if plan else "none")
-    return load(kind.server or GENERIC_SERVER)(cfg, plan)
+    return load_component(kind.server or GENERIC_SERVER)(cfg, plan)
 
 
 __all__ = ["MechanismRelease", "Release", "RunHandles", "make_release"]

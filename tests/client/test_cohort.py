@@ -19,13 +19,14 @@ from client.cohort import CohortUnsupported, Member, train_cohort
 from client.node.state import client_ledger
 from common.config import to_flat
 from common.cores import available_cores
+from common.lazy import load_component
 from common.models import adapter_state, load_adapter_state
 from common.models.lora import lora_layers
 from common.presets import preset
 from common.runtime import open_model, open_split
 from common.tasks.classifier import ClassifierTask
 from common.tasks.training import StepSchedule, Trainee, train_steps
-from server.inprocess import InProcessGrid, load_component
+from server.inprocess import InProcessGrid
 from server.simulate import CLIENT_APP, COHORT
 from tests.conftest import randomize_lora, run_cli
 from tests.harness import TINY, LmTask, records, serve

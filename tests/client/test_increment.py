@@ -86,10 +86,11 @@ def test_unknown_form():
 def test_client_app_sends_the_configured_form(tmp_path):
     """The real ClientApp (one in-process node, 2 local steps): a horizontal run's reply is horizontal."""
     from common.config import to_flat
+    from common.lazy import load_component
     from common.presets import preset
     from server.bench.codec import collect_increments
     from server.evaluation import Evaluator
-    from server.inprocess import InProcessGrid, load_component
+    from server.inprocess import InProcessGrid
     from server.simulate import CLIENT_APP
 
     cfg = preset(

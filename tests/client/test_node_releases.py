@@ -18,9 +18,9 @@ from client.node.shard import node_shard
 from client.node.state import client_ledger
 from common.config import to_flat
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.presets import preset
 from common.wire import TrainInstruction
-from server.inprocess import load_component
 from tests.conftest import run_cli
 from tests.harness import TINY, federate, message_identity
 

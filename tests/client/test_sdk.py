@@ -28,11 +28,11 @@ from client.node.state import sample_ledger
 from common.data.owner import read_jsonl
 from common.errors import FedloraError
 from common.flower_processes import free_port
+from common.lazy import load_component
 from common.models import adapter_state
 from common.presets import preset
 from common.privacy.ledger import Charge
 from common.wire import TrainInstruction
-from server.inprocess import load_component
 from tests.conftest import run_cli
 from tests.harness import message_identity
 

@@ -16,12 +16,12 @@ from client.dp.optimizers import make_dp_optimizer
 from client.node.shard import node_shard
 from common.config import to_flat
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.models.lora import lora_layers
 from common.models.precision import resolve_precision
 from common.presets import preset
 from common.privacy.release import global_norm
 from common.wire import TrainInstruction
-from server.inprocess import load_component
 from server.simulate import simulate
 from tests.harness import TINY, message_identity
 

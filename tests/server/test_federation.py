@@ -15,6 +15,7 @@ from transformers import AutoModelForSequenceClassification
 
 from common.config import to_flat
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.models import adapter_state
 from common.models.precision import resolve_precision
 from common.models.registry import MODELS
@@ -22,7 +23,7 @@ from common.presets import preset
 from common.privacy.ledger import Ledger
 from common.wire import from_record, train_reply
 from server.checkpoint import CHECKPOINT_FILE
-from server.inprocess import InProcessGrid, load_component
+from server.inprocess import InProcessGrid
 from server.simulate import CLIENT_APP, simulate
 from tests.harness import TINY, federate, records, serve
 

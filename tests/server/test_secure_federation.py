@@ -18,12 +18,13 @@ from flwr.app import ConfigRecord, Message
 from client import app as app_module
 from client import secure
 from common.config import to_flat
+from common.lazy import load_component
 from common.presets import preset
 from common.privacy import participation
 from common.privacy.accountants import RdpAccountant, SkellamEvent
 from common.privacy.ledger import Ledger
 from common.secagg import wire as sw
-from server.inprocess import InProcessGrid, load_component
+from server.inprocess import InProcessGrid
 from server.simulate import CLIENT_APP
 from tests.harness import TINY, records, serve
 

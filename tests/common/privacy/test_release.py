@@ -156,7 +156,8 @@ def test_every_registered_release_kind_resolves_to_its_parts():
     from dataclasses import fields
 
     from common.config import HELP, RunConfig
-    from common.privacy.registry import GENERIC_CLIENT, GENERIC_SERVER, RELEASE_KINDS, load
+    from common.lazy import load_component as load
+    from common.privacy.registry import GENERIC_CLIENT, GENERIC_SERVER, RELEASE_KINDS
 
     assert {f.name: f.metadata["choices"] for f in fields(RunConfig)}["release"] is RELEASE_KINDS
     assert HELP["release"]
