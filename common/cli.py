@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "common.privacy.audit_cli",
         "empirical privacy audits: canary clients (client-level) and canary examples (sample-level)",
     ),
+    "evaluate": (
+        "server.evaluate_cli",
+        "score a finished run's adapter again on its held-out split (more examples, or the base model)",
+    ),
     "generate": ("common.models.generate", "sample text from a saved causal-LM adapter on its base model"),
     "predict": ("common.models.predict", "label texts (or a CSV/JSONL file) with a saved classifier adapter"),
     "node": ("client.node.cli", "join a federation as a data owner: a flower-supernode over your own data"),
