@@ -579,3 +579,84 @@ def test_a_release_kind_plans_its_own_noise():
     finally:
         unregister_release("toy-capped")
     assert "toy-capped" not in RELEASE_KINDS
+
+
+# -- a toy stateful mechanism that plans itself, through simulate, the nodes' ledgers and resume -------------
+
+
+class ShrinkingClip(GaussianMechanism):
+    """A toy stateful mechanism: the Gaussian release with a clip that shrinks by 10 % after every
+    round, named to the clients in each instruction; the clip is its state (the checkpoint keeps it,
+    :meth:`restore` reads it back). ``interrupt_at``: the round whose events it is first asked for
+    (before the round is charged) with a KeyboardInterrupt, once: a Ctrl-C between rounds."""
+
+    interrupt_at: int | None = None
+
+    def instruction_clip(self) -> float:
+        return self.clip
+
+    def round_clip(self, named: float) -> float:
+        return named
+
+    def events(self, rnd: int):
+        if rnd == ShrinkingClip.interrupt_at:
+            ShrinkingClip.interrupt_at = None
+            raise KeyboardInterrupt
+        return super().events(rnd)
+
+    def round_sum(self, sampled):
+        inner, mechanism = super().round_sum(sampled), self
+
+        class Shrink:
+            def add(self, reply, weight=None):
+                inner.add(reply, weight)
+
+            def release(self):
+                released = inner.release()
+                mechanism.clip *= 0.9
+                return released
+
+        return Shrink()
+
+
+@pytest.mark.heavy
+@pytest.mark.slow  # make test-all: two sessions of one federation
+def test_a_stateful_self_planning_mechanism_runs_through_simulate_the_node_ledgers_and_resume(tmp_path):
+    """A release kind with its own state (the shrinking clip) and its own plan (:class:`CappedFamily`)
+    is this file alone: ``fedlora simulate``'s federation runs it, is interrupted before round 2 and
+    resumed; the resumed round names the clip the checkpoint kept (0.9 C, not C), the run's ledger
+    holds the family's event once a round, and every node's own release ledger the clip it applied.
+    (A crash after a round's charge leaves that round interrupted, its charge standing:
+    tests/server/test_resume.py.)"""
+    from client.node.state import client_ledger
+    from common.privacy.ledger import Ledger
+    from server.simulate import simulate
+    from tests.harness import TINY
+
+    register_release("toy-stateful", lambda plan, cfg: ShrinkingClip(plan, cfg.expected_cohort), _capped_plan)
+    try:
+        assert files_naming("toy-stateful") == {"tests/system/test_registries.py"}
+        cfg = RunConfig(
+            model="minilm-l6",
+            dataset="rotten-tomatoes",
+            mechanism="dp-fedavg",
+            release="toy-stateful",
+            threat_model="local",
+            target_epsilon=8.0,
+            clip=0.5,
+            sample_rate=1.0,
+            **{**TINY, "rounds": 2},
+        ).check()
+        run_dir = tmp_path / "run"
+        ShrinkingClip.interrupt_at = 2
+        with pytest.raises(KeyboardInterrupt):
+            simulate(cfg, run_dir)
+        simulate(cfg.replace(resume=True, out_dir=str(run_dir)).check(), run_dir)
+    finally:
+        unregister_release("toy-stateful")
+    ledger = Ledger.open(run_dir / "ledger.sqlite", "client-level")
+    plan = _capped_plan(cfg, 0)
+    assert [r["round"] for r in ledger.rows()] == [1, 2] and ledger.events() == [plan.event] * 2
+    for k in range(cfg.num_clients):
+        node = client_ledger(run_dir / "nodes" / f"node-{k}", f"rotten-tomatoes/{k}-of-2", cfg.delta)
+        assert [(r["round"], r["clip"]) for r in node.rows()] == [(1, 0.5), (2, pytest.approx(0.45))]
