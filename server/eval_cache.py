@@ -7,13 +7,15 @@ keeps model answers the same way.
 
 An entry is ``DIR/<key>.json``: the metrics and the seconds the evaluation took when computed (the
 run's time-left estimate uses them). The key is the SHA-256 of :data:`SCHEMA`, the package version,
-the settings that shape the evaluation and every held-out example and adapter tensor, byte for byte;
+the settings that shape the evaluation (the task's code among them, :func:`code_digest`: an edit to
+the scorer makes what it computed before absent) and every held-out example and adapter tensor, byte for byte;
 an unreadable entry counts as absent. Evaluations are deterministic on a given machine; on another
 thread count or device an entry is the same evaluation up to floating-point summation order."""
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Iterable, Mapping
 from importlib import metadata
@@ -32,6 +34,22 @@ def _version() -> str:
         return metadata.version("fedlora-dp")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+#: the packages whose source a task's code digest covers
+PACKAGES = ("common", "server", "client", "autoencoder")
+
+
+def code_digest(cls: type) -> str:
+    """Hex SHA-256 of the source files of ``cls`` and of its bases in this package: the code that
+    scores an evaluation (a task's ``evaluate`` and the scorer its module holds)."""
+    files = sorted(
+        {inspect.getsourcefile(c) or "" for c in cls.__mro__ if c.__module__.split(".")[0] in PACKAGES}
+    )
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(Path(file).read_bytes())
+    return digest.hexdigest()
 
 
 def cache_key(

@@ -61,6 +61,7 @@ class Evaluator:
             "dtype": str(next(model.parameters()).dtype),
             "device": str(self.bundle.device),
             "task": f"{type(self.task).__module__}.{type(self.task).__qualname__}",
+            "task_code": eval_cache.code_digest(type(self.task)),
             "batch_size": self.batch_size,
             **{k: getattr(cfg, k) for k in _SHAPING},
         }

@@ -4,6 +4,7 @@ everything it depends on, and a run's round 0 reads it."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -37,6 +38,27 @@ def test_the_key_is_stable_and_changes_with_every_input():
         eval_cache.cache_key(SETTINGS, [("a textanother", 0)], _state()),  # no ambiguity in concatenation
     ]
     assert len({key, *others}) == len(others) + 1
+
+
+def test_the_task_s_code_is_part_of_the_key(tmp_path, monkeypatch):
+    """An edit to a task's module or to a base's (the scorer) changes its digest, so an evaluation the
+    old code computed is not read back."""
+    from common.tasks.chat import ChatTask
+    from common.tasks.multiple_choice import MultipleChoiceTask
+
+    digest = eval_cache.code_digest(MultipleChoiceTask)
+    assert digest == eval_cache.code_digest(MultipleChoiceTask) != eval_cache.code_digest(ChatTask)
+    module = tmp_path / "edited.py"
+    module.write_text("class Task:\n    pass\n")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("common._edited_task", module)
+    loaded = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, loaded)
+    spec.loader.exec_module(loaded)
+    before = eval_cache.code_digest(loaded.Task)
+    module.write_text("class Task:\n    pass  # edited\n")
+    assert eval_cache.code_digest(loaded.Task) != before
 
 
 def test_an_entry_reads_back_and_a_bad_one_is_absent(tmp_path):
