@@ -69,7 +69,7 @@ def evaluate_run(
     """The held-out metrics of ``run_dir``'s last committed global adapter (``base``: of round 0's)
     on ``eval_examples`` held-out examples (None: the run's count), the base model at ``precision``
     (None: the run's): ``{"run", "adapter", "round", "eval_examples", "seed", "seconds", "cached",
-    "metrics", "made", "config"}``."""
+    "metrics", "made", "config"}`` (``config``: the run's, as scored)."""
     from common.models.lora import adapter_shapes
     from common.provenance import made
     from server import checkpoint
@@ -102,7 +102,7 @@ def evaluate_run(
         "cached": cached,
         "metrics": metrics,
         "made": made(),
-        "config": {k: v for k, v in asdict(cfg).items() if k in ("model", "dataset", "precision")},
+        "config": asdict(cfg),
     }
 
 

@@ -58,28 +58,17 @@ class RoundSum(Protocol):
         """The released mean, and the noise multiplier it carries (None: no client-level noise)."""
 
 
-class Mechanism(Protocol):
-    """One client-level release, both halves (see the module docstring)."""
+class ServerHalf(Protocol):
+    """What the server asks of a release each round (server/releases/base.py ``Release`` is its view):
+    every :class:`Mechanism` is one; so is the no-noise FedAvg of a non-private run."""
 
-    name: str
-    plan: NoisePlan
     clip: float
-
-    @property
-    def threat(self) -> ThreatModel: ...
-
-    def privatize(self, update: AdapterState, noise_std: float, bound: float) -> tuple[AdapterState, dict]:
-        """Client half: what leaves a client for ``update`` in a round of clip ``bound`` and noise share
-        ``noise_std``, and the reply meta that says what it applied."""
 
     def noise_std(self, sampled: int) -> float:
         """The noise std each of ``sampled`` clients adds this round."""
 
     def instruction_clip(self) -> float:
         """The clip a round's instruction names (0: the run config's)."""
-
-    def round_clip(self, named: float) -> float:
-        """Client half: the C to clip to, given the clip the instruction ``named``."""
 
     def expected(self, sampled: int) -> dict[str, object]:
         """Reply meta values that must match what the round asked."""
@@ -112,6 +101,24 @@ class Mechanism(Protocol):
 
     def close_state(self) -> None:
         """After the run: remove what it kept."""
+
+
+class Mechanism(ServerHalf, Protocol):
+    """One client-level release, both halves (see the module docstring): the server's
+    (:class:`ServerHalf`) and the client's."""
+
+    name: str
+    plan: NoisePlan
+
+    @property
+    def threat(self) -> ThreatModel: ...
+
+    def privatize(self, update: AdapterState, noise_std: float, bound: float) -> tuple[AdapterState, dict]:
+        """Client half: what leaves a client for ``update`` in a round of clip ``bound`` and noise share
+        ``noise_std``, and the reply meta that says what it applied."""
+
+    def round_clip(self, named: float) -> float:
+        """Client half: the C to clip to, given the clip the instruction ``named``."""
 
 
 class GaussianSum:
@@ -386,6 +393,7 @@ __all__ = [
     "MechanismFactory",
     "PostProcessed",
     "RoundSum",
+    "ServerHalf",
     "gaussian_mechanism",
     "mechanism_for",
     "private_mean",

@@ -4,7 +4,7 @@ the noise, the clip, the sum's post-processing, its state), its server half and 
 Each part is a component reference, ``"module:attr"`` as Flower names a ClientApp, loaded when a run
 uses it: this module imports none of them, so it sits below every mechanism and both packages, and
 no import circle runs through it. An empty server or client half is the generic one, which asks the
-mechanism everything (server/releases/gaussian.py ``MechanismRelease``, client/releases.py
+mechanism everything (server/releases/base.py ``Release``, client/releases.py
 ``release_mechanism``): a new release kind is its mechanism and one :func:`register_release` call.
 """
 
@@ -18,7 +18,7 @@ from common.errors import FedloraError
 #: the release of correlated noise (banded matrix-factorization DP-FTRL, common/privacy/ftrl_plan.py)
 CORRELATED = "dp-ftrl"
 #: the generic halves: a release kind without one of its own runs through these
-GENERIC_SERVER = "server.releases.gaussian:MechanismRelease"
+GENERIC_SERVER = "server.releases.base:Release"
 GENERIC_CLIENT = "client.releases:release_mechanism"
 
 
@@ -39,7 +39,7 @@ class ReleaseKind:
 
 
 RELEASE_KINDS: dict[str, ReleaseKind] = {
-    "none": ReleaseKind(server="server.releases.none:NoRelease", client="client.releases:release_none"),
+    "none": ReleaseKind(server="server.releases.none:no_release", client="client.releases:release_none"),
     "gaussian": ReleaseKind("common.privacy.mechanism:gaussian_mechanism"),
     # the Gaussian mechanism on the codec's latent; its halves encode and decode around it
     "dr-encoder": ReleaseKind(
@@ -53,7 +53,7 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
     CORRELATED: ReleaseKind(
         "common.privacy.ftrl_mechanism:banded_ftrl",
         planner="common.privacy.plan:correlated_noise",
-        server="server.releases.gaussian:CorrelatedRelease",
+        server="server.releases.correlated:CorrelatedRelease",
     ),
 }
 _BUILT_IN = frozenset(RELEASE_KINDS)

@@ -1,5 +1,5 @@
 """Client-level releases, server side: one class per release kind, named by the registry
-(common/privacy/registry.py; a kind without a class of its own runs through ``MechanismRelease``),
+(common/privacy/registry.py; a kind without a class of its own runs through ``Release``, the view of its mechanism),
 as Flower picks a strategy and Opacus an optimizer."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from common.lazy import load_component
 from common.privacy.plan import NoisePlan
 from common.privacy.registry import GENERIC_SERVER, release_kind
 from server.releases.base import Release, RunHandles
-from server.releases.gaussian import MechanismRelease
 
 
 def make_release(cfg: RunConfig, plan: NoisePlan | None) -> Release:
@@ -18,4 +17,4 @@ def make_release(cfg: RunConfig, plan: NoisePlan | None) -> Release:
     return load_component(kind.server or GENERIC_SERVER)(cfg, plan)
 
 
-__all__ = ["MechanismRelease", "Release", "RunHandles", "make_release"]
+__all__ = ["Release", "RunHandles", "make_release"]

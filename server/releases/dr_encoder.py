@@ -12,11 +12,10 @@ from flwr.serverapp import Grid
 from common.models import AdapterState
 from common.privacy.mechanism import RoundSum
 from server.drencoder import ServerCodec, prepare_codec, refresh_public_codec
-from server.releases.base import RunHandles
-from server.releases.gaussian import MechanismRelease
+from server.releases.base import Release, RunHandles
 
 
-class DrEncoderRelease(MechanismRelease):
+class DrEncoderRelease(Release):
     name = "dr-encoder"
     coder: ServerCodec
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
+from common.config import RunConfig
 from common.models import AdapterState
+from common.privacy.accountants import Event
 from server.aggregate import weighted_mean
 from server.releases.base import Release
 
@@ -26,11 +31,53 @@ class FedAvgRound:
         return weighted_mean(self.replies, weights), None
 
 
-class NoRelease(Release):
-    name = "none"
+class FedAvg:
+    """The server half (common/privacy/mechanism.py ``ServerHalf``) of no client-level release: no
+    noise, no clip, no check, no charge, no state; the replies' (weighted) mean."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg, self.clip = cfg, cfg.clip
+
+    def noise_std(self, sampled: int) -> float:
+        return 0.0
+
+    def instruction_clip(self) -> float:
+        return 0.0
+
+    def expected(self, sampled: int) -> dict[str, object]:
+        return {}
+
+    def reply_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        return dict(shapes)
+
+    def check(self, reply: AdapterState) -> None:
+        pass
 
     def round_sum(self, sampled: int) -> FedAvgRound:
         return FedAvgRound(uniform=self.cfg.private)
 
+    def events(self, rnd: int) -> tuple[Event, ...]:
+        return ()
 
-__all__ = ["FedAvgRound", "NoRelease"]
+    def state(self) -> dict[str, float]:
+        return {"clip": self.clip}
+
+    def restore(self, state: Mapping[str, float]) -> None:
+        pass
+
+    def open_state(self, run_dir: Path, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        pass
+
+    def before_round(self, rnd: int) -> None:
+        pass
+
+    def close_state(self) -> None:
+        pass
+
+
+def no_release(cfg: RunConfig, plan: None) -> Release:
+    """The release of a run without client-level noise: :class:`FedAvg` on the server."""
+    return Release(cfg, plan, FedAvg(cfg))
+
+
+__all__ = ["FedAvg", "FedAvgRound", "no_release"]

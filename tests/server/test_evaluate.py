@@ -4,6 +4,7 @@ run's own final and round-0 evaluations, and scores more held-out examples when 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from common.presets import preset
 from server.simulate import simulate
 from tests.conftest import run_cli
 from tests.harness import TINY
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +52,28 @@ def test_a_directory_that_is_not_a_finished_run_is_refused_in_one_line(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a run directory with a checkpoint" in err[0]
     assert run_cli(["evaluate", "--run", str(tmp_path / "nowhere"), "--eval-examples", "0"]) == 2
+
+
+def _result(accuracy: float, items: int = 753, **per_set: float) -> dict:
+    metrics = {"accuracy": accuracy, "acc_norm": 0.5, "exact_match": 0.25, "perplexity": 1.5}
+    return {
+        "eval_examples": items,
+        "metrics": {**metrics, **{f"accuracy/{k}": v for k, v in per_set.items()}},
+    }
+
+
+def test_the_evaluation_table_averages_each_arm_over_its_seeds_against_the_base():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "evaluation_table", REPO / "scripts" / "evaluation_table.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    base = _result(0.30, a=0.2, b=0.4)
+    text = script.table(base, [("np", [_result(0.34, a=0.3, b=0.4), _result(0.36, a=0.5, b=0.2)])])
+    row = next(line for line in text.splitlines() if line.startswith("| np |"))
+    assert "| 2 | 0.350 ± 0.014 | 0.050 ± 0.014 |" in row
+    assert "np, accuracy per set (base → after, mean over seeds): a 0.20 → 0.40, b 0.40 → 0.30" in text
+    with pytest.raises(SystemExit, match="different numbers of items"):
+        script.table(base, [("np", [_result(0.34, items=195)])])
