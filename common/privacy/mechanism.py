@@ -60,7 +60,8 @@ class RoundSum(Protocol):
 
 class ServerHalf(Protocol):
     """What the server asks of a release each round (server/releases/base.py ``Release`` is its view):
-    every :class:`Mechanism` is one; so is the no-noise FedAvg of a non-private run."""
+    every :class:`Mechanism` is one; so is the no-noise FedAvg of a non-private run. A class that
+    subclasses it inherits the no-ops (check, restore and the state hooks) it does not override."""
 
     clip: float
 
@@ -77,7 +78,7 @@ class ServerHalf(Protocol):
         """A reply's tensors for an update of ``shapes``."""
 
     def check(self, reply: AdapterState) -> None:
-        """Raise :class:`InvalidReply` for a reply this mechanism must not use."""
+        """Raise :class:`InvalidReply` for a reply this mechanism must not use (default: none)."""
 
     def round_sum(self, sampled: int) -> RoundSum:
         """The aggregate of a round that sampled ``sampled`` clients."""
@@ -92,7 +93,7 @@ class ServerHalf(Protocol):
         """Continue from :meth:`state`."""
 
     # a stateful mechanism (correlated noise, common/privacy/ftrl_mechanism.py) keeps tensor state
-    # across rounds apart from the checkpoint; the others do nothing here
+    # across rounds apart from the checkpoint; the others inherit these no-ops
     def open_state(self, run_dir: Path, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Bind (or, resuming before round ``first``, reload) its state beside the run in ``run_dir``."""
 
@@ -179,7 +180,7 @@ class _GaussianRound:
         return self.total.mean(), self.mechanism.plan.released_sigma(self.sampled, self.total.count)
 
 
-class GaussianMechanism:
+class GaussianMechanism(Mechanism):
     """Clip the update's global L2 norm to C, add Gaussian noise where the threat model says
     (DP-FedAvg); common/privacy/plan.py sizes σ. ``expected``: p·N, the constant the sum is divided by."""
 
@@ -227,15 +228,6 @@ class GaussianMechanism:
 
     def restore(self, state: Mapping[str, float]) -> None:
         self.clip = float(state.get("clip", self.plan.clip))
-
-    def open_state(self, run_dir: Path, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        pass
-
-    def before_round(self, rnd: int) -> None:
-        pass
-
-    def close_state(self) -> None:
-        pass
 
 
 class PostProcessed:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 from common.config import RunConfig
 from common.models import AdapterState
 from common.privacy.accountants import Event
+from common.privacy.mechanism import ServerHalf
 from server.aggregate import weighted_mean
 from server.releases.base import Release
 
@@ -31,9 +31,10 @@ class FedAvgRound:
         return weighted_mean(self.replies, weights), None
 
 
-class FedAvg:
+class FedAvg(ServerHalf):
     """The server half (common/privacy/mechanism.py ``ServerHalf``) of no client-level release: no
-    noise, no clip, no check, no charge, no state; the replies' (weighted) mean."""
+    noise, no clip, no check, no charge, no state (the protocol's no-op defaults); the replies'
+    (weighted) mean."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg, self.clip = cfg, cfg.clip
@@ -50,9 +51,6 @@ class FedAvg:
     def reply_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         return dict(shapes)
 
-    def check(self, reply: AdapterState) -> None:
-        pass
-
     def round_sum(self, sampled: int) -> FedAvgRound:
         return FedAvgRound(uniform=self.cfg.private)
 
@@ -61,18 +59,6 @@ class FedAvg:
 
     def state(self) -> dict[str, float]:
         return {"clip": self.clip}
-
-    def restore(self, state: Mapping[str, float]) -> None:
-        pass
-
-    def open_state(self, run_dir: Path, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        pass
-
-    def before_round(self, rnd: int) -> None:
-        pass
-
-    def close_state(self) -> None:
-        pass
 
 
 def no_release(cfg: RunConfig, plan: None) -> Release:
