@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from common.tasks.base import Batch, eval_batches, evaluation, logits_of, token_batch
+from common.tasks.base import Batch, eval_batches, evaluation, logits_of, target_nll, token_batch
 from common.tasks.verbalizer import token_nll
 
 
@@ -50,7 +50,7 @@ class LanguageModelTask:
         for part in eval_batches(examples, batch_size):
             batch = self.collate(part, device)
             n_tok = (batch["target"][:, 1:] != -100).sum(1)
-            total += float((self.per_example_loss(model, batch) * n_tok).sum())
+            total += float((target_nll(model, batch) * n_tok).sum())
             tokens += int(n_tok.sum())
         loss = total / max(tokens, 1)
         return {"perplexity": math.exp(loss), "loss": loss}

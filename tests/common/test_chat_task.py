@@ -109,3 +109,20 @@ def test_truncation_keeps_the_last_response_and_counts_the_cuts(smollm2_tokenize
     with caplog.at_level("DEBUG", logger="fedlora.tasks"):
         task.encode([dumps(long_prompt)], [0])  # again in this process: no second warning
     assert [r.levelname for r in caplog.records] == ["DEBUG"]
+
+
+def test_the_held_out_loss_applies_the_lm_head_at_the_answer_tokens_only(task, tiny_llama):
+    """The evaluation's per-example loss (``target_nll``: hidden states, then the head at the labelled
+    positions) equals the training loss's full-logits form, on a batch with prompts, padding and LoRA."""
+    from common.tasks.base import logits_of, target_nll
+    from common.tasks.verbalizer import token_nll
+    from tests.conftest import randomize_lora
+
+    randomize_lora(tiny_llama)
+    examples = task.encode([dumps(CONVERSATION), dumps(CONVERSATION[1:3])], [0, 0])
+    batch = task.collate(examples, torch.device("cpu"))
+    assert (batch["target"] == -100).any() and (batch["target"] != -100).any()
+    with torch.no_grad():
+        full = token_nll(logits_of(tiny_llama, batch), batch["target"])
+        kept = target_nll(tiny_llama, batch)
+    assert torch.allclose(full, kept, rtol=1e-5, atol=1e-6) and kept.min() > 0
