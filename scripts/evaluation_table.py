@@ -13,13 +13,13 @@ import json
 import statistics
 from pathlib import Path
 
+from server.bench.suite.sections import mean_std
+
 COLUMNS = ("accuracy", "acc_norm", "exact_match", "perplexity")
 
 
-def _mean_std(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f} (n = 1)"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def table(base: dict, arms: list[tuple[str, list[dict]]]) -> str:
@@ -27,18 +27,27 @@ def table(base: dict, arms: list[tuple[str, list[dict]]]) -> str:
     items = {base["eval_examples"], *(r["eval_examples"] for _, runs in arms for r in runs)}
     if len(items) != 1:
         raise SystemExit(f"the results score different numbers of items: {sorted(items)}")
-    head = ["arm", "seeds", *COLUMNS[:1], "gain over the base", *COLUMNS[1:]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = ["arm", "seeds", "accuracy", "gain over the base", *COLUMNS[1:]]
     b = base["metrics"]
-    lines.append("| base model | – | " + " | ".join(f"{b[c]:.3f}" for c in COLUMNS[:1]) + " | – | ")
-    lines[-1] += " | ".join(f"{b[c]:.3f}" for c in COLUMNS[1:]) + " |"
+    lines = [_row(head), "|" + "---|" * len(head)]
+    lines.append(
+        _row(["base model", "–", f"{b['accuracy']:.3f}", "–", *(f"{b[c]:.3f}" for c in COLUMNS[1:])])
+    )
     notes = []
     for label, runs in arms:
         m = [r["metrics"] for r in runs]
-        cells = [label, str(len(runs)), _mean_std([x["accuracy"] for x in m])]
-        cells.append(_mean_std([x["accuracy"] - b["accuracy"] for x in m]))
-        cells += [_mean_std([x[c] for x in m]) for c in COLUMNS[1:]]
-        lines.append("| " + " | ".join(cells) + " |")
+        gains = mean_std([x["accuracy"] - b["accuracy"] for x in m])
+        lines.append(
+            _row(
+                [
+                    label,
+                    str(len(runs)),
+                    mean_std([x["accuracy"] for x in m]),
+                    gains,
+                    *(mean_std([x[c] for x in m]) for c in COLUMNS[1:]),
+                ]
+            )
+        )
         sets = sorted(k.split("/", 1)[1] for k in m[0] if k.startswith("accuracy/"))
         per_set = ", ".join(
             f"{s} {b[f'accuracy/{s}']:.2f} → {statistics.mean(x[f'accuracy/{s}'] for x in m):.2f}"

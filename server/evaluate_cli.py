@@ -45,18 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _stored(run_dir: Path):
     """The run's stored :class:`RunConfig` (one clear error when it is not a finished run)."""
-    from common.config import RunConfig
     from server.checkpoint import CHECKPOINT_FILE
+    from server.simulate_cli import stored_config
 
-    stored = run_dir / "config.json"
-    if not stored.is_file() or not (run_dir / CHECKPOINT_FILE).is_file():
+    if not (run_dir / "config.json").is_file() or not (run_dir / CHECKPOINT_FILE).is_file():
         raise FedloraError(
             f"{run_dir} is not a run directory with a checkpoint (config.json, {CHECKPOINT_FILE})"
         )
-    try:
-        return RunConfig(**json.loads(stored.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError) as exc:
-        raise FedloraError(f"{stored} is unreadable ({exc})") from None
+    return stored_config(run_dir)
 
 
 def evaluate_run(

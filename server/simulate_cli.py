@@ -43,13 +43,21 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         return preset(args.preset, **overrides).check_federated()
     if not args.out_dir:
         raise FedloraError("--resume needs --out RUN_DIR")
-    stored = Path(args.out_dir) / "config.json"
     try:
-        values = json.loads(stored.read_text(encoding="utf-8"))
-        base = RunConfig(**values)
-    except (OSError, ValueError, TypeError) as exc:
-        raise FedloraError(f"cannot resume: {stored} is missing or unreadable ({exc})") from None
+        base = stored_config(Path(args.out_dir))
+    except FedloraError as exc:
+        raise FedloraError(f"cannot resume: {exc}") from None
     return base.replace(**{k: v for k, v in overrides.items() if v is not None}).check_federated()
+
+
+def stored_config(run_dir: Path) -> RunConfig:
+    """The configuration a run stored in ``run_dir/config.json`` (one line when it is missing or
+    unreadable)."""
+    stored = run_dir / "config.json"
+    try:
+        return RunConfig(**json.loads(stored.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as exc:
+        raise FedloraError(f"{stored} is missing or unreadable ({exc})") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

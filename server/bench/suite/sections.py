@@ -21,7 +21,7 @@ AUDIT_NOTE = (
 )
 
 
-def _mean_std(values: Sequence[float]) -> str:
+def mean_std(values: Sequence[float]) -> str:
     if not values:
         return "n/a"
     if len(values) == 1:
@@ -108,7 +108,7 @@ def _utility(done: Sequence[dict], name: str, title: str, read: Callable[[dict],
                 "arm": arm.label,
                 "seeds": len(values),
                 "accuracy before": _mean([v["before"] for v in values]),
-                "accuracy after (mean ± std)": _mean_std([v["after"] for v in values]),
+                "accuracy after (mean ± std)": mean_std([v["after"] for v in values]),
                 "top-class share": _mean([v["top"] for v in values]),
                 "ε (tight: PLD, or RDP where marked)": _mean([p.get("eps_tight") for p in privacy], ".2f")
                 + _rdp_mark(privacy),
@@ -308,9 +308,9 @@ def _lm_section(done: Sequence[dict], name: str, title: str, unit: str) -> dict:
                 "arm": arm.label,
                 "seeds": len(outs),
                 "perplexity before": _mean([s["before"]["perplexity"] for s in outs], ".2f"),
-                "perplexity after (mean ± std)": _mean_std([s["after"]["perplexity"] for s in outs]),
-                "log-perplexity drop (mean ± std)": _mean_std([_log_drop(s) for s in outs]),
-                "share of the non-private drop (same seed)": _mean_std(shares) if shares else "n/a",
+                "perplexity after (mean ± std)": mean_std([s["after"]["perplexity"] for s in outs]),
+                "log-perplexity drop (mean ± std)": mean_std([_log_drop(s) for s in outs]),
+                "share of the non-private drop (same seed)": mean_std(shares) if shares else "n/a",
                 "ε (PLD)": _mean([p.get("eps_tight") for p in privacy], ".2f")
                 + (" (what-if)" if any(p.get("what_if") for p in privacy) else ""),
                 "δ": _delta(privacy),
@@ -438,15 +438,15 @@ def _instruction_rows(sec: dict, groups: Sequence[tuple[Arm, list[dict]]]) -> No
                 "arm": arm.label,
                 "seeds": len(outs),
                 "accuracy of the base model": _mean([s["before"]["accuracy"] for s in outs]),
-                "accuracy after (mean ± std)": _mean_std([s["after"]["accuracy"] for s in outs]),
-                "gain over the base (mean ± std)": _mean_std([_gain(s) for s in outs]),
-                "share of the non-private gain (same seed)": _mean_std(shares)
+                "accuracy after (mean ± std)": mean_std([s["after"]["accuracy"] for s in outs]),
+                "gain over the base (mean ± std)": mean_std([_gain(s) for s in outs]),
+                "share of the non-private gain (same seed)": mean_std(shares)
                 if shares
                 else (_no_share(gains) if arm.target_epsilon is not None and outs else "n/a"),
                 "exact match, generated (base → after)": " → ".join(exact),
                 "acc_norm after": _mean([s["after"].get("acc_norm") for s in outs]),
                 "answers' perplexity (base → after)": " → ".join(answers),
-                "share of the non-private answer log-perplexity drop": _mean_std(answer_shares)
+                "share of the non-private answer log-perplexity drop": mean_std(answer_shares)
                 if answer_shares
                 else "n/a",
                 **_instruction_privacy(outs, privacy),
@@ -560,9 +560,9 @@ def cross_silo(done: Sequence[dict]) -> dict:
                 "arm": arm.label,
                 "seeds": len(records),
                 "perplexity before": _mean([r[0] for r in records], ".2f"),
-                "perplexity after (mean ± std)": _mean_std([r[1] for r in records]),
-                "log-perplexity drop (mean ± std)": _mean_std([_silo_drop(d["output"]) for d in finished]),
-                "share of the non-private drop (same seed)": _mean_std(shares) if shares else "n/a",
+                "perplexity after (mean ± std)": mean_std([r[1] for r in records]),
+                "log-perplexity drop (mean ± std)": mean_std([_silo_drop(d["output"]) for d in finished]),
+                "share of the non-private drop (same seed)": mean_std(shares) if shares else "n/a",
                 "seeds below every node alone": f"{sum(beats)} / {len(beats)}"
                 if nodes and not solo
                 else "n/a",
