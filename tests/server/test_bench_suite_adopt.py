@@ -156,6 +156,7 @@ def _mc(before: float, after: float, epsilon: float | None, tmp_path: Path, key:
         "bytes_up_per_round": 32e6,
         "bytes_down_per_round": 48e6,
         "rounds_completed": 2,
+        "eval_examples": 195,
     }
     return summary, str(run_dir)
 
@@ -445,3 +446,74 @@ def test_docs_results_md_is_what_the_committed_records_make(tmp_path, monkeypatc
     assert (docs / "RESULTS.md").read_bytes() == (repo / "docs" / "RESULTS.md").read_bytes()
     figures = sorted(p.name for p in (docs / "results").glob("*.png"))
     assert figures == sorted(p.name for p in (repo / "docs" / "results").glob("*.png"))
+
+
+def _score(accuracy: float, items: int = 753) -> dict:
+    """``fedlora evaluate --json`` of an adapter (what runner.SCORES files hold)."""
+    metrics = {"accuracy": accuracy, "exact_match": accuracy, "acc_norm": accuracy, "loss": 0.5}
+    return {"adapter": "final", "eval_examples": items, "metrics": {**metrics, "perplexity": math.exp(0.5)}}
+
+
+def test_the_dp_track_shows_every_item_where_every_seed_of_an_arm_was_scored_again(tmp_path):
+    """An arm whose every seed carries its scores (runner.SCORES) shows them against the federation's
+    base-model score; an arm with a seed not yet scored keeps its own subset figures, and a share
+    across the two item sets is refused."""
+    plain, private = Arm("np"), Arm("dp ε=8", (), 8.0)
+    done = []
+    for arm, seed, after, scored in (
+        (plain, 0, 0.40, 0.33),
+        (plain, 1, 0.50, 0.35),
+        (private, 0, 0.35, 0.32),
+    ):
+        key = f"i-{arm.label}-{seed}"
+        output, run_dir = _mc(0.30, after, arm.target_epsilon, tmp_path, key)
+        scores = {"evaluation.json": _score(scored)} | (
+            {"evaluation-base.json": _score(0.31)} if seed else {}
+        )
+        run = Run("instruction", key, (), arm=arm, seed=seed, rescore=("--eval-examples", "100000"))
+        done.append({"run": run, "output": output, "scores": scores, "error": None, "dir": run_dir})
+    sec = instruction(done)
+    rows = {r["arm"]: r for r in sec["rows"]}
+    assert rows["np"]["held-out items"] == "753" and rows["np"]["accuracy of the base model"] == "0.310"
+    assert rows["np"]["gain over the base (mean ± std)"] == "0.030 ± 0.014"  # 0.02 and 0.04
+    assert rows["dp ε=8"]["share of the non-private gain (same seed)"] == "0.500 (n = 1)"  # 0.01 / 0.02
+    assert any("fedlora evaluate --run RUN --eval-examples 100000" in n for n in sec["notes"])
+    del done[1]["scores"]["evaluation.json"]  # seed 1 of the non-private arm not scored yet
+    rows = {r["arm"]: r for r in instruction(done)["rows"]}
+    assert (
+        rows["np"]["held-out items"] == "195"
+        and rows["np"]["gain over the base (mean ± std)"] == "0.150 ± 0.071"
+    )
+    assert rows["dp ε=8"]["held-out items"] == "753"
+    assert (
+        rows["dp ε=8"]["share of the non-private gain (same seed)"]
+        == "n/a: not scored on the non-private arm's items"
+    )
+
+
+def test_a_rescored_run_s_scores_are_recorded_restored_and_adopted_later(tmp_path):
+    """A record keeps a run's scores (not the run's local path or configuration) and restores them;
+    scores made since a run was adopted are taken from the directory it was adopted from."""
+    from server.bench.suite.records import restore, save
+    from server.bench.suite.runner import finished
+
+    run = Run("instruction", "instruction-0-s0", ("simulate", "--preset", "smollm2-instruct-xdev"), seed=0)
+    run = Run(run.section, run.key, run.argv, seed=0, rescore=("--eval-examples", "100000"))
+    stored = _stored(tmp_path, "made-by-hand", plan_config(run))
+    runs_dir = tmp_path / "suite" / "runs"
+    assert adopt([run], [stored], runs_dir, print) == [run.key]
+    assert finished(run, runs_dir)["scores"] == {}
+    score = {**_score(0.33), "run": str(stored), "config": {"seed": 0}}
+    (stored / "evaluation.json").write_text(json.dumps(score))
+    lines: list[str] = []
+    assert adopt([run], [stored], runs_dir, lines.append) == [run.key]
+    assert lines == [f"[suite] adopt evaluation.json of {run.key}: {stored}"]
+    found = finished(run, runs_dir)
+    assert found["scores"]["evaluation.json"] == score
+    records = tmp_path / "records"
+    save([{"run": run, **found}], records, MADE)
+    kept = json.loads((records / f"{run.key}.json").read_text())["scores"]["evaluation.json"]
+    assert kept == _score(0.33)  # no local path, no configuration
+    shutil.rmtree(runs_dir)
+    assert restore([run], records, runs_dir) == [run.key]
+    assert finished(run, runs_dir)["scores"] == {"evaluation.json": _score(0.33)}

@@ -4,7 +4,6 @@ run's own final and round-0 evaluations, and scores more held-out examples when 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,6 @@ from common.presets import preset
 from server.simulate import simulate
 from tests.conftest import run_cli
 from tests.harness import TINY
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -54,26 +51,34 @@ def test_a_directory_that_is_not_a_finished_run_is_refused_in_one_line(tmp_path,
     assert run_cli(["evaluate", "--run", str(tmp_path / "nowhere"), "--eval-examples", "0"]) == 2
 
 
-def _result(accuracy: float, items: int = 753, **per_set: float) -> dict:
-    metrics = {"accuracy": accuracy, "acc_norm": 0.5, "exact_match": 0.25, "perplexity": 1.5}
-    return {
-        "eval_examples": items,
-        "metrics": {**metrics, **{f"accuracy/{k}": v for k, v in per_set.items()}},
-    }
+@pytest.mark.timeout(600)
+def test_the_bench_suite_scores_a_finished_run_again_once(finished_run, tmp_path):
+    """A plan run that asks to be scored again (``Run.rescore``) gets ``fedlora evaluate``'s JSON of
+    its final adapter and of the base model beside its output, through the real entry point, once."""
+    import shutil
 
+    from server.bench.suite.plan import Run
+    from server.bench.suite.runner import execute
 
-def test_the_evaluation_table_averages_each_arm_over_its_seeds_against_the_base():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "evaluation_table", REPO / "scripts" / "evaluation_table.py"
+    run = Run(
+        "instruction",
+        "instruction-0-s0",
+        ("simulate", "--preset", "small"),
+        rescore=("--eval-examples", "24"),
     )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    base = _result(0.30, a=0.2, b=0.4)
-    text = script.table(base, [("np", [_result(0.34, a=0.3, b=0.4), _result(0.36, a=0.5, b=0.2)])])
-    row = next(line for line in text.splitlines() if line.startswith("| np |"))
-    assert "| 2 | 0.350 ± 0.014 | 0.050 ± 0.014 |" in row
-    assert "np, accuracy per set (base → after, mean over seeds): a 0.20 → 0.40, b 0.40 → 0.30" in text
-    with pytest.raises(SystemExit, match="different numbers of items"):
-        script.table(base, [("np", [_result(0.34, items=195)])])
+    run_dir = tmp_path / "runs" / run.key
+    shutil.copytree(finished_run, run_dir / "out")
+    (run_dir / "command.json").write_text(json.dumps({"command": run.command}))
+    shutil.copy(finished_run / "summary.json", run_dir / "summary.json")
+    lines: list[str] = []
+    scores = execute(run, tmp_path / "runs", lines.append)["scores"]
+    summary = json.loads((finished_run / "summary.json").read_text())
+    assert scores["evaluation.json"]["metrics"] == summary["after"]
+    assert scores["evaluation-base.json"]["metrics"] == summary["before"]
+    assert (
+        sum("score instruction-0-s0 again: fedlora evaluate --run RUN --eval-examples 24" in x for x in lines)
+        == 2
+    )
+    lines.clear()
+    assert execute(run, tmp_path / "runs", lines.append)["scores"] == scores
+    assert not any("again" in x for x in lines)  # scored once

@@ -21,7 +21,7 @@ from pathlib import Path
 from common.local_options import add_arguments, config_of, local_record
 from common.provenance import device
 from server.bench.suite.plan import Run
-from server.bench.suite.runner import finished, own_wall_s
+from server.bench.suite.runner import SCORES, finished, own_wall_s
 from server.simulate_cli import add_config_arguments, config_from_args
 
 #: options added later, each with the value that reproduces runs made before it (issue 26's columns
@@ -37,8 +37,8 @@ PREDATED: dict[str, object] = {
 }
 
 #: what the suite's runner copies from an adopted run (its outputs and per-round metrics; ``result.json``
-#: is a ``train-local`` run's output)
-FILES = ("config.json", "summary.json", "metrics.jsonl", "privacy.json", "result.json")
+#: is a ``train-local`` run's output; the scores of ``fedlora evaluate`` run on it, runner.SCORES)
+FILES = ("config.json", "summary.json", "metrics.jsonl", "privacy.json", "result.json", *SCORES)
 NOT_RECORDED = "not recorded"  # the commit of a run made before runs stamped their output
 #: a finished run's output file, per command, and the key of its wall time in seconds
 OUTPUTS = {"simulate": ("summary.json", "wall_time_s"), "train-local": ("result.json", "seconds")}
@@ -137,7 +137,10 @@ def adopt(
     adopted = []
     for run in plan:
         planned = plan_config(run)
-        if planned is None or finished(run, runs_dir) is not None:
+        if planned is None:
+            continue
+        if (found := finished(run, runs_dir)) is not None:
+            adopted += _scores(run, found, candidates, runs_dir, echo)
             continue
         match = next((d for d, s in candidates.items() if not differences(planned, s)), None)
         if match is None:
@@ -153,3 +156,21 @@ def adopt(
         echo(f"[suite] adopt {run.key}: {match}")
         adopted.append(run.key)
     return adopted
+
+
+def _scores(
+    run: Run, found: dict, candidates: dict[Path, dict], runs_dir: Path, echo: Callable[[str], None]
+) -> list[str]:
+    """Take the scores (runner.SCORES) that a plan run adopted earlier lacks from the directory it was
+    adopted from, when that directory is among the ``candidates`` and has them now (``fedlora
+    evaluate`` run on it since); returns the run's key if any was taken."""
+    source = Path(found.get("adopted_from") or "")
+    if not run.rescore or source not in candidates:
+        return []
+    target = runs_dir / run.key
+    taken = [n for n in SCORES if n not in found["scores"] and (source / n).exists()]
+    for name in taken:
+        (target / name).write_bytes((source / name).read_bytes())
+    if taken:
+        echo(f"[suite] adopt {', '.join(taken)} of {run.key}: {source}")
+    return [run.key] if taken else []

@@ -53,11 +53,17 @@ class Run:
     output: str = "dir"
     arm: Arm | None = None
     seed: int | None = None
+    rescore: tuple[str, ...] = ()  # ``fedlora evaluate`` options its adapter is scored again with (none: not)
 
     @property
     def command(self) -> list[str]:
         seed = ["--seed", str(self.seed)] if self.seed is not None else []
         return ["fedlora", *self.argv, *seed]
+
+    def rescore_command(self, base: bool) -> list[str]:
+        """The command that scores the run's final adapter again (``base``: round 0's, the base
+        model), ``RUN`` standing for the run's directory."""
+        return ["fedlora", "evaluate", "--run", "RUN", *self.rescore, *(["--base"] if base else [])]
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,9 @@ class Profile:
     mc_silo_arms: tuple[Arm, ...] = ()
     chat_base: tuple[str, ...] = ()  # the DP track: chat with natural users (chitchat senders)
     chat_arms: tuple[Arm, ...] = ()
+    #: ``fedlora evaluate`` options every instruction run's adapter, and the base model, are scored
+    #: again with (every held-out item, the same for every seed and arm); none: each run's own subset
+    rescore: tuple[str, ...] = ()
 
 
 def _args(line: str) -> tuple[str, ...]:
@@ -432,6 +441,7 @@ _PROFILES: dict[str, Profile] = {
         mc_arms=_mc_arms(),
         mc_silo_base=_args("simulate --preset smollm2-instruct-silo"),
         mc_silo_arms=_mc_silo_arms(),
+        rescore=_args("--eval-examples 100000 --precision fp32"),
         chat_base=_args("simulate --preset smollm2-chitchat-xdev"),
         chat_arms=_chat_arms(),
     ),
@@ -498,9 +508,11 @@ def runs(p: Profile) -> list[Run]:
         ("instruction", "instruction-silo", p.mc_silo_base, p.mc_silo_arms),
         ("chat", "chat", p.chat_base, p.chat_arms),
     ):
+        rescore = p.rescore if section == "instruction" else ()
         for i, arm in enumerate(arms):
             for seed in arm.seeds or p.seeds:
-                out.append(Run(section, f"{key}-{i}-s{seed}", (*base, *arm.argv), arm=arm, seed=seed))
+                argv = (*base, *arm.argv)
+                out.append(Run(section, f"{key}-{i}-s{seed}", argv, arm=arm, seed=seed, rescore=rescore))
     for section, argv in (("communication", p.codec), ("speed", p.prism_step), ("scale", p.scale)):
         if argv:
             out.append(Run(section, section, argv, output="json"))

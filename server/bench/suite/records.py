@@ -3,7 +3,8 @@ repository alone.
 
 ``<records>/<key>.json`` (kilobytes: no adapter, no checkpoint) holds a finished run's command, wall
 time and peak memory, the date, commit and device it ran on, where it was adopted from, its output
-(the ``summary.json``, ``result.json``, ``audit.json`` or bench JSON the report reads) and the fields
+(the ``summary.json``, ``result.json``, ``audit.json`` or bench JSON the report reads), the scores
+of a rescored run (runner.SCORES, :data:`SCORE_KEYS` of each) and the fields
 of its ``metrics.jsonl`` that the report reads (:data:`METRIC_KEYS`), with the held-out curve
 (:data:`HELD_OUT`). With ``--docs DIR`` the suite
 restores, before it runs anything, every plan run whose directory holds no output from the record
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from server.bench.suite.plan import Run
-from server.bench.suite.runner import OUTPUTS, finished, output_file
+from server.bench.suite.runner import OUTPUTS, SCORES, finished, output_file
 
 #: the records' folder beside RESULTS.md's figures (``--docs docs``: docs/results/runs/)
 RECORDS = "runs"
@@ -30,6 +31,9 @@ METRIC_KEYS = ("round", "eps_gdp", "eps_tight", "tight_accountant", "bytes_up", 
 HELD_OUT = ("accuracy", "loss", "perplexity", "positive_rate")
 #: a run directory's command.json fields a record keeps
 KEPT = ("command", "wall_s", "peak_rss_mb", "made", "adopted_from")
+#: the fields of a rescored run's scores (runner.SCORES: ``fedlora evaluate`` JSON) a record keeps:
+#: not the run's local path, nor its whole configuration, which the record's command already is
+SCORE_KEYS = ("adapter", "round", "eval_examples", "seconds", "cached", "metrics", "made")
 
 
 def metrics_digest(path: Path) -> list[dict]:
@@ -68,6 +72,8 @@ def save(done: Sequence[dict], records: Path, made: dict) -> int:
             "output": d["output"],
             "metrics": metrics_digest(run_dir / "metrics.jsonl"),
         }
+        if scores := d.get("scores"):
+            record["scores"] = {f: {k: v[k] for k in SCORE_KEYS if k in v} for f, v in scores.items()}
         text = json.dumps(record, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
@@ -88,8 +94,10 @@ def restore(plan: Sequence[Run], records: Path, runs_dir: Path) -> list[str]:
             continue  # the plan changed since: the run is made again
         run_dir = runs_dir / run.key
         run_dir.mkdir(parents=True, exist_ok=True)
-        for name in OUTPUTS:
+        for name in (*OUTPUTS, *SCORES):
             (run_dir / name).unlink(missing_ok=True)
+        for name, score in record.get("scores", {}).items():
+            (run_dir / name).write_text(json.dumps(score), encoding="utf-8")
         stored = {k: record[k] for k in KEPT if k in record}
         (run_dir / "command.json").write_text(json.dumps(stored) + "\n", encoding="utf-8")
         (run_dir / record["output_file"]).write_text(json.dumps(record["output"]), encoding="utf-8")

@@ -5,6 +5,10 @@ the command's own outputs (``summary.json`` of ``simulate``, ``result.json`` of 
 ``audit.json`` of ``audit``, or ``output.json``: the JSON a ``bench ... --json`` prints) when it
 ends; ``log.txt`` holds its output.
 A directory whose command is the same and whose outputs exist is reused, not run again.
+A run the plan asks to score again (``Run.rescore``: the DP track's instruction runs) gets
+``evaluation.json`` and ``evaluation-base.json`` (:data:`SCORES`: ``fedlora evaluate --json`` of its
+final adapter and of the base model, the base read from the suite's own ``--eval-cache`` after the
+first) once it has finished, and again on reuse while one is missing and its checkpoint is there.
 
 Several runs may go at once (:func:`execute_all`, ``--jobs``): each ``simulate`` then runs its clients
 in its own process (``--workers 1``, a simulation setting: results do not depend on it) on
@@ -31,6 +35,8 @@ from common.provenance import ROOT  # the repository (``python -m common.cli`` r
 from server.bench.suite.plan import Run
 
 OUTPUTS = ("summary.json", "result.json", "audit.json", "output.json")
+#: a rescored run's scores: file -> whether it scores the base model (``--base``) instead of the adapter
+SCORES = {"evaluation.json": False, "evaluation-base.json": True}
 #: the commands running now (each thread of :func:`execute_all` waits on its own), stopped with the suite
 _LIVE: set[subprocess.Popen] = set()
 #: set while an interrupted suite stops them: a command that ends then was stopped, it did not fail
@@ -48,6 +54,15 @@ def output_of(run_dir: Path) -> dict | None:
     return None if name is None else json.loads((run_dir / name).read_text(encoding="utf-8"))
 
 
+def scores_of(run_dir: Path) -> dict[str, dict]:
+    """The run's :data:`SCORES` that exist, by file name."""
+    return {
+        name: json.loads((run_dir / name).read_text(encoding="utf-8"))
+        for name in SCORES
+        if (run_dir / name).exists()
+    }
+
+
 def _stored(run_dir: Path) -> dict:
     """The run directory's ``command.json`` (empty if none)."""
     path = run_dir / "command.json"
@@ -62,7 +77,8 @@ def finished(run: Run, runs_dir: Path, stored: dict | None = None) -> dict | Non
     output = output_of(run_dir) if stored.get("command") == run.command else None
     if output is None:
         return None
-    return {**stored, "output": output, "error": None, "dir": str(run_dir), "reused": True}
+    scores = scores_of(run_dir)
+    return {**stored, "output": output, "scores": scores, "error": None, "dir": str(run_dir), "reused": True}
 
 
 def interrupted(run: Run, runs_dir: Path, stored: dict | None = None) -> bool:
@@ -107,10 +123,12 @@ def execute(
     stored = _stored(run_dir)
     if (found := finished(run, runs_dir, stored)) is not None:
         echo(f"[suite] reuse {run.key}: {shown}")
+        if set(SCORES) - set(found["scores"]):
+            found["scores"] = _rescore(run, run_dir, echo)
         return found
     resumed = interrupted(run, runs_dir, stored)
     run_dir.mkdir(parents=True, exist_ok=True)
-    for name in OUTPUTS:  # a stale output from another command must not be read as this one's
+    for name in (*OUTPUTS, *SCORES):  # a stale output from another command must not be read as this one's
         (run_dir / name).unlink(missing_ok=True)
     (run_dir / "command.json").write_text(json.dumps({"command": command}) + "\n", encoding="utf-8")
     argv, out = list(command[1:]), run_dir / "out"
@@ -130,29 +148,14 @@ def execute(
         env.setdefault("OMP_NUM_THREADS", str(threads_each(jobs)))
     start = time.monotonic()
     with open(run_dir / "log.txt", "a" if resumed else "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", *argv],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE if run.output == "json" else log,
-            stderr=log,
-            text=True,
-        )
-        _LIVE.add(proc)
-        try:
-            stdout = proc.stdout.read() if proc.stdout else ""
-            _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak memory (ru_maxrss: KiB on Linux)
-        finally:
-            _LIVE.discard(proc)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        returncode, stdout, usage = _child(argv, env, log, capture=run.output == "json")
     wall = round(time.monotonic() - start, 1)
     record = {"command": command, "wall_s": wall, "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
     if made:
         record["made"] = made
     error = None
-    if proc.returncode != 0:
-        lines = (run_dir / "log.txt").read_text(encoding="utf-8").strip().splitlines()
-        error = (lines or [f"exit {proc.returncode}"])[-1][:300]
+    if returncode != 0:
+        error = _last_line(run_dir / "log.txt", returncode)
     elif run.output == "json":
         (run_dir / "output.json").write_text(stdout, encoding="utf-8")
     else:
@@ -164,7 +167,59 @@ def execute(
     if error:
         verb = "stopped (the next invocation takes it up again)" if _STOPPING.is_set() else "FAILED"
         echo(f"[suite] {verb} {run.key} ({wall:.0f} s): {error}")
-    return {**record, "output": output, "error": error, "dir": str(run_dir)}
+    scores = _rescore(run, run_dir, echo) if output else {}
+    return {**record, "output": output, "scores": scores, "error": error, "dir": str(run_dir)}
+
+
+def _child(argv: list[str], env: dict, log, capture: bool) -> tuple[int, str, os.struct_rusage]:
+    """Run ``fedlora <argv>`` in a child process that an interrupted suite stops (:data:`_LIVE`),
+    its stderr (and stdout unless ``capture``) into ``log``; (exit code, captured stdout, its own
+    resource usage: ``ru_maxrss`` its peak memory, KiB on Linux)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "common.cli", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE if capture else log,
+        stderr=log,
+        text=True,
+    )
+    _LIVE.add(proc)
+    try:
+        stdout = proc.stdout.read() if proc.stdout else ""
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        _LIVE.discard(proc)
+    return os.waitstatus_to_exitcode(status), stdout, usage
+
+
+def _last_line(log: Path, returncode: int) -> str:
+    """A failed command's last line of output (what it said last), at most 300 characters."""
+    lines = log.read_text(encoding="utf-8").strip().splitlines()
+    return (lines or [f"exit {returncode}"])[-1][:300]
+
+
+def _rescore(run: Run, run_dir: Path, echo: Callable[[str], None]) -> dict[str, dict]:
+    """Score a finished run's final adapter and the base model again as the plan asks
+    (``run.rescore``), each missing :data:`SCORES` file from its checkpoint under ``out/``; the base
+    model's through ``<runs>/../eval-cache``, so computed once per configuration of the items. Returns
+    the scores there are (none when the plan asks none; a run restored or adopted without its
+    checkpoint keeps those it came with)."""
+    if not run.rescore or not (run_dir / "out" / "config.json").exists():
+        return scores_of(run_dir)
+    cache = run_dir.parent.parent / "eval-cache"
+    for name, base in SCORES.items():
+        if (run_dir / name).exists():
+            continue
+        echo(f"[suite] score {run.key} again: {' '.join(run.rescore_command(base))}")
+        argv = [*run.rescore_command(base)[1:], "--eval-cache", str(cache), "--json"]
+        argv[argv.index("RUN")] = str(run_dir / "out")
+        with open(run_dir / "log.txt", "a", encoding="utf-8") as log:
+            returncode, stdout, _ = _child(argv, {**os.environ, "TQDM_DISABLE": "1"}, log, capture=True)
+        if returncode != 0:
+            echo(f"[suite] FAILED to score {run.key} again: {_last_line(run_dir / 'log.txt', returncode)}")
+            break
+        (run_dir / name).write_text(stdout, encoding="utf-8")
+    return scores_of(run_dir)
 
 
 def execute_all(

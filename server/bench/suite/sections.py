@@ -13,6 +13,10 @@ from pathlib import Path
 
 from common.timing import PHASES
 from server.bench.suite.plan import Arm
+from server.bench.suite.runner import SCORES
+
+#: a rescored run's scores (runner.SCORES): its final adapter's, and the base model's
+FINAL, BASE = SCORES
 
 #: where the privacy section's readers find the empirical side
 AUDIT_NOTE = (
@@ -358,6 +362,7 @@ def chat(done: Sequence[dict]) -> dict:
 INSTRUCTION_COLUMNS = [
     "arm",
     "seeds",
+    "held-out items",
     "accuracy of the base model",
     "accuracy after (mean ± std)",
     "gain over the base (mean ± std)",
@@ -398,14 +403,51 @@ def instruction(done: Sequence[dict]) -> dict:
         _instruction_rows(sec, family)
     sec["notes"] += _client_guarantees(done, name)
     sec["notes"] += _sample_guarantees(done, name)
+    rescored = next((d["run"] for d in done if d["run"].section == name and d["run"].rescore), None)
+    again = (
+        f"an arm whose every seed was scored again (`{' '.join(rescored.rescore_command(False))}`, RUN: the "
+        f"run's directory; the base model by the same command with --base) shows all of them, the same "
+        f"for every seed and arm; otherwise "
+        if rescored
+        else ""
+    )
     sec["notes"].append(
-        "held-out items of each set only (fixed by a hash of the item, whatever the seed); a run scores "
-        "a seeded subset of them, the same for every arm of a seed; base: the untrained adapter on "
-        "those items; a share is the private run's gain (or drop of the gold answers' log-perplexity) "
-        "over the non-private run's of the same seed and the same federation (cross-device or silo); "
-        "ε: client-level, or for a silo the largest node's sample-level ε"
+        "held-out items of each set only (fixed by a hash of the item, whatever the seed); "
+        f"{again}a run's figures are its own, on a seeded subset of them, the same for every arm of a "
+        "seed; base: the untrained adapter on the same items; a share is the private run's gain (or "
+        "drop of the gold answers' log-perplexity) over the non-private run's of the same seed, the "
+        "same federation (cross-device or silo) and the same items; ε: client-level, or for a silo the "
+        "largest node's sample-level ε"
     )
     return sec
+
+
+def _scored_again(groups: Sequence[tuple[Arm, list[dict]]]) -> list[tuple[Arm, list[dict]]]:
+    """One federation's arms, an arm whose every finished run was scored again (runner.SCORES) with
+    those scores as its runs' ``before`` (the federation's base-model score: the same items and model
+    whatever the run) and ``after``; an arm with a seed not yet scored keeps its runs' own figures,
+    so no row mixes the two."""
+    base = next((d["scores"][BASE] for _, g in groups for d in g if BASE in (d.get("scores") or {})), None)
+    out = []
+    for arm, group in groups:
+        finished = [d for d in group if d["output"]]
+        if base is not None and finished and all(FINAL in (d.get("scores") or {}) for d in finished):
+            group = [
+                {**d, "output": _with_scores(d["output"], base, d["scores"][FINAL])} if d["output"] else d
+                for d in group
+            ]
+        out.append((arm, group))
+    return out
+
+
+def _with_scores(summary: dict, base: dict, final: dict) -> dict:
+    """``summary`` with its held-out figures those of ``fedlora evaluate`` (``base``: of the base model)."""
+    return {
+        **summary,
+        "before": base["metrics"],
+        "after": final["metrics"],
+        "eval_examples": final["eval_examples"],
+    }
 
 
 def _families(groups: Sequence[tuple[Arm, list[dict]]]) -> list[list[tuple[Arm, list[dict]]]]:
@@ -421,14 +463,26 @@ def _instruction_rows(sec: dict, groups: Sequence[tuple[Arm, list[dict]]]) -> No
     # a share of a non-private gain that is not clearly positive means nothing: no share unless the
     # non-private arm's mean gain stands clear of its seeds' spread (:func:`_clear_gain`), and none
     # of a seed where it did not gain
+    groups = _scored_again(groups)
     gains = _baseline_drops(groups, _gain)
     baseline = {seed: g for seed, g in gains.items() if g > 0} if _clear_gain(list(gains.values())) else {}
     answer_baseline = _baseline_drops(groups, _log_drop)
+    baseline_items = sorted(
+        {
+            d["output"].get("eval_examples", 0)
+            for arm, g in groups
+            if arm.target_epsilon is None
+            for d in g
+            if d["output"]
+        }
+    )
     for arm, group in groups:
         finished = [d for d in group if d["output"]]
         outs = [d["output"] for d in finished]
-        shares = _shares(arm, finished, _gain, baseline)
-        answer_shares = _shares(arm, finished, _log_drop, answer_baseline)
+        items = sorted({s.get("eval_examples", 0) for s in outs})
+        comparable = items == baseline_items  # a share of a gain on other items is no share
+        shares = _shares(arm, finished, _gain, baseline) if comparable else []
+        answer_shares = _shares(arm, finished, _log_drop, answer_baseline) if comparable else []
         privacy = [s.get("client_privacy") or {} for s in outs]
         sec["commands"].append(_command(group))
         exact = [_mean([s[w].get("exact_match") for s in outs]) for w in ("before", "after")]
@@ -437,12 +491,13 @@ def _instruction_rows(sec: dict, groups: Sequence[tuple[Arm, list[dict]]]) -> No
             {
                 "arm": arm.label,
                 "seeds": len(outs),
+                "held-out items": ", ".join(str(n) for n in items if n) or "n/a",
                 "accuracy of the base model": _mean([s["before"]["accuracy"] for s in outs]),
                 "accuracy after (mean ± std)": mean_std([s["after"]["accuracy"] for s in outs]),
                 "gain over the base (mean ± std)": mean_std([_gain(s) for s in outs]),
                 "share of the non-private gain (same seed)": mean_std(shares)
                 if shares
-                else (_no_share(gains) if arm.target_epsilon is not None and outs else "n/a"),
+                else (_no_share(gains, comparable) if arm.target_epsilon is not None and outs else "n/a"),
                 "exact match, generated (base → after)": " → ".join(exact),
                 "acc_norm after": _mean([s["after"].get("acc_norm") for s in outs]),
                 "answers' perplexity (base → after)": " → ".join(answers),
@@ -471,10 +526,14 @@ def _instruction_privacy(outs: Sequence[dict], privacy: Sequence[dict]) -> dict[
     return {"ε (PLD)": _mean([r[2] for r in records], ".2f"), "δ": private[0][3] if private else "n/a"}
 
 
-def _no_share(gains: dict[int, float]) -> str:
+def _no_share(gains: dict[int, float], comparable: bool) -> str:
     """Why a private arm has no share of the non-private gain: no non-private run of its federation
-    yet, or no clear gain (:func:`_clear_gain`)."""
-    return "n/a: no clear non-private gain" if gains else "n/a: no non-private run yet"
+    yet, scored on other held-out items than it, or no clear gain (:func:`_clear_gain`)."""
+    if not gains:
+        return "n/a: no non-private run yet"
+    return (
+        "n/a: no clear non-private gain" if comparable else "n/a: not scored on the non-private arm's items"
+    )
 
 
 def _sample_guarantees(done: Sequence[dict], section: str) -> list[str]:
