@@ -28,9 +28,9 @@ from client.node import signed
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size
-from common.privacy.plan import plan_noise
-from common.privacy.secure_plan import SecurePlan
-from common.privacy.secure_release import SecureRelease
+from common.privacy.mechanism import run_mechanism
+from common.privacy.secure_plan import round_graph
+from common.privacy.skellam_mechanism import WORDS, SkellamMechanism
 from common.secagg import identity, prf, protocol
 from common.secagg import wire as sw
 from common.secagg.identity import Identity
@@ -104,33 +104,60 @@ def _record(context: Context, me: Identity, params: Params, kind: str, digest: b
 
 def train_reply(
     context: Context,
-    release: SecureRelease,
+    release: SkellamMechanism,
     values: dict,
     rnd: int,
     increment: AdapterState,
     meta: dict[str, object],
 ) -> RecordDict:
-    """The train reply of secure-aggregation round ``rnd``: ``increment`` encoded with this node's
-    Skellam share by the run's ``release`` (the rotation from the public seed in the round's protocol
-    ``values``) and kept by :func:`begin`; the reply carries the node's public keys and ``meta``,
-    never the update."""
-    x = release.encode(increment, sw.params_from(values, rnd).public_seed)
-    keys = begin(context, values, rnd, context.node_id, x, release.plan.min_survivors)
+    """The train reply of secure-aggregation round ``rnd``: ``increment`` released by the run's
+    integer-valued mechanism (bound to the round's public seed: its rotation) and kept by
+    :func:`begin`; the reply carries the node's public keys and ``meta``, never the update."""
+    words, _ = release.privatize(increment, release.secure.share_std, release.clip)
+    x = words[WORDS].numpy()
+    keys = begin(context, values, rnd, context.node_id, x, release.words.min_survivors)
     return RecordDict({**sw.record(rnd, **keys), "meta": ConfigRecord(meta)})
 
 
-def prepare(ins: TrainInstruction, cfg: RunConfig, context: Context) -> tuple[SecureRelease, dict]:
-    """Before any training: the run's release from this node's own plan, and the round's protocol
-    values, checked against that plan; this node's identity and the federation's roster loaded (each
-    a one-line refusal)."""
-    noise = plan_noise(cfg, adapter_size(ins.global_state))
-    if noise is None or not isinstance(
-        noise.family, SecurePlan
-    ):  # (the run config refuses it first: common/config.py)
-        raise FedloraError("secure aggregation needs a client-level release (--mechanism dp-fedavg)")
-    release = SecureRelease(noise.family, {k: tuple(v.shape) for k, v in ins.global_state.items()})
+def check_params(release: SkellamMechanism, params: Params, node: int, noise_std: float) -> None:
+    """Refuse, in one line and before anything is trained or sent, a round whose protocol parameters
+    are not what this node's own release needs: the node among the round's nodes, at least the
+    release's fewest survivors and at most its cohort bound, the neighbours and threshold of
+    :func:`round_graph`; its words and noise share (the release's own check)."""
+    words, n = release.words, len(params.node_ids)
+    graph = round_graph(words, n)
+    for ok, why in (
+        (node in params.node_ids, f"this node ({node}) is not among the round's {n} nodes"),
+        (n <= words.cohort, f"{n} nodes exceed the plan's cohort bound {words.cohort}"),
+        (
+            n >= words.min_survivors,
+            f"{n} nodes < min-replies {words.min_survivors}: no sum of theirs carries the planned noise",
+        ),
+        (
+            n < 2 or (params.k, params.threshold) == graph,
+            f"k {params.k}, t {params.threshold}: the plan's are {graph}",
+        ),
+    ):
+        if not ok:
+            raise FedloraError(f"node policy: secure aggregation: {why}; nothing sent")
+    release.check_round(params.bits, params.length, noise_std)
+
+
+def prepare(ins: TrainInstruction, cfg: RunConfig, context: Context) -> tuple[SkellamMechanism, dict]:
+    """Before any training: the run's release from this node's own plan, bound to the round's public
+    seed, and the round's protocol values, checked against it; this node's identity and the
+    federation's roster loaded (each a one-line refusal)."""
+    mechanism = run_mechanism(cfg, adapter_size(ins.global_state))
+    if not isinstance(mechanism, SkellamMechanism):  # (the run config refuses it first: common/config.py)
+        raise FedloraError(
+            "secure aggregation needs an integer-valued client-level release (--mechanism dp-fedavg)"
+        )
     values = sw.fields(RecordDict(dict(ins.records)), ins.round)
-    release.check_params(_own_run(sw.params_from(values, ins.round), context), context.node_id, ins.noise_std)
+    params = _own_run(sw.params_from(values, ins.round), context)
+    release = mechanism.for_round(
+        params.public_seed, {k: tuple(v.shape) for k, v in ins.global_state.items()}
+    )
+    check_params(release, params, context.node_id, ins.noise_std)
     credentials(dict(context.node_config))
     return release, values
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from common.codec_specs import CODEC_SPECS, CodecSpec, find_codec
 from common.errors import FedloraError
 from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec, find_local_optimizer
-from common.privacy.registry import CORRELATED, RELEASE_KINDS
+from common.privacy.registry import CORRELATED, RELEASE_KINDS, carried_kind
 from common.privacy.threat import THREATS
 from common.sparta import kept_rows, selection_steps
 
@@ -395,7 +395,8 @@ class RunConfig:
     # -- client-level DP
     release: str = option(
         "",
-        "client-level release: none, gaussian, dr-encoder or dp-ftrl (default: the mechanism's)",
+        "client-level release: none, gaussian, skellam (secure aggregation's integers, which gaussian "
+        "becomes there), dr-encoder or dp-ftrl (default: the mechanism's)",
         CLIENT_DP,
         choices=RELEASE_KINDS,  # common/privacy/registry.py (``register_release`` adds one)
     )
@@ -616,7 +617,11 @@ class RunConfig:
 
     @property
     def release_kind(self) -> str:
-        return self.release or MECHANISMS[self.mechanism][1]
+        """The registered release kind the run runs: ``--release`` or the mechanism's, in the form its
+        transport carries (the Gaussian release through secure aggregation is the Skellam one)."""
+        return carried_kind(
+            self.release or MECHANISMS[self.mechanism][1], THREATS[self.threat_model].transport.integers_only
+        )
 
     @property
     def public_prior(self) -> bool:

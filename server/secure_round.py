@@ -20,7 +20,8 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from common.models import AdapterState
-from common.privacy.secure_release import SecureRelease
+from common.privacy.secure_plan import round_graph
+from common.privacy.skellam_mechanism import SkellamMechanism
 from common.secagg import protocol
 from common.secagg import wire as sw
 from common.secagg.errors import SecAggError
@@ -174,14 +175,25 @@ def _advertised(
     return advertised
 
 
-def train_messages(release: SecureRelease, params: Params, state: AdapterState) -> list[Message]:
+def round_params(
+    mechanism: SkellamMechanism, rnd: int, sampled: tuple[int, ...], seed: bytes, run: int
+) -> Params:
+    """Round ``rnd`` of run ``run``'s protocol parameters for the ``sampled`` nodes: words of the
+    release's bits and length (its :class:`~common.privacy.skellam_mechanism.IntegerFormat`), the
+    neighbour graph of :func:`round_graph`, the round's public ``seed``."""
+    words = mechanism.words
+    k, t = round_graph(words, len(sampled))
+    return Params(rnd, tuple(sorted(sampled)), k, t, words.bits, words.length, seed, run).validate()
+
+
+def train_messages(noise_std: float, params: Params, state: AdapterState) -> list[Message]:
     """The round's train instruction to each of its nodes (``params.node_ids``): the global adapter
-    ``state``, the Skellam share's std and the protocol's parameters (whose public seed fixes the
-    neighbour graph and the rotation). One content for every node (the grid copies or serializes
-    each message's)."""
+    ``state``, the noise share std the release asks of each node and the protocol's parameters (whose
+    public seed fixes the neighbour graph and the rotation). One content for every node (the grid
+    copies or serializes each message's)."""
     rnd = params.round_number
     setup = dict(sw.record(rnd, **sw.params_record(params)))
-    content = TrainInstruction(rnd, state, release.noise_std, {}, setup).to_record()
+    content = TrainInstruction(rnd, state, noise_std, {}, setup).to_record()
     return [
         Message(content, dst_node_id=node, message_type="train", group_id=str(rnd))
         for node in params.node_ids
@@ -193,29 +205,28 @@ def secagg_round(
 ) -> Released | None:
     """The SecAgg+ transport (:class:`server.round.Transport`): the train instruction carries the
     protocol's parameters (a fresh public seed from ``os.urandom`` fixes the neighbour graph and the
-    rotation); each node trains, encodes its update with its Skellam share and answers with its
-    signed public keys; :func:`secure_sum` then unmasks only the survivors' sum, decoded into the
-    mean (divided by the expected cohort p·N).
+    rotation); each node trains, releases its update as the run's integer-valued mechanism does (the
+    Skellam mechanism, common/privacy/skellam_mechanism.py: words mod 2^b) and answers with its
+    signed public keys; :func:`secure_sum` then unmasks only the survivors' sum, which the
+    mechanism's round sum decodes into the mean (the transport sums words and knows no noise).
 
     The sum is unmasked only when at least ``min-replies`` (m) masked inputs came in, so it carries at
     least the planned noise, and after ``ctx.gate(rnd, survivors, event)`` (the ledger narrowed to the
     survivors and their realised noise) allowed it."""
-    plan = ctx.release.plan
-    release = SecureRelease(plan.family, ctx.shapes)
     seed = os.urandom(32)
-    params = release.params(rnd, tuple(sampled), seed, ctx.grid.run.run_id)
-    messages = train_messages(release, params, state)
+    release = ctx.release.mechanism.for_round(seed, ctx.shapes)  # the run's Skellam mechanism
+    params = round_params(release, rnd, tuple(sampled), seed, ctx.grid.run.run_id)
+    messages = train_messages(release.noise_std(len(sampled)), params, state)
     record.bytes_down = sum(message_bytes(m) for m in messages)
-    expected = ctx.release.expected(
-        len(sampled)
-    )  # its noise-std: the plan's Skellam share (NoisePlan.client_std)
+    expected = ctx.release.expected(len(sampled))  # its noise-std: the release's Skellam share
     advertised = _advertised(ctx.grid, messages, rnd, expected, record, ctx.cfg.round_timeout)
+    least = release.words.min_survivors
 
     def gate(survivors: list[int]) -> str:
-        if len(survivors) < release.plan.min_survivors:
+        if len(survivors) < least:
             return (
-                f"{len(survivors)} masked inputs < min-replies {release.plan.min_survivors}: the sum would "
-                "carry less noise than planned; not unmasked"
+                f"{len(survivors)} masked inputs < min-replies {least}: the sum would carry less noise "
+                "than planned; not unmasked"
             )
         return ctx.gate(rnd, survivors, release.released_event(len(survivors))) if ctx.gate else ""
 
@@ -237,14 +248,15 @@ def secagg_round(
     record.dropouts = sorted(set(sampled) - set(masked))
     if result.total is None:
         return None
+    total = release.round_sum(len(sampled))
+    total.add_sum(result.total, record.replied)
     try:
         with phase("decode-aggregate"):
-            mean = release.decode(result.total, seed, ctx.cfg.expected_cohort)
+            return total.release()
     except OverflowError as exc:
         record.secure["failure"] = f"overflow: {exc}"
         log.warning("round %d: the unmasked sum is not decodable: %s", rnd, exc)
         return None
-    return mean, release.released_event(record.replied).sigma
 
 
-__all__ = ["SecureSum", "secagg_round", "secure_sum", "train_messages"]
+__all__ = ["SecureSum", "round_params", "secagg_round", "secure_sum", "train_messages"]

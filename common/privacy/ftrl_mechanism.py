@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -30,9 +31,9 @@ from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.accountants import Event
 from common.privacy.banded_noise import BandedNoise, standard_normal
-from common.privacy.ftrl_plan import FtrlPlan
+from common.privacy.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
 from common.privacy.mechanism import GaussianMechanism, GaussianSum, RoundSum
-from common.privacy.plan import NoisePlan
+from common.privacy.plan import NoisePlan, planned_for_target
 from common.privacy.threat import ThreatModel
 
 #: the stream's secret state, in the run directory
@@ -177,4 +178,23 @@ def banded_ftrl(plan: NoisePlan, cfg: RunConfig) -> BandedFtrl:
     return BandedFtrl(plan, cfg.expected_cohort)
 
 
-__all__ = ["NOISE_FILE", "BandedFtrl", "banded_ftrl"]
+def correlated_noise(cfg: RunConfig, dim: int) -> NoisePlan:
+    """Correlated noise's plan (common/privacy/ftrl_plan.py): the banded strategy for the server
+    optimizer's workload, σ for the run's participation rule and target ε (central noise only)."""
+    try:
+        ftrl = plan_ftrl(
+            cfg.participation,
+            cfg.rounds,
+            cfg.sample_rate,
+            Target(cfg.target_epsilon, cfg.delta),
+            cfg.bands,
+            workload_name(cfg.server_optimizer, cfg.server_momentum),
+            cfg.min_separation,
+        )
+    except ValueError as exc:
+        raise FedloraError(f"cannot plan the correlated noise: {exc}") from None
+    ftrl = replace(ftrl, cohort=max(1, round(cfg.expected_cohort)))
+    return planned_for_target(cfg, ftrl.sigma, ftrl.q, family=ftrl)
+
+
+__all__ = ["NOISE_FILE", "BandedFtrl", "banded_ftrl", "correlated_noise"]

@@ -369,10 +369,10 @@ def mechanism_for(plan: NoisePlan, cfg: RunConfig) -> Mechanism:
     return load_component(release_kind(cfg.release_kind).mechanism)(plan, cfg)
 
 
-def run_mechanism(cfg: RunConfig) -> Mechanism | None:
+def run_mechanism(cfg: RunConfig, dim: int = 0) -> Mechanism | None:
     """The run's client-level mechanism (None without a client-level release): both halves build it
-    from the run configuration alone."""
-    plan = plan_noise(cfg)
+    from the run configuration alone (and the adapter's size ``dim``, which a Skellam plan needs)."""
+    plan = plan_noise(cfg, dim)
     return None if plan is None else mechanism_for(plan, cfg)
 
 

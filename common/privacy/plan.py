@@ -16,7 +16,6 @@ the noise a K'-client round would, and the ε is valid for that deployment, not 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -27,12 +26,10 @@ from common.privacy.accountants import Event
 from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
 from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
 from common.privacy.family import Family, OneEventRounds
-from common.privacy.ftrl_plan import Target, plan_ftrl, workload_name
 from common.privacy.ledger import Ledger
 from common.privacy.participation import Participation, PoissonSampling
 from common.privacy.registry import release_kind
 from common.privacy.report import apart
-from common.privacy.secure_plan import run_secure_plan
 from common.privacy.threat import THREATS, Guarantee, ThreatModel
 
 STATS_ROUND = 0  # the DR-Encoder statistics round's row in the client-level ledger
@@ -229,14 +226,13 @@ def uncovered(cfg: RunConfig) -> list[tuple[int, str]]:
 def plan_noise(cfg: RunConfig, dim: int = 0) -> NoisePlan | None:
     """The run's noise plan, or None without a client-level release. With ``noise_multiplier`` 0 and
     a target ε, σ is calibrated so that the statistics round (if noised) and ``rounds`` rounds meet
-    the target under both accountants. Secure aggregation's plan (common/privacy/secure_plan.py)
+    the target under both accountants. The Skellam release's plan (common/privacy/skellam_mechanism.py)
     depends on the adapter's size ``dim`` (coordinates); other plans ignore it. Cached per
     configuration (a node checks it every round)."""
     if cfg.release_kind == "none":
         return None
-    planner = TRANSPORT_PLANNERS.get(THREATS[cfg.threat_model].transport.name)
     own = release_kind(cfg.release_kind).planner  # a release kind that plans its own noise
-    return (planner or (load_component(own) if own else _gaussian_noise))(cfg, dim)
+    return (load_component(own) if own else _gaussian_noise)(cfg, dim)
 
 
 def _gaussian_noise(cfg: RunConfig, dim: int) -> NoisePlan:
@@ -285,20 +281,7 @@ def _gaussian_noise(cfg: RunConfig, dim: int) -> NoisePlan:
     return plan
 
 
-def _secure_noise(cfg: RunConfig, dim: int) -> NoisePlan:
-    """Secure aggregation's plan: σ the Gaussian equivalent of its Skellam noise, p = 1 (the server
-    sees who takes part; the sample rate with hidden participation), calibrated by construction to
-    the target over the participation cap."""
-    if dim < 1:
-        raise FedloraError("a secure-aggregation plan needs the adapter's size (its coordinates)")
-    try:
-        secure = run_secure_plan(cfg, dim)
-    except ValueError as exc:  # the accountant's: no variance reaches the target
-        raise FedloraError(f"cannot plan the secure-aggregation noise: {exc}") from None
-    return _planned(cfg, secure.sigma, secure.sample_rate, family=secure)
-
-
-def _planned(cfg: RunConfig, sigma: float, p: float, **plan: object) -> NoisePlan:
+def planned_for_target(cfg: RunConfig, sigma: float, p: float, **plan: object) -> NoisePlan:
     """A plan calibrated by construction to ``cfg``'s target (secure aggregation's, correlated
     noise's): ``sigma`` at rate ``p``, and the mechanism's own numbers (``plan``)."""
     return NoisePlan(
@@ -313,30 +296,6 @@ def _planned(cfg: RunConfig, sigma: float, p: float, **plan: object) -> NoisePla
         sample_rate=cfg.sample_rate,
         **plan,
     )
-
-
-def correlated_noise(cfg: RunConfig, dim: int) -> NoisePlan:
-    """Correlated noise's plan (common/privacy/ftrl_plan.py): the banded strategy for the server
-    optimizer's workload, σ for the run's participation rule and target ε (central noise only)."""
-    try:
-        ftrl = plan_ftrl(
-            cfg.participation,
-            cfg.rounds,
-            cfg.sample_rate,
-            Target(cfg.target_epsilon, cfg.delta),
-            cfg.bands,
-            workload_name(cfg.server_optimizer, cfg.server_momentum),
-            cfg.min_separation,
-        )
-    except ValueError as exc:
-        raise FedloraError(f"cannot plan the correlated noise: {exc}") from None
-    ftrl = replace(ftrl, cohort=max(1, round(cfg.expected_cohort)))
-    return _planned(cfg, ftrl.sigma, ftrl.q, family=ftrl)
-
-
-#: a transport whose noise plans itself, by its declared name (a release kind names its own planner
-#: in the registry, common/privacy/registry.py); every other run is planned by its release kind
-TRANSPORT_PLANNERS: dict[str, Callable[[RunConfig, int], NoisePlan]] = {"secagg+": _secure_noise}
 
 
 def _count_std(cfg: RunConfig) -> float:

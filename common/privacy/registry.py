@@ -29,18 +29,29 @@ class ReleaseKind:
     the kind's own noise plan (empty: the independent Gaussian release's, common/privacy/plan.py);
     ``server`` / ``client``: the halves' references (empty: the generic ones);
     ``encodes``: the release carries the run's codec's latent (``--codec``: its prior, statistics
-    round and public subspace apply)."""
+    round and public subspace apply); ``integer_valued``: its release is a vector of integers mod 2^b,
+    which a transport that sums only such vectors carries (common/privacy/threat.py ``TransportSpec``);
+    ``integer_form``: the kind that a run of this one becomes through such a transport (empty: none)."""
 
     mechanism: str | Callable = ""
     planner: str | Callable = ""
     server: str = ""
     client: str = ""
     encodes: bool = False
+    integer_valued: bool = False
+    integer_form: str = ""
 
 
 RELEASE_KINDS: dict[str, ReleaseKind] = {
     "none": ReleaseKind(server="server.releases.none:no_release", client="client.releases:release_none"),
-    "gaussian": ReleaseKind("common.privacy.mechanism:gaussian_mechanism"),
+    # through a transport of integers (secure aggregation) the Gaussian release becomes its discrete
+    # counterpart, planned for the transport's fewest survivors
+    "gaussian": ReleaseKind("common.privacy.mechanism:gaussian_mechanism", integer_form="skellam"),
+    "skellam": ReleaseKind(
+        "common.privacy.skellam_mechanism:skellam_mechanism",
+        planner="common.privacy.skellam_mechanism:skellam_noise",
+        integer_valued=True,
+    ),
     # the Gaussian mechanism on the codec's latent; its halves encode and decode around it
     "dr-encoder": ReleaseKind(
         "common.privacy.mechanism:gaussian_mechanism",
@@ -52,7 +63,7 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
     # half); the server adds the noise
     CORRELATED: ReleaseKind(
         "common.privacy.ftrl_mechanism:banded_ftrl",
-        planner="common.privacy.plan:correlated_noise",
+        planner="common.privacy.ftrl_mechanism:correlated_noise",
         server="server.releases.correlated:CorrelatedRelease",
     ),
 }
@@ -62,6 +73,12 @@ _BUILT_IN = frozenset(RELEASE_KINDS)
 def release_kind(name: str) -> ReleaseKind:
     """The registered release kind ``name`` (the run config has checked it)."""
     return RELEASE_KINDS[name]
+
+
+def carried_kind(name: str, integers_only: bool) -> str:
+    """The release kind a run of kind ``name`` runs through a transport (``integers_only``: one that
+    sums integer vectors only): its integer form there, when it has one; else itself."""
+    return (RELEASE_KINDS[name].integer_form or name) if integers_only else name
 
 
 def register_release(name: str, mechanism: str | Callable, planner: str | Callable = "") -> None:
@@ -85,6 +102,7 @@ __all__ = [
     "GENERIC_SERVER",
     "RELEASE_KINDS",
     "ReleaseKind",
+    "carried_kind",
     "register_release",
     "release_kind",
     "unregister_release",

@@ -330,8 +330,24 @@ def run_graph(cfg: RunConfig) -> tuple[int, int]:
     return graph
 
 
-def round_graph(plan: SecurePlan, sampled: int) -> tuple[int, int]:
-    """(k, t) of a round of ``sampled`` clients: the plan's, or, when fewer than k + 1 clients were
+@dataclass(frozen=True)
+class IntegerFormat:
+    """What a transport that sums a release planned here must hold (the Skellam mechanism's, common/privacy/skellam_mechanism.py), and nothing of its noise: words
+    of ``bits`` bits, ``length`` of them; at least ``min_survivors`` and at most ``cohort`` summands
+    (else the sum carries less noise than planned, or may overflow); the neighbour graph the plan
+    sized its dropout tolerance for (``neighbours``, ``threshold``)."""
+
+    bits: int
+    length: int
+    min_survivors: int
+    cohort: int
+    neighbours: int
+    threshold: int
+
+
+def round_graph(plan: SecurePlan | IntegerFormat, sampled: int) -> tuple[int, int]:
+    """(k, t) of a round of ``sampled`` clients: the plan's (its ``neighbours`` and ``threshold``, or
+    those its release asks of the transport), or, when fewer than k + 1 clients were
     sampled, every other client as a neighbour (k = n − 1) with t = ⌊k/2⌋ + 1 if the plan's t no
     longer fits. Both sides compute it; a node refuses any other."""
     k = min(plan.neighbours, sampled - 1)
@@ -343,6 +359,7 @@ __all__ = [
     "HEADROOM_SDS",
     "ROUNDING_BETA",
     "SCALE_FACTOR",
+    "IntegerFormat",
     "SecurePlan",
     "SecureTarget",
     "check_graph",

@@ -64,19 +64,26 @@ class Guarantee:
 class TransportSpec:
     """How a round's replies travel, as far as a config or a node needs to know: ``name`` (its server
     half, server/transport.py); ``sums_only``: the server learns only the survivors' sum, never a
-    reply; ``releases``: the client-level releases it can carry (None: every registered one);
-    ``adaptive_clip``: whether adaptive clipping's noised clip bit can travel through it."""
+    reply; ``integers_only``: it sums integer vectors mod 2^b, so it carries a release only in its
+    integer-valued form (common/privacy/registry.py ``ReleaseKind.integer_valued``), and knows
+    nothing of the release's noise; ``adaptive_clip``: whether adaptive clipping's noised clip bit
+    can travel through it."""
 
     name: str
     sums_only: bool = False
-    releases: frozenset[str] | None = None
+    integers_only: bool = False
     adaptive_clip: bool = True
 
     def refuses(self, release: str, adaptive_clip: bool) -> str:
-        """Why this transport cannot carry ``release`` (with adaptive clipping when asked); empty: it can."""
-        if self.releases is not None and release not in self.releases:
-            carried = ", ".join(sorted(self.releases))
-            return f"the {self.name} transport carries the {carried} release, not {release}"
+        """Why this transport cannot carry ``release`` (the kind a run of it becomes here, registry
+        ``carried_kind``; with adaptive clipping when asked); empty: it can."""
+        from common.privacy.registry import RELEASE_KINDS  # (the registry imports nothing of ours)
+
+        integer_valued = RELEASE_KINDS[release].integer_valued
+        if self.integers_only and not integer_valued:
+            return f"the {self.name} transport carries integer-valued releases only (skellam), not {release}"
+        if integer_valued and not self.integers_only:
+            return f"the {release} release is integers mod 2^b for a transport that sums them (secure aggregation)"
         if adaptive_clip and not self.adaptive_clip:
             return (
                 f"--adaptive-clip: its noised clip bit has no place in the {self.name} transport's sum "
@@ -88,7 +95,7 @@ class TransportSpec:
 #: the plain exchange: the server receives each reply
 EXCHANGE = TransportSpec("exchange")
 #: SecAgg+ (common/secagg): the server learns only the survivors' sum of modular encodings
-SECAGG = TransportSpec("secagg+", sums_only=True, releases=frozenset({"gaussian"}), adaptive_clip=False)
+SECAGG = TransportSpec("secagg+", sums_only=True, integers_only=True, adaptive_clip=False)
 #: every transport a threat model may declare, by name
 TRANSPORTS_DECLARED: dict[str, TransportSpec] = {t.name: t for t in (EXCHANGE, SECAGG)}
 

@@ -282,10 +282,9 @@ def _hidden_node(tmp_path: Path, rounds: int):
     """A hidden-participation run's real ClientApp, its in-process nodes, and ``train_message(rnd)``:
     the server's own train instruction of round ``rnd`` to the first node (server/secure_round.py)."""
     from common.models import adapter_size
-    from common.privacy.plan import plan_noise
-    from common.privacy.secure_release import SecureRelease
+    from common.privacy.mechanism import run_mechanism
     from server.evaluation import Evaluator
-    from server.secure_round import train_messages
+    from server.secure_round import round_params, train_messages
 
     cfg = _cfg(
         tmp_path / "run",
@@ -296,7 +295,7 @@ def _hidden_node(tmp_path: Path, rounds: int):
     )
     state = Evaluator(cfg).initial_state()
     shapes = {k: tuple(v.shape) for k, v in state.items()}
-    release = SecureRelease(plan_noise(cfg, adapter_size(shapes)).family, shapes)
+    release = run_mechanism(cfg, adapter_size(shapes)).for_round(bytes(32), shapes)
     client = load_component(CLIENT_APP)
     grid = InProcessGrid(client, NODES, to_flat(cfg), state_root=tmp_path / "nodes")
     grid.provision()  # (the messages below go to the ClientApp directly, not through the grid)
@@ -305,7 +304,9 @@ def _hidden_node(tmp_path: Path, rounds: int):
         client,
         grid,
         lambda rnd: train_messages(
-            release, release.params(rnd, tuple(nodes), bytes(32), grid.run.run_id), state
+            release.noise_std(len(nodes)),
+            round_params(release, rnd, tuple(nodes), bytes(32), grid.run.run_id),
+            state,
         )[0],
     )
 

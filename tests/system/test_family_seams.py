@@ -51,7 +51,7 @@ FAMILIES: dict[str, Family] = {
         ("secure",),
         ("secure",),
         """client/secure.py client/transport.py server/secure_round.py server/transport.py
-        common/privacy/secure_plan.py common/privacy/secure_release.py common/privacy/threat.py
+        common/privacy/secure_plan.py common/privacy/skellam_mechanism.py common/privacy/threat.py
         common/secagg/""",
         unless="insecure",
     ),

@@ -37,8 +37,8 @@ def _cfg(threat: str, adaptive: bool) -> RunConfig:
     ).check()
 
 
-# secure aggregation's release is encoded, summed and decoded by its own protocol (the server never
-# holds a reply): tests/common/privacy/test_secure_release.py and tests/server/test_secure_federation.py
+# through secure aggregation the release is the Skellam mechanism's integers:
+# test_the_skellam_mechanism_clips_checks_sums_charges_and_restores below
 CASES = [
     (t, a)
     for t in THREATS
@@ -107,3 +107,66 @@ def test_a_reply_over_the_clip_or_with_a_noised_bit_is_refused_under_central_noi
 def test_no_mechanism_without_a_client_level_release():
     assert run_mechanism(RunConfig(mechanism="fedavg").check()) is None
     assert plan_noise(RunConfig(mechanism="fedavg").check()) is None
+
+
+@pytest.mark.parametrize("threat", [t for t in THREATS if THREATS[t].summed_securely])
+def test_the_skellam_mechanism_clips_checks_sums_charges_and_restores(threat):
+    """The same properties of the release a transport of integers carries: what leaves a client is
+    its clipped update plus its share (its words decode to within the share's noise of the clip,
+    never the raw update), passes its own check, a foreign reply does not; the round's sum decodes
+    to the closed form (sum over p·N plus the summed shares, σ of the survivors' charge); a round
+    charges the plan's event; the clip survives a checkpoint."""
+    import os
+
+    import numpy as np
+
+    from common.privacy.skellam_mechanism import WORDS, SkellamMechanism
+
+    cfg = RunConfig(
+        mechanism="dp-fedavg",
+        threat_model=threat,
+        num_clients=CLIENTS,
+        sample_rate=RATE,
+        clip=CLIP,
+        target_epsilon=8.0,
+        min_replies=21 if THREATS[threat].hides_participation else 6,  # a majority of who is asked
+        max_participations=0 if THREATS[threat].hides_participation else 2,
+    ).check()
+    assert cfg.release_kind == "skellam"
+    base = run_mechanism(cfg, DIM)
+    assert isinstance(base, SkellamMechanism) and base.threat is THREATS[threat]
+    mech = base.for_round(os.urandom(32), {"w": (DIM,)})
+    bound = mech.round_clip(mech.instruction_clip())
+    share = mech.noise_std(10)
+    assert bound == CLIP and share == pytest.approx(mech.secure.share_std)
+    big = {"w": torch.full((DIM,), 1.0)}  # norm 64 >> C
+    sent, meta = mech.privatize(big, share, bound)
+    assert set(sent) == set(mech.reply_shapes({"w": (DIM,)})) == {WORDS} and meta == {}
+    mech.check(sent)
+    for foreign in ({WORDS: sent[WORDS].double()}, {WORDS: sent[WORDS][:-1]}, {**sent, "w": big["w"]}):
+        with pytest.raises(InvalidReply):
+            mech.check(foreign)
+    alone = mech.round_sum(10)
+    alone.add(sent)
+    decoded = alone.release()[0]["w"] * mech.expected_count  # one client: its clipped update + its share
+    assert global_norm({"w": decoded - torch.full((DIM,), CLIP / math.sqrt(DIM))}) < 6 * share * math.sqrt(
+        DIM
+    )
+
+    updates = [{"w": torch.full((DIM,), 0.01 * (i + 1))} for i in range(4)]  # norms 0.64 .. 2.56 > C
+    replies = [mech.privatize(u, share, bound)[0] for u in updates]
+    total = mech.round_sum(10)
+    for r in replies:
+        total.add(r)
+    mean, sigma = total.release()
+    plain = sum(torch.full((DIM,), CLIP / math.sqrt(DIM)) for _ in updates) / mech.expected_count
+    error = (mean["w"] - plain).double()
+    assert float(error.std()) == pytest.approx(math.sqrt(4) * share / mech.expected_count, rel=0.15)
+    assert sigma == pytest.approx(mech.released_event(4).sigma)
+    summed = mech.round_sum(10)  # the transport's form: the one sum mod 2^b it unmasked
+    summed.add_sum(np.asarray(total.total), 4)
+    torch.testing.assert_close(summed.release()[0]["w"], mean["w"])
+    assert mech.events(1) == (mech.plan.event,)
+    again = run_mechanism(cfg, DIM)
+    again.restore(mech.state())
+    assert again.clip == mech.clip == CLIP

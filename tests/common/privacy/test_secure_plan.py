@@ -103,7 +103,7 @@ def _secure_cfg(**change):
     [
         (
             dict(mechanism="dr-encoder"),
-            r"the secagg\+ transport carries the gaussian release, not dr-encoder",
+            r"the secagg\+ transport carries integer-valued releases only \(skellam\), not dr-encoder",
         ),
         (
             dict(adaptive_clip=True),
