@@ -5,7 +5,8 @@ Each part is a component reference, ``"module:attr"`` as Flower names a ClientAp
 uses it: this module imports none of them, so it sits below every mechanism and both packages, and
 no import circle runs through it. An empty server or client half is the generic one, which asks the
 mechanism everything (server/releases/base.py ``Release``, client/releases.py
-``release_mechanism``): a new release kind is its mechanism and one :func:`register_release` call.
+``release_mechanism``): a new release kind is its mechanism and one :func:`register_release` call,
+or, from another package, one entry point (:data:`PLUGIN_GROUPS`), which every process finds.
 """
 
 from __future__ import annotations
@@ -68,6 +69,23 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
     ),
 }
 _BUILT_IN = frozenset(RELEASE_KINDS)
+#: the entry-point groups through which an installed package adds release kinds (its mechanism
+#: factory, and optionally its planner, each named by the kind): every process that imports this
+#: module, a subprocess node or a deployed SuperNode's ClientApp included, sees them, as pip-installed
+#: Flower mods and pytest plugins are found; nothing of the package is imported until a run uses it
+PLUGIN_GROUPS = ("fedlora.releases", "fedlora.release_planners")
+
+
+def _installed_kinds() -> dict[str, ReleaseKind]:
+    """The release kinds installed packages declare (:data:`PLUGIN_GROUPS`), by their references."""
+    from importlib.metadata import entry_points
+
+    mechanisms, planners = ({ep.name: ep.value for ep in entry_points(group=g)} for g in PLUGIN_GROUPS)
+    return {name: ReleaseKind(ref, planners.get(name, "")) for name, ref in mechanisms.items()}
+
+
+for _name, _kind in _installed_kinds().items():  # a built-in name stays the built-in kind
+    RELEASE_KINDS.setdefault(_name, _kind)
 
 
 def release_kind(name: str) -> ReleaseKind:
@@ -100,6 +118,7 @@ __all__ = [
     "CORRELATED",
     "GENERIC_CLIENT",
     "GENERIC_SERVER",
+    "PLUGIN_GROUPS",
     "RELEASE_KINDS",
     "ReleaseKind",
     "carried_kind",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -660,3 +661,47 @@ def test_a_stateful_self_planning_mechanism_runs_through_simulate_the_node_ledge
     for k in range(cfg.num_clients):
         node = client_ledger(run_dir / "nodes" / f"node-{k}", f"rotten-tomatoes/{k}-of-2", cfg.delta)
         assert [(r["round"], r["clip"]) for r in node.rows()] == [(1, 0.5), (2, pytest.approx(0.45))]
+
+
+# -- a release kind from another installed package, found by every process -------------------------------------
+
+
+def test_an_installed_package_s_release_kind_reaches_every_process(tmp_path):
+    """A package declares its release kind by entry point (registry.PLUGIN_GROUPS); a fresh process
+    (what a subprocess node or a SuperNode's ClientApp is) accepts ``--release`` of it, plans with its
+    planner and builds its mechanism, with no ``register_release`` call anywhere; its name, like the
+    toy's above, appears in no file of the package."""
+    import subprocess
+    import sys
+
+    (tmp_path / "toy_plugin.py").write_text(
+        "from common.privacy.mechanism import GaussianMechanism\n"
+        "from common.privacy.plan import plan_noise\n"
+        "class Toy(GaussianMechanism):\n"
+        "    name = 'toy-plugin'\n"
+        "def mechanism(plan, cfg):\n"
+        "    return Toy(plan, cfg.expected_cohort)\n"
+        "def planner(cfg, dim):\n"
+        "    return plan_noise(cfg.replace(release='gaussian'), dim)\n"
+    )
+    info = tmp_path / "toy_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[fedlora.releases]\ntoy-plugin = toy_plugin:mechanism\n\n"
+        "[fedlora.release_planners]\ntoy-plugin = toy_plugin:planner\n"
+    )
+    probe = (
+        "from common.config import RunConfig\n"
+        "from common.privacy.mechanism import run_mechanism\n"
+        "cfg = RunConfig(mechanism='dp-fedavg', release='toy-plugin', target_epsilon=8.0).check()\n"
+        "m = run_mechanism(cfg)\n"
+        "print(type(m).__name__, m.plan.target_epsilon)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["Toy", "8.0"]
+    without = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
+    assert without.returncode != 0 and "toy-plugin" in without.stderr  # not installed: refused
+    assert files_naming("toy-plugin") == {"tests/system/test_registries.py"}
