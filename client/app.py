@@ -24,11 +24,11 @@ from client.transport import CLIENT_TRANSPORTS, Reply, client_transport
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size, adapter_state
-from common.privacy.accountants import Event
-from common.privacy.ledger import Ledger
-from common.privacy.mechanism import mechanism_for
-from common.privacy.participation import LEGACY_SKIP_IDLE, skips_idle
-from common.privacy.plan import STATS_ROUND, NoisePlan, plan_noise
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.mechanisms.mechanism import mechanism_for
+from common.privacy.participation.participation import LEGACY_SKIP_IDLE, skips_idle
+from common.privacy.planning.plan import STATS_ROUND, NoisePlan, plan_noise
 from common.tasks.training import StepSchedule
 from common.timing import phase
 from common.wire import DATA_SOURCE, StatsQuery, TrainInstruction, stats_reply
@@ -211,7 +211,7 @@ def trained(a: Admitted, local: AdapterState, metrics: dict) -> tuple[AdapterSta
 def idle(a: Admitted, context: Context) -> bool:
     """Whether a simulated node skips the local steps of an admitted message: its hidden-participation
     coin did not come up and the simulation's grid set ``skip-idle`` in its ``context.state``
-    (``--idle-training skip``; common/privacy/participation.py :func:`skips_idle`: never node config).
+    (``--idle-training skip``; common/privacy/participation/participation.py :func:`skips_idle`: never node config).
     Its reply then carries the zero update that training would have been multiplied into."""
     return not a.contributes and skips_idle(context.state)
 
@@ -261,7 +261,7 @@ for _transport in CLIENT_TRANSPORTS.values():  # the further stages of a transpo
 
 def takes_part(noise: NoisePlan | None) -> bool:
     """Whether this node contributes its update this round (else a zero update of the same shapes):
-    the plan's participation rule decides (common/privacy/participation.py; hidden participation: the
+    the plan's participation rule decides (common/privacy/participation/participation.py; hidden participation: the
     node's own coin from OS entropy), always without a plan. Real clients and audit canaries
     (client/audit/canary.py, through :func:`admit`) flip the same coin."""
     return noise is None or noise.participation.contributes()

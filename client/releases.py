@@ -19,7 +19,7 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.lazy import load_component
 from common.models import AdapterState
-from common.privacy.mechanism import run_mechanism
+from common.privacy.mechanisms.mechanism import run_mechanism
 from common.privacy.registry import GENERIC_CLIENT, release_kind
 from common.wire import TrainInstruction
 
@@ -39,7 +39,7 @@ def release_none(
 def release_mechanism(
     increment: AdapterState, ins: TrainInstruction, cfg: RunConfig, device, encoder_cache
 ) -> Sent:
-    """The client half of the run's mechanism (common/privacy/mechanism.py): the increment clipped to
+    """The client half of the run's mechanism (common/privacy/mechanisms/mechanism.py): the increment clipped to
     the round's C plus this client's noise share; with adaptive clipping also the bit [‖Δ‖ ≤ C]."""
     mechanism = run_mechanism(cfg)
     return mechanism.privatize(increment, ins.noise_std, mechanism.round_clip(ins.clip))

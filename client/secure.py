@@ -28,9 +28,9 @@ from client.node import signed
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size
-from common.privacy.mechanism import run_mechanism
-from common.privacy.secure_plan import round_graph
-from common.privacy.skellam_mechanism import WORDS, SkellamMechanism
+from common.privacy.mechanisms.mechanism import run_mechanism
+from common.privacy.mechanisms.skellam_mechanism import WORDS, SkellamMechanism
+from common.privacy.planning.secure_plan import round_graph
 from common.secagg import identity, prf, protocol
 from common.secagg import wire as sw
 from common.secagg.identity import Identity

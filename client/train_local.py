@@ -26,8 +26,8 @@ from common.models import adapter_state
 from common.models.dense_delta import dense_deltas
 from common.models.loader import ModelBundle
 from common.models.lora import lora_layers, lora_norm
-from common.privacy.ledger import Ledger
-from common.privacy.release import global_norm
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.mechanisms.release import global_norm
 from common.provenance import made
 from common.runtime import base_precision, initial_adapter, open_model, open_split
 from common.tasks import make_task

@@ -1,5 +1,5 @@
 """The transports a node's train reply travels by, client side, by the name the run's threat model
-declares (common/privacy/threat.py ``ThreatModel.transport``; server/transport.py holds the server
+declares (common/privacy/participation/threat.py ``ThreatModel.transport``; server/transport.py holds the server
 halves under the same names): the plain exchange, in which the node sends its client-level release
 (client/releases.py), and SecAgg+ (client/secure.py), in which it sends only its signed public keys
 and keeps its encoded update for the protocol's later stages.
@@ -23,7 +23,7 @@ from client import secure as client_secure
 from client.releases import client_release
 from common.config import RunConfig
 from common.models import AdapterState
-from common.privacy.threat import THREATS, TRANSPORTS_DECLARED
+from common.privacy.participation.threat import THREATS, TRANSPORTS_DECLARED
 from common.wire import TrainInstruction, train_reply
 
 #: a handler of one of a transport's further message types

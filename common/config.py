@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, fields
 from common.codec_specs import CODEC_SPECS, CodecSpec, find_codec
 from common.errors import FedloraError
 from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec, find_local_optimizer
+from common.privacy.participation.threat import THREATS
 from common.privacy.registry import CORRELATED, RELEASE_KINDS, carried_kind
-from common.privacy.threat import THREATS
 from common.sparta import kept_rows, selection_steps
 
 #: mechanism preset -> (local optimizer, client-level release)
@@ -29,7 +29,7 @@ MECHANISMS: dict[str, tuple[str, str]] = {
     "dr-encoder": ("none", "dr-encoder"),
     "dp-ftrl": ("none", "dp-ftrl"),
 }
-#: the participation rules correlated noise rests on (common/privacy/ftrl_plan.py RULES)
+#: the participation rules correlated noise rests on (common/privacy/planning/ftrl_plan.py RULES)
 PARTICIPATIONS = ("min-sep", "cyclic-poisson")
 #: how a simulation trains a round's clients (client/cohort.py)
 ENGINES = ("auto", "sequential", "batched")
@@ -827,7 +827,7 @@ class RunConfig:
             raise FedloraError(f"{flag} needs --target-epsilon")
 
     def _check_secure_aggregation(self) -> None:
-        from common.privacy.secure_plan import run_graph  # imports the accountants (numpy, scipy)
+        from common.privacy.planning.secure_plan import run_graph  # imports the accountants (numpy, scipy)
 
         flag = f"--threat-model {self.threat_model}"
         self._plans_for_target(flag, adaptive_clip=False)
@@ -871,7 +871,7 @@ class RunConfig:
             )
 
 
-#: transport name (common/privacy/threat.py ``TransportSpec``) -> what a run through it must also hold
+#: transport name (common/privacy/participation/threat.py ``TransportSpec``) -> what a run through it must also hold
 _TRANSPORT_CHECKS: dict[str, Callable[[RunConfig], None]] = {"secagg+": RunConfig._check_secure_aggregation}
 #: release kind -> what a run with it must also hold (after every option's own check)
 _RELEASE_CHECKS: dict[str, Callable[[RunConfig], None]] = {

@@ -1,4 +1,4 @@
-"""FedAvg of adapter increments (the private means are the mechanisms', common/privacy/mechanism.py)."""
+"""FedAvg of adapter increments (the private means are the mechanisms', common/privacy/mechanisms/mechanism.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from common.privacy.report import EPS_COLOURS, pyplot, round_axis, save_png
+from common.privacy.accounting.report import EPS_COLOURS, pyplot, round_axis, save_png
 
 #: metrics-line key -> TensorBoard tag, for the scalars of every round that has them
 SCALARS: dict[str, str] = {

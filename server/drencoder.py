@@ -46,9 +46,9 @@ from common.config import RunConfig
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState
-from common.privacy.ledger import Charge
-from common.privacy.mechanism import GaussianMechanism, RoundSum
-from common.privacy.plan import STATS_ROUND, NoisePlan, uncovered
+from common.privacy.accounting.ledger import Charge
+from common.privacy.mechanisms.mechanism import GaussianMechanism, RoundSum
+from common.privacy.planning.plan import STATS_ROUND, NoisePlan, uncovered
 from common.wire import InvalidReply, StatsQuery, parse_stats_reply
 from server.exchange import exchange
 from server.public_prior import fit_public_basis, load_basis, public_increments, refit_round

@@ -31,13 +31,13 @@ from common.config import RunConfig
 from common.device import resolve_device
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_shapes, adapter_size
-from common.privacy.accountants import Event
-from common.privacy.ledger import Charge, Ledger, tight_accountant
-from common.privacy.participation import Participation, PoissonSampling, os_sampler
-from common.privacy.plan import NoisePlan, budget_stop, plan_noise, population, what_if
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.ledger import Charge, Ledger, tight_accountant
+from common.privacy.accounting.report import write_report
+from common.privacy.accounting.statement import round_epsilons, statement
+from common.privacy.participation.participation import Participation, PoissonSampling, os_sampler
+from common.privacy.planning.plan import NoisePlan, budget_stop, plan_noise, population, what_if
 from common.privacy.registry import release_kind
-from common.privacy.report import write_report
-from common.privacy.statement import round_epsilons, statement
 from common.progress import eta_line
 from common.runtime import base_precision
 from server import checkpoint

@@ -20,8 +20,8 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from tqdm.auto import tqdm
 
-from common.privacy.ledger import LEDGER_SYNC
-from common.privacy.participation import SIMULATION, SKIP_IDLE
+from common.privacy.accounting.ledger import LEDGER_SYNC
+from common.privacy.participation.participation import SIMULATION, SKIP_IDLE
 from common.progress import LogBar, bar
 from common.secagg import identity
 

@@ -20,7 +20,9 @@ from common.data.files import is_file_dataset
 from common.models.registry import resolve_model
 from server.summary import one_line, plain_data
 
-_NONE = "none"  # how common/privacy/statement.py starts a line for a guarantee the run does not have
+_NONE = (
+    "none"  # how common/privacy/accounting/statement.py starts a line for a guarantee the run does not have
+)
 
 
 def _privacy(summary: dict) -> list[str]:

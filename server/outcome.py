@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from common.errors import FedloraError
-from common.privacy.statement import round_epsilons
+from common.privacy.accounting.statement import round_epsilons
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"

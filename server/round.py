@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 
 from common.config import RunConfig
 from common.models import AdapterState
-from common.privacy.accountants import Event
+from common.privacy.accounting.accountants import Event
 from common.timing import phase
 from common.wire import InvalidReply, TrainInstruction, data_source, parse_train_reply
 from server.aggregate import apply_increment

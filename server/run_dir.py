@@ -18,7 +18,7 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, ModelBundle, load_adapter_state
 from common.models.portable import save_adapter
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.ledger import Ledger
 from common.provenance import made
 from server.checkpoint import CHECKPOINT_FILE
 from server.curves import Board, check_tensorboard, draw_curves

@@ -20,8 +20,8 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from common.models import AdapterState
-from common.privacy.secure_plan import round_graph
-from common.privacy.skellam_mechanism import SkellamMechanism
+from common.privacy.mechanisms.skellam_mechanism import SkellamMechanism
+from common.privacy.planning.secure_plan import round_graph
 from common.secagg import protocol
 from common.secagg import wire as sw
 from common.secagg.errors import SecAggError
@@ -179,7 +179,7 @@ def round_params(
     mechanism: SkellamMechanism, rnd: int, sampled: tuple[int, ...], seed: bytes, run: int
 ) -> Params:
     """Round ``rnd`` of run ``run``'s protocol parameters for the ``sampled`` nodes: words of the
-    release's bits and length (its :class:`~common.privacy.skellam_mechanism.IntegerFormat`), the
+    release's bits and length (its :class:`~common.privacy.mechanisms.skellam_mechanism.IntegerFormat`), the
     neighbour graph of :func:`round_graph`, the round's public ``seed``."""
     words = mechanism.words
     k, t = round_graph(words, len(sampled))
@@ -206,7 +206,7 @@ def secagg_round(
     """The SecAgg+ transport (:class:`server.round.Transport`): the train instruction carries the
     protocol's parameters (a fresh public seed from ``os.urandom`` fixes the neighbour graph and the
     rotation); each node trains, releases its update as the run's integer-valued mechanism does (the
-    Skellam mechanism, common/privacy/skellam_mechanism.py: words mod 2^b) and answers with its
+    Skellam mechanism, common/privacy/mechanisms/skellam_mechanism.py: words mod 2^b) and answers with its
     signed public keys; :func:`secure_sum` then unmasks only the survivors' sum, which the
     mechanism's round sum decodes into the mean (the transport sums words and knows no noise).
 

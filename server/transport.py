@@ -1,11 +1,11 @@
 """The transports a round's replies travel by, by the name a threat model declares
-(common/privacy/threat.py ``ThreatModel.transport``): the plain exchange, in which the server
+(common/privacy/participation/threat.py ``ThreatModel.transport``): the plain exchange, in which the server
 receives each reply (server/round.py), and SecAgg+, in which it learns only the survivors' sum
 (server/secure_round.py). :func:`server.round.run_round` is the same for both."""
 
 from __future__ import annotations
 
-from common.privacy.threat import THREATS, TRANSPORTS_DECLARED
+from common.privacy.participation.threat import THREATS, TRANSPORTS_DECLARED
 from server.round import Transport, exchange_replies
 from server.secure_round import secagg_round
 

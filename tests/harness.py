@@ -15,7 +15,7 @@ from flwr.app import Context, Message, RecordDict
 
 from common.config import RunConfig, to_flat
 from common.lazy import load_component
-from common.privacy.ledger import Charge
+from common.privacy.accounting.ledger import Charge
 from server.inprocess import InProcessGrid
 from server.outcome import NoRoundApplied
 from server.simulate import CLIENT_APP, SERVER_APP

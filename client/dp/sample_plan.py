@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from common.errors import FedloraError
-from common.privacy.accountants import Event
-from common.privacy.calibration import calibrate_sigma, epsilon_for, events_epsilon
-from common.privacy.ledger import Charge
-from common.privacy.wishart import WishartEpsilon, wishart_claim, wishart_epsilon, wishart_sigma
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.calibration import calibrate_sigma, epsilon_for, events_epsilon
+from common.privacy.accounting.ledger import Charge
+from common.privacy.mechanisms.wishart import WishartEpsilon, wishart_claim, wishart_epsilon, wishart_sigma
 
 log = logging.getLogger("fedlora.client")
 

@@ -22,7 +22,7 @@ from torch import Tensor
 from autoencoder.synthetic import H1, export_all, pack_stats, track, update_all
 from client.increment import increment
 from common.models import adapter_state
-from common.privacy.release import clip_and_noise
+from common.privacy.mechanisms.release import clip_and_noise
 from common.tasks.training import StepSchedule, Trainee, train_steps
 
 

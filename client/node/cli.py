@@ -12,7 +12,7 @@ import argparse
 
 from common.config import INSTRUCTION_FORMATS, MECHANISMS
 from common.errors import FedloraError
-from common.privacy.threat import TRUST
+from common.privacy.participation.threat import TRUST
 
 KEYGEN = "keygen"
 REQUIRED = ("superlink", "data", "mechanism")  # a node's required options (not keygen's)

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 from common.config import MECHANISMS, RunConfig
 from common.errors import FedloraError
-from common.privacy.accountants import Event
-from common.privacy.ledger import Ledger
-from common.privacy.plan import plan_noise, uncovered
-from common.privacy.report import apart
-from common.privacy.threat import THREATS, TRUST
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.accounting.report import apart
+from common.privacy.participation.threat import THREATS, TRUST
+from common.privacy.planning.plan import plan_noise, uncovered
 
 TOLERANCE = 1e-6  # relative: a calibrated plan lands on its target up to round-off
 
@@ -219,7 +219,7 @@ def _check_history(ledger: Ledger, event: Event, budget: float) -> None:
 
 
 def planned_client_epsilon(cfg: RunConfig, dim: int = 0) -> float:
-    """The client-level ε a run plans, by the server's own plan (common/privacy/plan.py): the noised
+    """The client-level ε a run plans, by the server's own plan (common/privacy/planning/plan.py): the noised
     statistics round and every round (secure aggregation: the participation cap), capped by the
     target where the server stops; ``dim``: the adapter's coordinates."""
     plan = plan_noise(cfg, dim)

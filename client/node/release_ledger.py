@@ -29,10 +29,10 @@ from client.node.policy import NodePolicy
 from client.node.state import CLIENT_LEDGER_FILE, held_ledger
 from common.config import RunConfig
 from common.errors import FedloraError
-from common.privacy.accountants import Event
-from common.privacy.ledger import Charge, Ledger
-from common.privacy.participation import Participation
-from common.privacy.plan import STATS_ROUND, NoisePlan
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.ledger import Charge, Ledger
+from common.privacy.participation.participation import Participation
+from common.privacy.planning.plan import STATS_ROUND, NoisePlan
 
 
 def release_event(plan: NoisePlan, noise_std: float, clip: float) -> Event:

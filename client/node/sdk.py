@@ -66,7 +66,7 @@ from common.data.owner import (
 )
 from common.errors import FedloraError
 from common.flower_processes import ANSI, FLOWER_EXIT, flower_env, flower_executable, free_port, toml_pairs
-from common.privacy.threat import TRUST
+from common.privacy.participation.threat import TRUST
 from common.secagg import identity
 from common.signals import handlers_while
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from client.node.state import file_id, node_state_dir
 from common.errors import FedloraError
-from common.privacy.ledger import LEDGER_SYNC, check_sync, connect
+from common.privacy.accounting.ledger import LEDGER_SYNC, check_sync, connect
 
 SIGNED_FILE = "secagg-signed.sqlite"
 KINDS = ("keys", "survivors")  # the statements a node signs in a round, in order

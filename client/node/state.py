@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from common.errors import FedloraError
-from common.privacy.ledger import LEDGER_SYNC, Ledger, check_sync
+from common.privacy.accounting.ledger import LEDGER_SYNC, Ledger, check_sync
 
 LEDGER_FILE = "sample-ledger.sqlite"
 CLIENT_LEDGER_FILE = "client-ledger.sqlite"

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from common.errors import FedloraError
-from common.privacy.gdp import eps_for_delta
+from common.privacy.accounting.gdp import eps_for_delta
 
 #: fewest canaries an audit accepts
 MIN_CANARIES = 10

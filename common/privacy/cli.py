@@ -1,7 +1,7 @@
 """``fedlora privacy epsilon|sigma``: plan a federation's noise and budget; ``epsilon --accountant
 wishart``: the Wishart-amplified ε of noise before a random projection (M2) beside the baseline;
-``secagg``: the numbers of a secure-aggregation release (common/privacy/secure_plan.py); ``ftrl``: the
-noise of banded matrix-factorization DP-FTRL against DP-FedAvg's (common/privacy/ftrl_plan.py)."""
+``secagg``: the numbers of a secure-aggregation release (common/privacy/planning/secure_plan.py); ``ftrl``: the
+noise of banded matrix-factorization DP-FTRL against DP-FedAvg's (common/privacy/planning/ftrl_plan.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 from common.errors import FedloraError
-from common.privacy import gdp
-from common.privacy.accountants import ACCOUNTANTS
-from common.privacy.calibration import calibrate_sigma, epsilon_for
-from common.privacy.ftrl_plan import compare_noise, workload_name
-from common.privacy.threat import ACTIVE_SERVER
-from common.privacy.wishart import DEFAULT_FAIL_FRAC, wishart_epsilon
+from common.privacy.accounting import gdp
+from common.privacy.accounting.accountants import ACCOUNTANTS
+from common.privacy.accounting.calibration import calibrate_sigma, epsilon_for
+from common.privacy.mechanisms.wishart import DEFAULT_FAIL_FRAC, wishart_epsilon
+from common.privacy.participation.threat import ACTIVE_SERVER
+from common.privacy.planning.ftrl_plan import compare_noise, workload_name
 
 GUARANTEES = {
     "gdp": "CLT mu-GDP (DR-Encoder paper): an approximation, not a bound",
@@ -233,7 +233,7 @@ def _wishart(args: argparse.Namespace) -> int:
 
 
 def _secagg(args: argparse.Namespace) -> int:
-    from common.privacy.secure_plan import SecureTarget, contributor_bound, plan_secure
+    from common.privacy.planning.secure_plan import SecureTarget, contributor_bound, plan_secure
 
     if (args.sample_rate is None) != (args.rounds is None):
         raise FedloraError("--sample-rate and --rounds go together")
@@ -366,8 +366,8 @@ def _ledger_path(path: Path) -> Path:
 
 
 def _ledger(args: argparse.Namespace) -> int:
-    from common.privacy.ledger import Ledger
-    from common.privacy.report import both_epsilons, write_report
+    from common.privacy.accounting.ledger import Ledger
+    from common.privacy.accounting.report import both_epsilons, write_report
 
     path = _ledger_path(args.path)
     ledger = Ledger.open(path)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from common.errors import FedloraError
 
-#: the release of correlated noise (banded matrix-factorization DP-FTRL, common/privacy/ftrl_plan.py)
+#: the release of correlated noise (banded matrix-factorization DP-FTRL, common/privacy/planning/ftrl_plan.py)
 CORRELATED = "dp-ftrl"
 #: the generic halves: a release kind without one of its own runs through these
 GENERIC_SERVER = "server.releases.base:Release"
@@ -27,11 +27,11 @@ GENERIC_CLIENT = "client.releases:release_mechanism"
 class ReleaseKind:
     """``mechanism``: a factory ``(noise plan, run config) -> Mechanism`` or its reference (empty: no
     client-level release); ``planner``: ``(run config, adapter size) -> NoisePlan`` or its reference,
-    the kind's own noise plan (empty: the independent Gaussian release's, common/privacy/plan.py);
+    the kind's own noise plan (empty: the independent Gaussian release's, common/privacy/planning/plan.py);
     ``server`` / ``client``: the halves' references (empty: the generic ones);
     ``encodes``: the release carries the run's codec's latent (``--codec``: its prior, statistics
     round and public subspace apply); ``integer_valued``: its release is a vector of integers mod 2^b,
-    which a transport that sums only such vectors carries (common/privacy/threat.py ``TransportSpec``);
+    which a transport that sums only such vectors carries (common/privacy/participation/threat.py ``TransportSpec``);
     ``integer_form``: the kind that a run of this one becomes through such a transport (empty: none)."""
 
     mechanism: str | Callable = ""
@@ -47,15 +47,15 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
     "none": ReleaseKind(server="server.releases.none:no_release", client="client.releases:release_none"),
     # through a transport of integers (secure aggregation) the Gaussian release becomes its discrete
     # counterpart, planned for the transport's fewest survivors
-    "gaussian": ReleaseKind("common.privacy.mechanism:gaussian_mechanism", integer_form="skellam"),
+    "gaussian": ReleaseKind("common.privacy.mechanisms.mechanism:gaussian_mechanism", integer_form="skellam"),
     "skellam": ReleaseKind(
-        "common.privacy.skellam_mechanism:skellam_mechanism",
-        planner="common.privacy.skellam_mechanism:skellam_noise",
+        "common.privacy.mechanisms.skellam_mechanism:skellam_mechanism",
+        planner="common.privacy.mechanisms.skellam_mechanism:skellam_noise",
         integer_valued=True,
     ),
     # the Gaussian mechanism on the codec's latent; its halves encode and decode around it
     "dr-encoder": ReleaseKind(
-        "common.privacy.mechanism:gaussian_mechanism",
+        "common.privacy.mechanisms.mechanism:gaussian_mechanism",
         server="server.releases.dr_encoder:DrEncoderRelease",
         client="client.releases:release_dr_encoder",
         encodes=True,
@@ -63,8 +63,8 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
     # banded correlated noise, planned for its participation rule: the client clips (the generic
     # half); the server adds the noise
     CORRELATED: ReleaseKind(
-        "common.privacy.ftrl_mechanism:banded_ftrl",
-        planner="common.privacy.ftrl_mechanism:correlated_noise",
+        "common.privacy.mechanisms.ftrl_mechanism:banded_ftrl",
+        planner="common.privacy.mechanisms.ftrl_mechanism:correlated_noise",
         server="server.releases.correlated:CorrelatedRelease",
     ),
 }

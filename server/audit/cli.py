@@ -10,7 +10,7 @@ from collections.abc import Callable
 from common.config import RunConfig
 from common.presets import preset
 from common.privacy.audit_cli import add_common, audit_arms, chosen_arms, out_dir
-from common.privacy.threat import THREATS
+from common.privacy.participation.threat import THREATS
 
 #: the audited arms: name -> RunConfig overrides (the no-noise arm must lose, the others must hold)
 CLIENT_ARMS: dict[str, dict[str, object]] = {
@@ -66,7 +66,7 @@ def _secagg_min_replies(cfg: RunConfig, canaries: int) -> int:
     """SecAgg+'s min-replies m for an audit arm: its shares are sized for m, 9/10 of the cohort the
     plan counts over the federation (canaries included; under hidden participation all of its
     clients), so a full cohort carries 10/9 of the noise the plan needs."""
-    from common.privacy.secure_plan import cohort_bound
+    from common.privacy.planning.secure_plan import cohort_bound
     from server.audit.client import federation
 
     cohort = cohort_bound(federation(cfg, canaries))

@@ -12,7 +12,7 @@ scores give the AUC, the one-run ε lower bound and the one-shot estimate (commo
 the claimed ε is the run's own ledger's.
 
 An excluded canary reproduces the neighbouring relation that claim is accounted for,
-``CLIENT_LEVEL[threat_model].relation`` (common/privacy/threat.py), never a real trained update
+``CLIENT_LEVEL[threat_model].relation`` (common/privacy/participation/threat.py), never a real trained update
 (which would measure replace-one, a relation no claim here is stated for):
 
 * ``zero-out`` (local and distributed noise; also the clip-only diagnostic and release ``none``
@@ -25,9 +25,9 @@ An excluded canary reproduces the neighbouring relation that claim is accounted 
   timeout). The server rejects it like any reply that fails validation (server/round.py: recorded
   in the round's ``rejected`` and never summed). For the observer the claim is against (everyone
   but the trusted server: the global adapter) this is absence: sampling is Poisson, each node
-  independently (common/privacy/participation.py), so the slot changes no other client's sample; the server
+  independently (common/privacy/participation/participation.py), so the slot changes no other client's sample; the server
   clips and sums only the usable replies, adds its N(0, σ²C²) once, and divides by the constant
-  p·N (common/privacy/mechanism.py ``GaussianSum``), never by the count of replies; adaptive clipping
+  p·N (common/privacy/mechanisms/mechanism.py ``GaussianSum``), never by the count of replies; adaptive clipping
   counts only usable replies' bits against the same constant p·N; a round is applied iff the
   usable replies reach ``min-replies``. Each of these is what it would be had the node not been
   sampled, i.e. had the client not existed, with the mechanism's constants p and N fixed as the
@@ -57,7 +57,7 @@ from common.config import RunConfig
 from common.lazy import load_component
 from common.models import AdapterState
 from common.privacy.audit import MIN_CANARIES, summarize
-from common.privacy.threat import CLIENT_LEVEL
+from common.privacy.participation.threat import CLIENT_LEVEL
 from common.wire import TrainInstruction
 from server.checkpoint import CHECKPOINT_FILE, OPTIMIZER_PREFIX
 from server.simulate import simulate

@@ -24,7 +24,7 @@ Means are unweighted over clients (as the server's ``local`` release averages). 
 does to a nonlinear decoder) and ``eps=<ε>`` for each ``--epsilon``: client-level DP, each coded update
 (latent and dense entries together) clipped to L2 norm ``C = --clip``, σ calibrated so that ``--rounds``
 such rounds at ``--sample-rate`` meet (ε, δ) under both the gdp and pld accountants (the larger σ,
-:func:`common.privacy.plan.plan_noise`), the noise placed as ``--threat-model`` says: ``local`` (the
+:func:`common.privacy.planning.plan.plan_noise`), the noise placed as ``--threat-model`` says: ``local`` (the
 default) N(0, σ²C²) on every client's numbers; ``distributed`` a share of it from each client;
 ``central`` N(0, σ²C²) on the sum only, so a mean over ~100 clients shows what a cross-device round
 releases (the ``client`` order then carries no noise: the server adds it to the sum). The noise is
@@ -62,9 +62,9 @@ from common.config import RunConfig, to_flat
 from common.errors import FedloraError
 from common.lazy import load_component
 from common.models import AdapterState, adapter_shapes
-from common.privacy.mechanism import private_mean
-from common.privacy.plan import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
-from common.privacy.release import clip_and_noise, global_norm
+from common.privacy.mechanisms.mechanism import private_mean
+from common.privacy.mechanisms.release import clip_and_noise, global_norm
+from common.privacy.planning.plan import BUDGET_ACCOUNTANTS, NoisePlan, plan_noise
 from common.wire import InvalidReply, TrainInstruction, parse_train_reply
 from server.aggregate import weighted_mean
 from server.checkpoint import CHECKPOINT_FILE

@@ -36,7 +36,7 @@ import numpy as np
 
 from common.errors import FedloraError
 from common.presets import preset
-from common.privacy.threat import THREATS
+from common.privacy.participation.threat import THREATS
 from common.secagg import identity, protocol
 from common.secagg.protocol import Params
 
@@ -200,7 +200,7 @@ def consistency_cost(nodes: int, clients: int = 3) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from common.models import adapter_shapes, adapter_size
-    from common.privacy.discrete import padded_dim
+    from common.privacy.mechanisms.discrete import padded_dim
     from server.evaluation import Evaluator
 
     ks = [int(k) for k in args.neighbours.split(",") if k.strip()]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.lazy import load_component
-from common.privacy.plan import NoisePlan
+from common.privacy.planning.plan import NoisePlan
 from common.privacy.registry import GENERIC_SERVER, release_kind
 from server.releases.base import Release, RunHandles
 

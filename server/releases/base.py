@@ -3,7 +3,7 @@
 A release says what a round asks of its clients (:meth:`Release.noise_std`, :attr:`codec`,
 :meth:`records_for`), what a usable reply looks like (:meth:`expected`, :meth:`reply_shapes`,
 :meth:`check`) and how the usable replies become the increment the server applies (:meth:`round_sum`),
-each asked of its mechanism (common/privacy/mechanism.py, which holds both halves; ``none``'s is
+each asked of its mechanism (common/privacy/mechanisms/mechanism.py, which holds both halves; ``none``'s is
 FedAvg's, server/releases/none.py). The round loop (server/round.py, server/federation.py) calls
 these and never asks which release it runs.
 """
@@ -18,10 +18,10 @@ from flwr.serverapp import Grid
 
 from common.config import RunConfig
 from common.models import AdapterState
-from common.privacy.accountants import Event
-from common.privacy.ledger import Ledger
-from common.privacy.mechanism import RoundSum, ServerHalf, mechanism_for
-from common.privacy.plan import NoisePlan
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.mechanisms.mechanism import RoundSum, ServerHalf, mechanism_for
+from common.privacy.planning.plan import NoisePlan
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class Release:
     def round_sum(self, sampled: int) -> RoundSum:
         """The round's aggregate: each usable reply is added to it, then it releases the increment to
         apply and the noise multiplier it carried (None: no client-level noise). Nothing else in the
-        round sees the replies one by one (common/privacy/mechanism.py ``RoundSum``)."""
+        round sees the replies one by one (common/privacy/mechanisms/mechanism.py ``RoundSum``)."""
         return self.mechanism.round_sum(sampled)
 
 

@@ -1,4 +1,4 @@
-"""``dp-ftrl``: the release of banded correlated noise (common/privacy/ftrl_mechanism.py), which says
+"""``dp-ftrl``: the release of banded correlated noise (common/privacy/mechanisms/ftrl_mechanism.py), which says
 at start-up which strategy and participation rule its ε assumes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from flwr.serverapp import Grid
 
 from common.models import AdapterState
-from common.privacy.factorization import WORKLOADS
+from common.privacy.planning.factorization import WORKLOADS
 from server.releases.base import Release, RunHandles
 
 

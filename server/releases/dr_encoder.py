@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from flwr.serverapp import Grid
 
 from common.models import AdapterState
-from common.privacy.mechanism import RoundSum
+from common.privacy.mechanisms.mechanism import RoundSum
 from server.drencoder import ServerCodec, prepare_codec, refresh_public_codec
 from server.releases.base import Release, RunHandles
 

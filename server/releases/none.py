@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 from common.config import RunConfig
 from common.models import AdapterState
-from common.privacy.accountants import Event
-from common.privacy.mechanism import ServerHalf
+from common.privacy.accounting.accountants import Event
+from common.privacy.mechanisms.mechanism import ServerHalf
 from server.aggregate import weighted_mean
 from server.releases.base import Release
 
@@ -32,7 +32,7 @@ class FedAvgRound:
 
 
 class FedAvg(ServerHalf):
-    """The server half (common/privacy/mechanism.py ``ServerHalf``) of no client-level release: no
+    """The server half (common/privacy/mechanisms/mechanism.py ``ServerHalf``) of no client-level release: no
     noise, no clip, no check, no charge, no state (the protocol's no-op defaults); the replies'
     (weighted) mean."""
 

@@ -255,7 +255,7 @@ def test_a_batched_round_that_skips_idle_nodes_trains_only_the_contributors(
     only the nodes whose coin came up, each of them hands its transport the increment it makes under
     the sequential engine with constant work, and every other node the zero update."""
     from client import cohort_round
-    from common.privacy import participation
+    from common.privacy.participation import participation
 
     coins = [True, False, True, False, False]  # nodes 1001..1005, in the order they are admitted
     cohorts, real_cohort = [], cohort_round.train_cohort

@@ -21,7 +21,7 @@ from client import app as app_module
 from client import cohort_round
 from common.errors import FedloraError
 from common.models import AdapterState
-from common.privacy import participation
+from common.privacy.participation import participation
 from common.wire import MAX_GLOBAL_VALUE, TrainInstruction, to_record
 from server.exchange import message_bytes
 from server.inprocess import InProcessGrid
@@ -160,7 +160,7 @@ def test_a_node_config_that_turns_constant_work_off_is_refused(tmp_path, monkeyp
 
 @pytest.mark.parametrize("value", [True, "true", "false", "True", 1, "1"])
 def test_skip_idle_is_the_bool_true_in_the_simulations_state_record(value):
-    """Only the bool True in the node's :data:`~common.privacy.participation.SIMULATION` record skips
+    """Only the bool True in the node's :data:`~common.privacy.participation.participation.SIMULATION` record skips
     idle training: a string (``"false"`` included), a number or the key elsewhere never does."""
     state = RecordDict({participation.SIMULATION: ConfigRecord({participation.SKIP_IDLE: value})})
     assert participation.skips_idle(state) is (value is True)

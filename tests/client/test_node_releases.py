@@ -204,7 +204,7 @@ def test_a_node_refuses_a_round_that_breaks_the_min_separation(tmp_path, own_dat
 
 @pytest.mark.heavy
 def test_a_node_takes_part_only_in_its_cyclic_groups_rounds(tmp_path, own_data):
-    from common.privacy.participation import group_of
+    from common.privacy.participation.participation import group_of
 
     cfg = _ftrl(participation="cyclic-poisson")
     node = {"data-path": str(own_data), "state-dir": str(tmp_path / "st"), "trust": "server"}

@@ -4,7 +4,7 @@ import pytest
 
 from client.node.state import LEDGER_FILE, held_ledger, node_state_dir, sample_ledger
 from common.errors import FedloraError
-from common.privacy.ledger import Charge
+from common.privacy.accounting.ledger import Charge
 
 
 def _steps(run, rnd, steps=20):

@@ -31,7 +31,7 @@ from common.flower_processes import free_port
 from common.lazy import load_component
 from common.models import adapter_state
 from common.presets import preset
-from common.privacy.ledger import Charge
+from common.privacy.accounting.ledger import Charge
 from common.wire import TrainInstruction
 from tests.conftest import run_cli
 from tests.harness import message_identity

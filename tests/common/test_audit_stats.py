@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from common.errors import FedloraError
+from common.privacy.accounting.gdp import eps_for_delta
 from common.privacy.audit import (
     auc,
     clopper_pearson_upper,
@@ -23,7 +24,6 @@ from common.privacy.audit import (
     summarize,
     threshold_bound,
 )
-from common.privacy.gdp import eps_for_delta
 
 
 def test_p_value_without_delta_is_the_binomial_tail():

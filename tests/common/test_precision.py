@@ -20,7 +20,7 @@ from common.lazy import load_component
 from common.models.lora import lora_layers
 from common.models.precision import resolve_precision
 from common.presets import preset
-from common.privacy.release import global_norm
+from common.privacy.mechanisms.release import global_norm
 from common.wire import TrainInstruction
 from server.simulate import simulate
 from tests.harness import TINY, message_identity

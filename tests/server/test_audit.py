@@ -74,7 +74,7 @@ def test_audit_client_checks_every_arm_as_the_federation_it_runs(tmp_path, capsy
     The federations themselves are stubbed out here (test_audit_client_bound_stays_below_the_claim runs
     them)."""
     import server.audit.client
-    from common.privacy.secure_plan import cohort_bound
+    from common.privacy.planning.secure_plan import cohort_bound
     from server.audit.cli import CLIENT_ARMS
 
     ran = []
@@ -137,13 +137,13 @@ def test_audit_client_excluded_canary_releases_a_zero_increment_under_zero_out(t
     """Local noise is accounted for zero-out: an excluded canary's node, sampled, sends the release
     of an all-zero increment (noise switched off here, so the reply is exactly zero) through the
     client's release, accepted like any reply, and never its trained update."""
-    import common.privacy.mechanism
+    import common.privacy.mechanisms.mechanism
     from client.node.state import CLIENT_LEDGER_FILE
-    from common.privacy.ledger import Ledger
+    from common.privacy.accounting.ledger import Ledger
     from server.inprocess import FIRST_NODE_ID
 
     # the pre-noise release (the mechanism's client half draws its noise here)
-    monkeypatch.setattr(common.privacy.mechanism, "add_noise", lambda state, std: state)
+    monkeypatch.setattr(common.privacy.mechanisms.mechanism, "add_noise", lambda state, std: state)
     result, included, replies, trained = _audit_federation(tmp_path, monkeypatch, threat_model="local")
     assert result["relation"] == "zero-out" and result["unit"] == "client-level (zero-out one client)"
     assert sorted(trained) == [0, 1]  # only the real clients trained
@@ -167,7 +167,8 @@ def test_audit_client_hidden_canaries_flip_the_coin_real_clients_flip(tmp_path, 
     coin up, the nonzero encodings are the 2 real clients' and the included canaries'; with every
     coin down, all 12 are zero."""
     from common.presets import preset
-    from common.privacy import discrete, participation
+    from common.privacy.mechanisms import discrete
+    from common.privacy.participation import participation
     from server.audit.client import audit_run
     from tests.harness import TINY
 
@@ -196,7 +197,7 @@ def test_audit_client_excluded_canary_is_absent_under_central_noise(tmp_path, mo
     """Central noise is accounted for add/remove: an excluded canary's node, sampled, answers at once
     with an error reply, which the round rejects: the aggregate sums the real clients' and the
     included canaries' replies only, over the constant p·N."""
-    from common.privacy.mechanism import GaussianSum
+    from common.privacy.mechanisms.mechanism import GaussianSum
     from server.inprocess import FIRST_NODE_ID
 
     summed = []

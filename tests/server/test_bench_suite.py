@@ -214,7 +214,7 @@ def test_the_correlated_noise_arms_hold_the_same_participation_rule(name):
     resolves (its auto bands, 1/p): otherwise the paired comparison compares two rules."""
     import argparse
 
-    from common.privacy.ftrl_plan import auto_bands
+    from common.privacy.planning.ftrl_plan import auto_bands
     from server import simulate_cli as simulate
 
     planned = [r for r in runs(profile(name)) if r.section == "correlated-noise"]

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from common.presets import preset
-from common.privacy.ftrl_mechanism import NOISE_FILE
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.mechanisms.ftrl_mechanism import NOISE_FILE
 from tests.conftest import run_cli
 from tests.harness import federate, records
 
@@ -57,7 +57,7 @@ def test_a_min_separation_run_keeps_its_rule_and_its_budget(tmp_path, capsys):
 def test_a_cyclic_poisson_run_samples_only_the_rounds_group(tmp_path):
     """6 nodes, p 0.5, 2 groups (q = 1): round r draws exactly the nodes of group (r − 1) mod 2, and the
     ledger charges every client one sampled Gaussian per cycle (rounds 1 and 3), nothing in round 2."""
-    from common.privacy.participation import group_of
+    from common.privacy.participation.participation import group_of
 
     out = tmp_path / "run"
     cfg = preset(

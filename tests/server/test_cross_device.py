@@ -16,14 +16,14 @@ from common.config import SERVER_OPTIMIZERS
 from common.errors import FedloraError
 from common.models.head_init import descriptions, head_features
 from common.presets import PRESETS, preset
-from common.privacy.accountants import Event
-from common.privacy.adaptive_clip import combined_noise_multiplier
-from common.privacy.calibration import events_epsilon
-from common.privacy.ledger import Ledger
-from common.privacy.mechanism import private_mean
-from common.privacy.plan import plan_noise
-from common.privacy.report import title
-from common.privacy.threat import THREATS
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.calibration import events_epsilon
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.accounting.report import title
+from common.privacy.mechanisms.adaptive_clip import combined_noise_multiplier
+from common.privacy.mechanisms.mechanism import private_mean
+from common.privacy.participation.threat import THREATS
+from common.privacy.planning.plan import plan_noise
 from common.wire import CLIP_BIT
 from server import optimizers
 from server.bench.suite.sections import privacy

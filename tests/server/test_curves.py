@@ -114,7 +114,7 @@ def test_a_run_directory_draws_its_nodes_ledgers(tmp_path, monkeypatch):
     """RunDir.draw_curves reads each simulated node's sample-level ledger (nodes/node-k): the last
     charge of each round (a round charged again after an interruption counts once, at its last)."""
     from common.presets import preset
-    from common.privacy.ledger import Charge, Ledger
+    from common.privacy.accounting.ledger import Charge, Ledger
     from server.run_dir import NODE_LEDGER, RunDir
 
     drawn = _panels(monkeypatch)
@@ -168,7 +168,7 @@ def test_each_epsilon_curve_has_one_colour_in_both_figures_and_rounds_are_whole(
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from common.privacy.report import plot
+    from common.privacy.accounting.report import plot
 
     seen = []
     real = plt.Figure.savefig

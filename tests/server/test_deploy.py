@@ -23,7 +23,7 @@ import pytest
 
 from common.errors import FedloraError
 from common.flower_processes import free_port, toml_pairs
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.ledger import Ledger
 from server import deploy
 from server.deploy import (
     Options,

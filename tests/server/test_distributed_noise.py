@@ -13,9 +13,9 @@ import torch
 
 from client.releases import release_mechanism
 from common.presets import preset
-from common.privacy.ledger import Ledger
-from common.privacy.plan import plan_noise
-from common.privacy.threat import CLIENT_LEVEL
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.participation.threat import CLIENT_LEVEL
+from common.privacy.planning.plan import plan_noise
 from common.wire import TrainInstruction
 from server.releases import make_release
 from tests.harness import TINY, federate

@@ -19,8 +19,8 @@ from client.drencoder.gradstats import privatise
 from common import config
 from common.errors import FedloraError
 from common.presets import preset
-from common.privacy.ledger import Ledger
-from common.privacy.plan import NoisePlan
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.planning.plan import NoisePlan
 from common.wire import InvalidReply, TrainInstruction, parse_stats_reply, stats_reply
 from server.drencoder import AE_CONFIGS, AE_FILE, ServerCodec, ae_latent_size, fit_public_ae
 from server.releases import RunHandles
@@ -133,13 +133,15 @@ def test_a_server_that_encodes_releases_what_clients_that_encode_would(monkeypat
     coded update to C as the client-side release does; same noise draw, same released mean; and
     no encoder goes out."""
     from autoencoder.coded import encode_update
-    from common.privacy.release import clip
+    from common.privacy.mechanisms.release import clip
 
     on_client, on_server = _codec("random-projection"), _codec("random-projection", "server")
     plan = NoisePlan(1.0, 0.1, 0.5, "central", 0.0, 1e-5, False)
     raw = [{"m.A": torch.randn(12, 2), "m.B": torch.randn(10, 2), "head": torch.randn(3)} for _ in range(3)]
     coded = [clip(encode_update(on_client.codec, r), 0.5)[0] for r in raw]  # the client-side release
-    monkeypatch.setattr("common.privacy.release.secrets.randbits", lambda _bits: 7)  # one noise draw
+    monkeypatch.setattr(
+        "common.privacy.mechanisms.release.secrets.randbits", lambda _bits: 7
+    )  # one noise draw
     expected = on_client.aggregate(coded, "aggregate-first", plan, 3.0)
     got = on_server.aggregate(raw, "aggregate-first", plan, 3.0)
     for name in expected:

@@ -20,7 +20,7 @@ from common.models import adapter_state
 from common.models.precision import resolve_precision
 from common.models.registry import MODELS
 from common.presets import preset
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.ledger import Ledger
 from common.wire import from_record, train_reply
 from server.checkpoint import CHECKPOINT_FILE
 from server.inprocess import InProcessGrid

@@ -32,7 +32,7 @@ from numpy.lib import format as npy
 
 from common import wire
 from common.presets import preset
-from common.privacy.plan import NoisePlan
+from common.privacy.planning.plan import NoisePlan
 from common.wire import (
     SCHEMA,
     InvalidReply,

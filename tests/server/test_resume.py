@@ -190,7 +190,7 @@ def test_a_secure_aggregation_run_resumes_with_each_clients_participations(tmp_p
     resumed = _finish("simulate", "--resume", "--out", str(out))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stderr + resumed.stdout
-    from common.privacy.ledger import Ledger
+    from common.privacy.accounting.ledger import Ledger
 
     led = Ledger.open(ledger, "client-level")
     rows = led.rows()
@@ -205,7 +205,7 @@ def test_a_sample_level_run_killed_mid_round_and_resumed_ends_within_its_target(
     its nodes train round 2, then --resume: round 2 runs again and every node charges it again. Each
     node re-plans its remaining steps so that its own ledger ends at or under the run's sample-level
     target, and the attempt the kill cut short is marked ``interrupted``, as docs/deployment.md says."""
-    from common.privacy.ledger import Ledger
+    from common.privacy.accounting.ledger import Ledger
 
     out, target = tmp_path / "run", 3.0
     silo = [

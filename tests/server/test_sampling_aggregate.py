@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.privacy.participation import balanced_sample, eligible, poisson_sample
+from common.privacy.participation.participation import balanced_sample, eligible, poisson_sample
 from server.aggregate import apply_increment, weighted_mean
 
 

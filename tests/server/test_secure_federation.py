@@ -20,9 +20,9 @@ from client import secure
 from common.config import to_flat
 from common.lazy import load_component
 from common.presets import preset
-from common.privacy import participation
-from common.privacy.accountants import RdpAccountant, SkellamEvent
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.accountants import RdpAccountant, SkellamEvent
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.participation import participation
 from common.secagg import wire as sw
 from server.inprocess import InProcessGrid
 from server.simulate import CLIENT_APP
@@ -199,7 +199,7 @@ def test_hidden_participation_asks_every_client_and_charges_each_round_at_the_sa
     node whose coin did not come up encodes its zero update with the full clip, rotation, rounding
     and share, like any other update. A simulation with ``--idle-training skip`` differs in one thing
     only: the nodes whose coin did not come up run no local step."""
-    from common.privacy import discrete
+    from common.privacy.mechanisms import discrete
 
     coins = iter([True, False, False, True, False, False] * 2)
     monkeypatch.setattr(participation, "contributes", lambda rate: rate == 0.5 and next(coins))
@@ -282,7 +282,7 @@ def _hidden_node(tmp_path: Path, rounds: int):
     """A hidden-participation run's real ClientApp, its in-process nodes, and ``train_message(rnd)``:
     the server's own train instruction of round ``rnd`` to the first node (server/secure_round.py)."""
     from common.models import adapter_size
-    from common.privacy.mechanism import run_mechanism
+    from common.privacy.mechanisms.mechanism import run_mechanism
     from server.evaluation import Evaluator
     from server.secure_round import round_params, train_messages
 

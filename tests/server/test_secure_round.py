@@ -15,8 +15,8 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from client import secure
-from common.privacy import discrete
-from common.privacy.skellam import rounding_norm_bound
+from common.privacy.accounting.skellam import rounding_norm_bound
+from common.privacy.mechanisms import discrete
 from common.secagg import identity, keys, protocol
 from common.secagg import wire as sw
 from common.secagg.protocol import Params, PublicKeys
@@ -143,7 +143,7 @@ def test_a_forged_masked_vector_is_rejected_not_summed():
 
 def test_float_updates_encoded_with_skellam_shares_decode_to_the_survivors_clipped_sum():
     """The whole data path: each node clips, scales, rotates, rounds and adds its Skellam share
-    (common/privacy/discrete.py), the protocol sums mod 2^b, the server decodes; a node dying after
+    (common/privacy/mechanisms/discrete.py), the protocol sums mod 2^b, the server decodes; a node dying after
     its masked upload still counts, one dying before it does not."""
     dim, clip, scale, nodes = 500, 1.0, 200.0, 12
     signs = discrete.rotation_signs(b"round-1-rotation", dim)

@@ -18,7 +18,7 @@ from flwr.clientapp import ClientApp
 from safetensors.torch import load_file
 
 from common.presets import preset
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.ledger import Ledger
 from server.checkpoint import CHECKPOINT_FILE
 from server.simulate import simulate
 from server.workers import WorkerPoolGrid, resolve_workers

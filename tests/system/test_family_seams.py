@@ -5,10 +5,10 @@ Every ``if``, conditional expression, ``while``, ``assert``, boolean operand, co
 family (``secure``: ``summed_securely``, ``secure_round`` ...; ``ftrl`` or ``correlated``:
 ``CORRELATED``, ``FtrlPlan`` ...; ``drencoder``) or compares with a string naming it (a secure threat
 model, ``dp-ftrl``, ``dr-encoder``) must sit in that family's own modules. Every other module asks a declared fact
-instead: the plan's family (common/privacy/plan.py ``Family``: its events, accountants,
+instead: the plan's family (common/privacy/planning/plan.py ``Family``: its events, accountants,
 participation rule, noise share, statement line), a planner or check registered by transport or
 release name, a release kind's declared facts (common/privacy/registry.py), the transport by name (server/transport.py, client/transport.py), or a
-``TransportSpec``'s capabilities (common/privacy/threat.py).
+``TransportSpec``'s capabilities (common/privacy/participation/threat.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ FAMILIES: dict[str, Family] = {
         ("secure",),
         ("secure",),
         """client/secure.py client/transport.py server/secure_round.py server/transport.py
-        common/privacy/secure_plan.py common/privacy/skellam_mechanism.py common/privacy/threat.py
+        common/privacy/planning/secure_plan.py common/privacy/mechanisms/skellam_mechanism.py common/privacy/participation/threat.py
         common/secagg/""",
         unless="insecure",
     ),
@@ -63,8 +63,8 @@ FAMILIES: dict[str, Family] = {
     "correlated noise": Family(
         ("ftrl", "correlated"),
         ("dp-ftrl",),
-        """common/privacy/ftrl_plan.py common/privacy/ftrl_mechanism.py common/privacy/factorization.py
-        common/privacy/banded_noise.py""",
+        """common/privacy/planning/ftrl_plan.py common/privacy/mechanisms/ftrl_mechanism.py common/privacy/planning/factorization.py
+        common/privacy/mechanisms/banded_noise.py""",
     ),
 }
 

@@ -25,7 +25,7 @@ import pytest
 
 from client.node import sdk
 from common.flower_processes import free_port
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.ledger import Ledger
 from common.secagg import identity
 from server.deploy import (
     Options,

@@ -4,10 +4,10 @@ registered here, runs train-local end to end), and no code outside the registrie
 name (an AST grep over server/, client/, common/ and autoencoder/).
 
 A registry is a small table of descriptors that the generic code asks (PEFT's ``LoraVariant`` is the
-model): threat models in common/privacy/threat.py (``THREATS``: what each observer sees); local optimizers in common/local_optimizers.py (facts the run configuration checks) and
+model): threat models in common/privacy/participation/threat.py (``THREATS``: what each observer sees); local optimizers in common/local_optimizers.py (facts the run configuration checks) and
 client/dp/optimizers/registry.py (factory, options, model checks, report); codecs in
 common/codec_specs.py (facts) and autoencoder/codecs.py (builders). Extend :data:`NAMED` and
-:data:`REGISTRY_FILES` for another registry (threat models: common/privacy/threat.py).
+:data:`REGISTRY_FILES` for another registry (threat models: common/privacy/participation/threat.py).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec
 from common.models.dense_delta import dense_deltas
 from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
-from common.privacy.accountants import Event
-from common.privacy.mechanism import GaussianMechanism, mechanism_for
-from common.privacy.participation import PoissonSampling
-from common.privacy.plan import NoisePlan, plan_noise
+from common.privacy.accounting.accountants import Event
+from common.privacy.mechanisms.mechanism import GaussianMechanism, mechanism_for
+from common.privacy.participation.participation import PoissonSampling
+from common.privacy.participation.threat import THREATS
+from common.privacy.planning.plan import NoisePlan, plan_noise
 from common.privacy.registry import RELEASE_KINDS, register_release, unregister_release
-from common.privacy.threat import THREATS
 from common.tasks.training import Trainee
 from tests.harness import LmTask
 
@@ -64,7 +64,7 @@ REGISTRY_FILES = frozenset(
         "client/dp/optimizers/registry.py",
         "common/codec_specs.py",
         "autoencoder/codecs.py",
-        "common/privacy/threat.py",
+        "common/privacy/participation/threat.py",
     }
 )
 #: (file, name) -> why a comparison there is not one of a registered name
@@ -499,7 +499,7 @@ def test_a_new_release_needs_no_edit_outside_its_own_files(toy_release, threat, 
     """Adding a client-level release (a new noise distribution) touches at most 3 files: its mechanism
     and one ``register_release`` call; here both are this file. The server's and the client's generic
     halves run it through a whole federation, and the ledger charges its mechanism's events."""
-    from common.privacy.ledger import Ledger
+    from common.privacy.accounting.ledger import Ledger
     from tests.harness import TINY, federate, records
 
     assert files_naming(TOY_RELEASE) == {"tests/system/test_registries.py"}  # <= 3 files
@@ -630,7 +630,7 @@ def test_a_stateful_self_planning_mechanism_runs_through_simulate_the_node_ledge
     (A crash after a round's charge leaves that round interrupted, its charge standing:
     tests/server/test_resume.py.)"""
     from client.node.state import client_ledger
-    from common.privacy.ledger import Ledger
+    from common.privacy.accounting.ledger import Ledger
     from server.simulate import simulate
     from tests.harness import TINY
 
@@ -675,8 +675,8 @@ def test_an_installed_package_s_release_kind_reaches_every_process(tmp_path):
     import sys
 
     (tmp_path / "toy_plugin.py").write_text(
-        "from common.privacy.mechanism import GaussianMechanism\n"
-        "from common.privacy.plan import plan_noise\n"
+        "from common.privacy.mechanisms.mechanism import GaussianMechanism\n"
+        "from common.privacy.planning.plan import plan_noise\n"
         "class Toy(GaussianMechanism):\n"
         "    name = 'toy-plugin'\n"
         "def mechanism(plan, cfg):\n"
@@ -693,7 +693,7 @@ def test_an_installed_package_s_release_kind_reaches_every_process(tmp_path):
     )
     probe = (
         "from common.config import RunConfig\n"
-        "from common.privacy.mechanism import run_mechanism\n"
+        "from common.privacy.mechanisms.mechanism import run_mechanism\n"
         "cfg = RunConfig(mechanism='dp-fedavg', release='toy-plugin', target_epsilon=8.0).check()\n"
         "m = run_mechanism(cfg)\n"
         "print(type(m).__name__, m.plan.target_epsilon)\n"

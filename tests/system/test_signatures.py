@@ -19,10 +19,10 @@ LIMIT = 8  # this many parameters or more is a long list
 
 #: ``path:qualname`` -> why the function keeps a long parameter list
 ALLOWED: dict[str, str] = {
-    "common/privacy/wishart.py:wishart_epsilon": "the inputs of a formula (Wishart paper Thm 5: σ, p, "
+    "common/privacy/mechanisms/wishart.py:wishart_epsilon": "the inputs of a formula (Wishart paper Thm 5: σ, p, "
     "rounds, δ, the projection's rank, dim and gradient rank, the failure share of δ), as the "
     "`fedlora privacy` CLI and the tests pass them",
-    "common/privacy/wishart.py:wishart_sigma": "the inverse of wishart_epsilon: the same formula inputs, "
+    "common/privacy/mechanisms/wishart.py:wishart_sigma": "the inverse of wishart_epsilon: the same formula inputs, "
     "target ε in place of σ",
     "client/node/sdk.py:prepare_data": "a data owner's one public call for their data: each keyword one "
     "of fedlora node's data options (the file's columns, the federation's dataset or label names), "

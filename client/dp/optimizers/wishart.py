@@ -1,6 +1,6 @@
 """``wishart``: the noisy random-projection mechanism M2 of Hu, Düngler, Schölkopf & Sanyal ("LoRA and
 Privacy: When Random Projections Help (and When They Don't)"), run as local DP steps on every LoRA
-target layer, so that the Wishart-amplified accountant (common/privacy/wishart.py) applies.
+target layer, so that the Wishart-amplified accountant (common/privacy/mechanisms/wishart.py) applies.
 
 Per step and per layer ``W = W0 + D`` (``W: (out, in)``):
 
@@ -86,7 +86,7 @@ class WishartDp(DenseUpdate):
         self.steps += 1
 
     def summary(self) -> dict:
-        """What the amplified claim rests on, as this run realised it (common/privacy/wishart.py)."""
+        """What the amplified claim rests on, as this run realised it (common/privacy/mechanisms/wishart.py)."""
         return {
             "projection_draws": self.draws,
             "assumptions": {

@@ -19,8 +19,8 @@ from common.models.dense_delta import dense_deltas
 from common.models.lora import get_factors, lora_layers
 from common.models.lora_init import apply_lora_init, check_ranks
 from common.presets import preset
-from common.privacy.calibration import epsilon_for
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.calibration import epsilon_for
+from common.privacy.accounting.ledger import Ledger
 from common.runtime import open_split
 from common.tasks.base import by_length
 from common.tasks.training import Trainee

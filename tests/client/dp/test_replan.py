@@ -7,8 +7,8 @@ import pytest
 
 from client.dp.sample_plan import plan_sample_noise, replan
 from common.errors import FedloraError
-from common.privacy.accountants import Event, RdpAccountant
-from common.privacy.calibration import events_epsilon
+from common.privacy.accounting.accountants import Event, RdpAccountant
+from common.privacy.accounting.calibration import events_epsilon
 
 TARGET, DELTA, STEPS = 3.0, 1e-5, 20
 

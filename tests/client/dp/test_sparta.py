@@ -18,7 +18,7 @@ from common.errors import FedloraError
 from common.models.lora import lora_layers
 from common.models.lora_init import apply_lora_init
 from common.presets import preset
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.ledger import Ledger
 from common.sparta import kept_rows, selection_steps
 from common.tasks.training import Trainee
 from server.simulate import simulate

@@ -20,7 +20,7 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.models.dense_delta import dense_deltas, restore_base
 from common.models.lora import lora_layers
-from common.privacy.wishart import wishart_epsilon, wishart_sigma
+from common.privacy.mechanisms.wishart import wishart_epsilon, wishart_sigma
 from common.tasks.language_model import LanguageModelTask
 from tests.conftest import per_example_base_grads, run_cli
 

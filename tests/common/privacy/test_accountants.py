@@ -12,9 +12,9 @@ from opacus.accountants import RDPAccountant as OpacusRdp
 from opacus.accountants.analysis import gdp as opacus_gdp
 
 from common.cli import main
-from common.privacy import gdp
-from common.privacy.accountants import PLD_DISCRETIZATION, Event, make_accountant
-from common.privacy.calibration import calibrate_sigma, epsilon_for
+from common.privacy.accounting import gdp
+from common.privacy.accounting.accountants import PLD_DISCRETIZATION, Event, make_accountant
+from common.privacy.accounting.calibration import calibrate_sigma, epsilon_for
 
 GRID = [(1.0, 0.01, 1000), (1.0, 0.001, 1000), (0.8, 0.001, 10000), (1.1, 0.00427, 3515), (2.0, 0.01, 1000),
         (1.0, 0.1, 50), (0.8, 0.1, 100), (1.5, 0.05, 200), (1.0, 0.5, 20), (1.0, 0.2, 50)]  # fmt: skip
@@ -198,8 +198,8 @@ def test_bad_events(kwargs, match):
 
 def _skellam(sigma=1.0, p=1.0, count=1, l2=1000.0):
     """A Skellam event whose Gaussian equivalent is ``sigma`` (μ = (σ·Δ2)²), Δ1 = min(Δ2², √D·Δ2), D = 2^17."""
-    from common.privacy.accountants import SkellamEvent
-    from common.privacy.skellam import integer_sensitivities
+    from common.privacy.accounting.accountants import SkellamEvent
+    from common.privacy.accounting.skellam import integer_sensitivities
 
     l1, l2 = integer_sensitivities(l2, 2**17)
     return SkellamEvent(sigma, p, count, l1, l2)
@@ -219,7 +219,7 @@ def test_a_skellam_event_costs_at_least_its_gaussian_equivalent_and_tends_to_it(
             costs.append(acc.epsilon(1e-6))
         assert all(c >= gauss.epsilon(1e-6) for c in costs) and costs[0] > costs[1] > costs[2]
         # the bound's Gaussian term is exact, and the sampling bound applied to the Gaussian curve is
-        # the exact sampled Gaussian's RDP (common/privacy/skellam.py); the Gaussian's accountant also
+        # the exact sampled Gaussian's RDP (common/privacy/accounting/skellam.py); the Gaussian's accountant also
         # has fractional orders, the Skellam one integer orders only (measured: 1.0018 at p = 0.1)
         assert costs[-1] / gauss.epsilon(1e-6) == pytest.approx(1.0, abs=3e-3)
 
@@ -249,7 +249,7 @@ def test_skellam_and_gaussian_events_never_merge_and_their_state_round_trips():
     [dict(l1=1.0, l2=0.0), dict(l1=1.0, l2=2.0), dict(l1=math.inf, l2=2.0)],
 )
 def test_bad_skellam_events(kwargs):
-    from common.privacy.accountants import SkellamEvent
+    from common.privacy.accounting.accountants import SkellamEvent
 
     with pytest.raises(ValueError, match="sensitivities"):
         SkellamEvent(1.0, 0.5, 1, **kwargs)

@@ -1,4 +1,4 @@
-"""Adaptive clipping math (common/privacy/adaptive_clip.py) against Flower 1.41 and closed forms.
+"""Adaptive clipping math (common/privacy/mechanisms/adaptive_clip.py) against Flower 1.41 and closed forms.
 
 Paper: Andrew, Thakkar, McMahan, Ramaswamy 2021, "Differentially private learning with adaptive clipping".
 """
@@ -17,7 +17,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClippin
 from flwr.supercore.differential_privacy import adaptive_clip_inputs_inplace, compute_adaptive_noise_params
 
 from common.errors import FedloraError
-from common.privacy.adaptive_clip import (
+from common.privacy.mechanisms.adaptive_clip import (
     combined_noise_multiplier,
     default_count_std,
     next_clip,

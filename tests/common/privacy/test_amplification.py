@@ -1,5 +1,5 @@
-"""Poisson amplification of RDP (common/privacy/amplification.py) against independent computations:
-the exact sampled-Gaussian RDP (dp_accounting's and common/privacy/rdp.py's series), exact
+"""Poisson amplification of RDP (common/privacy/accounting/amplification.py) against independent computations:
+the exact sampled-Gaussian RDP (dp_accounting's and common/privacy/accounting/rdp.py's series), exact
 divergences of random discrete pairs in both directions, the add-direction certificate's pointwise
 inequality at random points, and Zhu & Wang's general bound where no certificate passes."""
 
@@ -10,10 +10,10 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import special
 
-from common.privacy import amplification
-from common.privacy.amplification import add_certificate, subsampled_rdp
-from common.privacy.rdp import rdp_subsampled_gaussian
-from common.privacy.skellam import SKELLAM_ORDERS
+from common.privacy.accounting import amplification
+from common.privacy.accounting.amplification import add_certificate, subsampled_rdp
+from common.privacy.accounting.rdp import rdp_subsampled_gaussian
+from common.privacy.accounting.skellam import SKELLAM_ORDERS
 
 
 def renyi(order: int, log_p: np.ndarray, log_q: np.ndarray) -> float:
@@ -32,7 +32,7 @@ def random_pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("sigma", [0.7, 1.0, 2.0])
 def test_amplification_of_the_gaussian_curve_is_the_exact_sampled_gaussian(q, sigma):
     """Applied to the Gaussian curve α/(2σ²) the bound is the exact sampled-Gaussian RDP (Mironov,
-    Talwar & Zhang): common/privacy/rdp.py's series and dp_accounting's, computed independently."""
+    Talwar & Zhang): common/privacy/accounting/rdp.py's series and dp_accounting's, computed independently."""
     orders = (2, 3, 5, 10, 32, 64)
     ours = [subsampled_rdp(lambda a, s=sigma: a / (2 * s * s), q, alpha) for alpha in orders]
     theirs = rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(q, sigma, orders)

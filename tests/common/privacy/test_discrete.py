@@ -9,8 +9,9 @@ import scipy.linalg
 import torch
 from scipy import stats
 
-from common.privacy import discrete
-from common.privacy.discrete import (
+from common.privacy.accounting.skellam import integer_sensitivities, rounding_norm_bound, skellam_mu
+from common.privacy.mechanisms import discrete
+from common.privacy.mechanisms.discrete import (
     choose_bits,
     clip_l2,
     conditional_round,
@@ -28,7 +29,6 @@ from common.privacy.discrete import (
     unwrap,
     wrap,
 )
-from common.privacy.skellam import integer_sensitivities, rounding_norm_bound, skellam_mu
 
 
 def test_hadamard_transform_matches_the_matrix():

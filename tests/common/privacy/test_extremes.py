@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from common.privacy import gdp, pld
-from common.privacy.accountants import Accountant, Event, make_accountant
-from common.privacy.calibration import epsilon_for
+from common.privacy.accounting import gdp, pld
+from common.privacy.accounting.accountants import Accountant, Event, make_accountant
+from common.privacy.accounting.calibration import epsilon_for
 from tests.conftest import run_cli
 
 ISSUE = ["--noise-multiplier", "0.12", "--sample-rate", "0.1", "--rounds", "2", "--delta", "1e-6"]
@@ -219,7 +219,7 @@ def test_a_refusal_prints_its_two_numbers_apart():
     from client.node.policy import NodePolicy, planned_client_epsilon
     from common.errors import FedloraError
     from common.presets import preset
-    from common.privacy.report import apart
+    from common.privacy.accounting.report import apart
 
     assert apart(0.0010004, 0.001) == ("0.0010004", "0.001")
     assert apart(12.3, 8.0) == ("12.3", "8")

@@ -1,5 +1,5 @@
-"""Banded Toeplitz factorization (common/privacy/factorization.py) and its streaming noise
-(common/privacy/banded_noise.py), each against an independent computation: dense matrices, brute
+"""Banded Toeplitz factorization (common/privacy/planning/factorization.py) and its streaming noise
+(common/privacy/mechanisms/banded_noise.py), each against an independent computation: dense matrices, brute
 force over participation patterns, and jax_privacy's optimized coefficients."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 from scipy.linalg import solve_triangular
 
-from common.privacy.banded_noise import BandedNoise, standard_normal
-from common.privacy.factorization import (
+from common.privacy.mechanisms.banded_noise import BandedNoise, standard_normal
+from common.privacy.planning.factorization import (
     column_norms_squared,
     inverse_coefs,
     mean_error,

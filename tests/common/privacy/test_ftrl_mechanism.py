@@ -1,4 +1,4 @@
-"""The dp-ftrl mechanism's secret stream (common/privacy/ftrl_mechanism.py): persisted before a mean is
+"""The dp-ftrl mechanism's secret stream (common/privacy/mechanisms/ftrl_mechanism.py): persisted before a mean is
 used, continued after a crash exactly as an uninterrupted run would, refused when it cannot be."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from scipy.linalg import solve_triangular
 
 from common.errors import FedloraError
 from common.presets import preset
-from common.privacy import ftrl_mechanism
-from common.privacy.factorization import toeplitz
-from common.privacy.ftrl_mechanism import NOISE_FILE, BandedFtrl
-from common.privacy.mechanism import run_mechanism
-from common.privacy.plan import plan_noise
+from common.privacy.mechanisms import ftrl_mechanism
+from common.privacy.mechanisms.ftrl_mechanism import NOISE_FILE, BandedFtrl
+from common.privacy.mechanisms.mechanism import run_mechanism
+from common.privacy.planning.factorization import toeplitz
+from common.privacy.planning.plan import plan_noise
 
 SHAPES = {"a": (3, 2), "b": (4,)}
 CFG = dict(mechanism="dp-ftrl", threat_model="central", target_epsilon=8.0, clip=0.5, num_clients=8,

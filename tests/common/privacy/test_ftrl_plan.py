@@ -1,4 +1,4 @@
-"""The correlated-noise plan (common/privacy/ftrl_plan.py): its charges against dp_accounting composed
+"""The correlated-noise plan (common/privacy/planning/ftrl_plan.py): its charges against dp_accounting composed
 directly, the analytic Gaussian (Balle & Wang 2018) and today's DP-FedAvg plan."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from dp_accounting.pld import pld_privacy_accountant
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from common.privacy.accountants import Event
-from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
-from common.privacy.factorization import prefix_sensitivities
-from common.privacy.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
+from common.privacy.planning.factorization import prefix_sensitivities
+from common.privacy.planning.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
 
 
 def _dp_accounting_epsilon(sigma: float, q: float, count: int, delta: float) -> float:

@@ -12,8 +12,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from opacus.accountants.analysis.gdp import compute_eps_poisson
 
 from common.errors import FedloraError
-from common.privacy.accountants import Event
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.ledger import Ledger
 from tests.conftest import run_cli
 from tests.harness import ledger_charge
 
@@ -201,7 +201,7 @@ def test_a_secure_aggregation_round_charges_skellam_events_accounted_by_rdp(ledg
     """Skellam events (secure aggregation's distributed discrete noise) are stored with their
     sensitivities, survive a reopen, and make RDP the ledger's tight accountant: its ε_tight is the
     RDP accountant's over the same history, Gaussian rounds included, and the report says so."""
-    from common.privacy.accountants import RdpAccountant, SkellamEvent
+    from common.privacy.accounting.accountants import RdpAccountant, SkellamEvent
 
     skellam = SkellamEvent(0.9, 1.0, 1, 1.0e6, 1000.0)
     ledger.charge(_charge(1, 1.2, 0.5))
@@ -231,7 +231,7 @@ def test_an_events_table_of_an_older_file_gains_the_sensitivity_columns(ledger):
         conn.execute("ALTER TABLE events DROP COLUMN l2")
     reopened = Ledger.open(ledger.path, "client-level")
     assert reopened.events() == [Event(1.2, 0.5)]
-    from common.privacy.accountants import SkellamEvent
+    from common.privacy.accounting.accountants import SkellamEvent
 
     skellam = SkellamEvent(0.9, 1.0, 1, 1.0e6, 1000.0)
     reopened.charge(_charge(2, 0.9, 1.0, events=(skellam,)))
@@ -239,7 +239,7 @@ def test_an_events_table_of_an_older_file_gains_the_sensitivity_columns(ledger):
 
 
 def _rdp_epsilon(*events):
-    from common.privacy.accountants import RdpAccountant
+    from common.privacy.accounting.accountants import RdpAccountant
 
     acc = RdpAccountant()
     for e in events:
@@ -251,7 +251,7 @@ def test_charges_that_name_their_participants_compose_per_client(ledger):
     """Secure aggregation charges each round to the clients in it (p = 1): every client composes only
     its own rounds, and the totals are the worst client's, checked against the RDP accountant run
     on each client's history by hand."""
-    from common.privacy.accountants import SkellamEvent
+    from common.privacy.accounting.accountants import SkellamEvent
 
     strong, weak = SkellamEvent(2.0, 1.0, 1, 1.0e6, 1000.0), SkellamEvent(1.5, 1.0, 1, 1.0e6, 1000.0)
     secure = dict(threat_model="secure-aggregation", p=1.0)
@@ -278,7 +278,7 @@ def test_a_charged_round_narrows_to_its_survivors_before_it_is_used(ledger):
     """The charge committed before a secure round (every sampled client, the fewest survivors'
     noise) narrows to the clients whose inputs were summed and the noise their shares carry; a
     settled round, or one that is not the last charge, is never changed."""
-    from common.privacy.accountants import SkellamEvent
+    from common.privacy.accounting.accountants import SkellamEvent
 
     planned, realised = SkellamEvent(1.5, 1.0, 1, 1.0e6, 1000.0), SkellamEvent(1.8, 1.0, 1, 1.0e6, 1000.0)
     secure = dict(threat_model="secure-aggregation", p=1.0)

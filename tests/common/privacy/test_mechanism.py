@@ -1,4 +1,4 @@
-"""common/privacy/mechanism.py: one property test over every client-level mechanism (each release's
+"""common/privacy/mechanisms/mechanism.py: one property test over every client-level mechanism (each release's
 mechanism, bare and wrapped in adaptive clipping, under every threat model it allows), and the
 round interface (a RoundSum) the server aggregates through.
 
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from common.config import RunConfig
-from common.privacy.mechanism import CLIP_SLACK, AdaptiveClipping, GaussianMechanism, run_mechanism
-from common.privacy.plan import plan_noise
-from common.privacy.release import global_norm
-from common.privacy.threat import THREATS
+from common.privacy.mechanisms.mechanism import CLIP_SLACK, AdaptiveClipping, GaussianMechanism, run_mechanism
+from common.privacy.mechanisms.release import global_norm
+from common.privacy.participation.threat import THREATS
+from common.privacy.planning.plan import plan_noise
 from common.wire import CLIP_BIT, InvalidReply
 
 DIM, CLIP, CLIENTS, RATE = 4096, 0.5, 40, 0.25  # p·N = 10
@@ -120,7 +120,7 @@ def test_the_skellam_mechanism_clips_checks_sums_charges_and_restores(threat):
 
     import numpy as np
 
-    from common.privacy.skellam_mechanism import WORDS, SkellamMechanism
+    from common.privacy.mechanisms.skellam_mechanism import WORDS, SkellamMechanism
 
     cfg = RunConfig(
         mechanism="dp-fedavg",

@@ -1,4 +1,4 @@
-"""Who takes part in a round (common/privacy/participation.py), as each run's plan declares it: the
+"""Who takes part in a round (common/privacy/participation/participation.py), as each run's plan declares it: the
 server's sampler and stop rule, and a node's own coin, which comes from OS entropy so that neither
 the run's seed nor the server can predict it."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from common.config import RunConfig
-from common.privacy import participation
-from common.privacy.participation import CappedCohorts, PoissonSampling
-from common.privacy.plan import plan_noise
+from common.privacy.participation import participation
+from common.privacy.participation.participation import CappedCohorts, PoissonSampling
+from common.privacy.planning.plan import plan_noise
 
 
 def test_the_coin_comes_up_at_its_rate_and_ignores_every_seed():
@@ -87,7 +87,7 @@ def test_capped_cohorts_send_nothing_below_the_fewest_survivors_and_stop_once_th
 def test_a_cyclic_node_keeps_to_one_group_even_if_its_id_changes():
     """The node's own check: its group's rounds only, and never rounds of two residues (a node whose id
     changed on a restart would otherwise take part in a second group's rounds)."""
-    from common.privacy.participation import CyclicPoisson, group_of
+    from common.privacy.participation.participation import CyclicPoisson, group_of
 
     rule = CyclicPoisson(3, 0.3)
     node = next(n for n in range(1000, 1100) if group_of(n, 3) == 1)  # rounds 2, 5, 8, ...
@@ -98,7 +98,7 @@ def test_a_cyclic_node_keeps_to_one_group_even_if_its_id_changes():
 
 
 def test_min_separation_draws_the_cohort_from_the_nodes_not_in_the_last_rounds():
-    from common.privacy.participation import MinSeparation
+    from common.privacy.participation.participation import MinSeparation
 
     rule = MinSeparation(3, 2)
     taken = {1: 4, 2: 3}  # last rounds: node 1 in round 4, node 2 in round 3 (round 5: both too recent)

@@ -1,4 +1,4 @@
-"""common.privacy.pld against dp_accounting's PLDAccountant, which it ports; and its import cost."""
+"""common.privacy.accounting.pld against dp_accounting's PLDAccountant, which it ports; and its import cost."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
-from common.privacy import pld
+from common.privacy.accounting import pld
 
 # (events, discretization): dense and sparse PMFs, p = 1 (plain Gaussian), both grids.
 CASES = [
@@ -62,7 +62,7 @@ def test_edge_cases():
 
 def test_import_is_light():
     heavy = ["dp_accounting", "scipy.stats", "scipy.signal", "scipy.optimize"]
-    code = f"import sys, common.privacy.pld; print([m for m in {heavy!r} if m in sys.modules])"
+    code = f"import sys, common.privacy.accounting.pld; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=Path(__file__).resolve().parents[3],
@@ -77,7 +77,7 @@ def test_tiny_noise_is_no_guarantee_not_out_of_memory():
     """σ → 0 would need ~1e15 grid points (dp_accounting runs out of memory): ε = ∞, δ = 1."""
     import time
 
-    from common.privacy.accountants import Event, PldAccountant
+    from common.privacy.accounting.accountants import Event, PldAccountant
 
     acc = PldAccountant()
     acc.compose(Event(1e-6, 0.016, 25))

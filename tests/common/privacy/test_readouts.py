@@ -10,9 +10,9 @@ import pytest
 
 from common.config import RunConfig
 from common.presets import preset
-from common.privacy.ledger import Ledger
-from common.privacy.plan import plan_noise
-from common.privacy.statement import client_level
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.accounting.statement import client_level
+from common.privacy.planning.plan import plan_noise
 from server.federation import _round_line
 from tests.conftest import run_cli
 from tests.harness import ledger_charge

@@ -8,13 +8,13 @@ import torch
 
 from common.errors import FedloraError
 from common.presets import preset
-from common.privacy.accountants import Event
-from common.privacy.calibration import epsilon_for
-from common.privacy.ledger import Charge, Ledger
-from common.privacy.mechanism import private_mean
-from common.privacy.plan import NoisePlan, budget_stop, plan_noise
-from common.privacy.release import add_noise, clip, clip_and_noise, global_norm
-from common.privacy.threat import THREATS
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.calibration import epsilon_for
+from common.privacy.accounting.ledger import Charge, Ledger
+from common.privacy.mechanisms.mechanism import private_mean
+from common.privacy.mechanisms.release import add_noise, clip, clip_and_noise, global_norm
+from common.privacy.participation.threat import THREATS
+from common.privacy.planning.plan import NoisePlan, budget_stop, plan_noise
 
 
 def _state(seed=0, scale=1.0):
@@ -171,7 +171,7 @@ def test_every_registered_release_kind_resolves_to_its_parts():
 def test_the_central_guarantee_says_what_the_server_receives_under_encode_at_server():
     """--encode-at server sends the raw, unclipped increment to the trusted server: the statement
     must not say it sees only clipped replies."""
-    from common.privacy.statement import client_level
+    from common.privacy.accounting.statement import client_level
 
     cfg = (
         preset(

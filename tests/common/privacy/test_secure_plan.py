@@ -1,4 +1,4 @@
-"""The plan of a secure-aggregation release (common/privacy/secure_plan.py): its noise meets the
+"""The plan of a secure-aggregation release (common/privacy/planning/secure_plan.py): its noise meets the
 target against independent accountants, its modulus holds the worst-case sum, bad plans fail in one line."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import math
 import pytest
 
 from common.errors import FedloraError
-from common.privacy.calibration import calibrate_sigma
-from common.privacy.secure_plan import HEADROOM_SDS, SecureTarget, contributor_bound, plan_secure
+from common.privacy.accounting.calibration import calibrate_sigma
+from common.privacy.planning.secure_plan import HEADROOM_SDS, SecureTarget, contributor_bound, plan_secure
 from tests.conftest import run_cli
 
 MINILM = dict(dim=74_000, clip=0.5, survivors=(75, 130), graph=(10, 6))
@@ -66,7 +66,7 @@ def test_the_cli_prints_the_plan(capsys):
 def test_against_observers_of_the_adapter_sampling_amplifies_and_the_cli_says_whom_it_holds_against(capsys):
     """The same μ spends less against observers who do not see the sample than against the server,
     never less than the exact sampled Gaussian of the same σ (the PLD accountant, independent)."""
-    from common.privacy.calibration import epsilon_for
+    from common.privacy.accounting.calibration import epsilon_for
 
     plan = plan_secure(SecureTarget(8.0, 1e-6, 5), **MINILM)
     observers = plan.observers_epsilon(0.1, 30)
@@ -142,8 +142,8 @@ def test_a_secure_runs_plan_is_derived_from_its_config_and_the_adapters_size():
     cohort from the options (or the expected cohort p·N and the mean participations), p = 1,
     σ the Skellam plan's Gaussian equivalent, the planned ε the target over the cap; too few bits
     for the cohort, or no size, fail in one line before any round."""
-    from common.privacy.plan import plan_noise
-    from common.privacy.secure_plan import cohort_bound, participation_cap
+    from common.privacy.planning.plan import plan_noise
+    from common.privacy.planning.secure_plan import cohort_bound, participation_cap
 
     cfg = _secure_cfg().check()
     plan = plan_noise(cfg, 74_000)
@@ -166,7 +166,7 @@ def test_a_secure_runs_plan_is_derived_from_its_config_and_the_adapters_size():
 def test_hidden_participation_charges_every_round_at_the_sample_rate_and_needs_less_noise():
     """Hidden participation (every client in every round, each contributing by its own coin at p):
     μ meets the target over all rounds Poisson-sampled at p, by the independent sampled-Gaussian RDP
-    of common/privacy/rdp.py as a floor (the Skellam bound is never below it); it needs less noise
+    of common/privacy/accounting/rdp.py as a floor (the Skellam bound is never below it); it needs less noise
     than the same clients taking part 3 times at p = 1, and sits within 2 % of the Gaussian's RDP σ
     for the same sampling (the amplification bound is exact for the Gaussian curve; what is left is
     the Skellam bound's excess term and the rounding: 0.847 against 0.838 here)."""
@@ -196,8 +196,8 @@ def test_the_bits_hold_the_likely_contributors_not_every_contacted_client():
 def test_a_hidden_participation_runs_plan_asks_everyone_every_round_at_the_sample_rate():
     """``secure-aggregation-hidden``: the cohort is every client, every round counts (at p), the plan's
     event is Poisson-sampled at the run's rate, and the bits hold the likely contributors."""
-    from common.privacy.plan import plan_noise
-    from common.privacy.secure_plan import cohort_bound, contributor_bound, participation_cap
+    from common.privacy.planning.plan import plan_noise
+    from common.privacy.planning.secure_plan import cohort_bound, contributor_bound, participation_cap
 
     cfg = _secure_cfg(threat_model="secure-aggregation-hidden", max_participations=0, min_replies=900).check()
     plan = plan_noise(cfg, 74_000)

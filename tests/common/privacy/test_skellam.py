@@ -1,6 +1,6 @@
 """The Skellam accountant against independent computations: the exact Rényi divergence between
 shifted Skellams (scipy's pmf), the Gaussian limit, the exact sampled-Gaussian RDP of
-common/privacy/rdp.py, a Monte Carlo of the rounding bound, and its own inverse."""
+common/privacy/accounting/rdp.py, a Monte Carlo of the rounding bound, and its own inverse."""
 
 import math
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.privacy.amplification import subsampled_rdp
-from common.privacy.rdp import eps_from_rdp
-from common.privacy.skellam import (
+from common.privacy.accounting.amplification import subsampled_rdp
+from common.privacy.accounting.rdp import eps_from_rdp
+from common.privacy.accounting.skellam import (
     SKELLAM_ORDERS,
     integer_sensitivities,
     rounding_norm_bound,

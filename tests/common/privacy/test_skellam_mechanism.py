@@ -1,4 +1,4 @@
-"""An adapter increment through the Skellam mechanism (common/privacy/skellam_mechanism.py): released
+"""An adapter increment through the Skellam mechanism (common/privacy/mechanisms/skellam_mechanism.py): released
 by each client as words mod 2^b with the plan's numbers, summed mod 2^b, decoded to the mean of the
 clipped increments plus the predicted noise, in the adapter's own shapes; and a node's check of a
 SecAgg+ round's parameters against its own release (client/secure.py)."""
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from client.secure import check_params
-from common.privacy.discrete import modular_sum
-from common.privacy.plan import NoisePlan
-from common.privacy.secure_plan import SecureTarget, plan_secure
-from common.privacy.skellam_mechanism import WORDS, SkellamMechanism
+from common.privacy.mechanisms.discrete import modular_sum
+from common.privacy.mechanisms.skellam_mechanism import WORDS, SkellamMechanism
+from common.privacy.planning.plan import NoisePlan
+from common.privacy.planning.secure_plan import SecureTarget, plan_secure
 from server.secure_round import round_params
 
 SHAPES = {"layer.lora_A": (8, 120), "layer.lora_B": (120, 8), "head": (2,)}
@@ -104,7 +104,7 @@ def test_a_node_checks_the_rounds_protocol_values_against_its_own_plan():
 
 
 def test_a_small_round_links_every_node_and_keeps_the_threshold_rule():
-    from common.privacy.secure_plan import round_graph
+    from common.privacy.planning.secure_plan import round_graph
 
     plan = _release().words  # k 4, t 3
     assert round_graph(plan, 8) == (4, 3)
@@ -132,7 +132,7 @@ def test_the_charge_of_a_sum_is_the_noise_its_shares_carry():
 def test_a_zero_update_is_encoded_with_the_full_work_and_comes_out_as_its_share_alone(monkeypatch):
     """A zero update (a hidden coin that did not come up) goes through the full clip, rotation and
     rounding, so its timing does not show it, and its message is its Skellam share alone."""
-    from common.privacy import discrete
+    from common.privacy.mechanisms import discrete
 
     release = _release()
     zero = {name: torch.zeros(shape) for name, shape in SHAPES.items()}

@@ -1,4 +1,4 @@
-"""The Skellam share sampler (common/privacy/skellam_sampler.py): its pmf against mpmath's Bessel
+"""The Skellam share sampler (common/privacy/mechanisms/skellam_sampler.py): its pmf against mpmath's Bessel
 function and scipy's Skellam, its table's tail bound and thresholds (over every variance a table
 can be asked for), its 128-bit comparison against a brute-force count, and its draws by a
 chi-square."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.privacy import skellam_sampler as ss
-from common.privacy.secure_plan import SecureTarget, plan_secure
+from common.privacy.mechanisms import skellam_sampler as ss
+from common.privacy.planning.secure_plan import SecureTarget, plan_secure
 
 
 @pytest.mark.parametrize("variance", [0.3, 5.0, 2644.0])

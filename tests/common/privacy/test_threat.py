@@ -1,4 +1,4 @@
-"""common/privacy/threat.py: one property test over every client-level threat model.
+"""common/privacy/participation/threat.py: one property test over every client-level threat model.
 
 Whatever the threat model, an applied round's sum must carry at least the planned noise multiplier σ
 (sensitivity C), split as the model says between the clients and the server; a node that trusts no
@@ -12,7 +12,7 @@ import math
 import pytest
 
 from common.config import THREAT_MODELS
-from common.privacy.threat import CLIENT_LEVEL, THREATS, TRUST, ThreatModel
+from common.privacy.participation.threat import CLIENT_LEVEL, THREATS, TRUST, ThreatModel
 
 SIGMA, CLIP = 0.8, 0.5
 

@@ -11,9 +11,9 @@ from dp_accounting.pld import pld_privacy_accountant
 from scipy import special, stats
 
 from common.errors import FedloraError
-from common.privacy.accountants import PLD_DISCRETIZATION
-from common.privacy.calibration import epsilon_for
-from common.privacy.wishart import (
+from common.privacy.accounting.accountants import PLD_DISCRETIZATION
+from common.privacy.accounting.calibration import epsilon_for
+from common.privacy.mechanisms.wishart import (
     ASSUMPTIONS,
     alpha_star,
     projection_failure,

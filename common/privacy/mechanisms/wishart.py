@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass
 from scipy import special
 
 from common.errors import FedloraError
-from common.privacy.calibration import calibrate_sigma, epsilon_for
+from common.privacy.accounting.calibration import calibrate_sigma, epsilon_for
 
 #: the paper's experiments (App. F.2): δ_p = 0.1·δ for projection failure
 DEFAULT_FAIL_FRAC = 0.1

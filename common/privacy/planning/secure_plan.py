@@ -1,6 +1,6 @@
 """The numbers of a secure-aggregation release, fixed before any round: scale, rounding bound,
-Skellam noise, bits per coordinate and what a client sends (common/privacy/discrete.py encodes,
-common/privacy/skellam.py accounts, common/secagg/ carries it).
+Skellam noise, bits per coordinate and what a client sends (common/privacy/mechanisms/discrete.py encodes,
+common/privacy/accounting/skellam.py accounts, common/secagg/ carries it).
 
 A client clips its update to C, scales it by s = ``scale_factor``·√D/C (so sC = ``scale_factor``·√D
 and conditional rounding inflates the norm by well under 1 %), rotates and rounds it to ‖z‖_2 ≤ Δ2
@@ -16,7 +16,7 @@ rounds Poisson-sampled at p, as central noise does.
 Bits: b is the smallest modulus with room for the worst-case sum of the most contributors (the
 cohort, or with hidden participation a binomial bound exceeded with probability below
 :data:`CONTRIBUTOR_TAIL`) plus ``headroom`` standard deviations of the cohort's summed noise, and the
-detection margin of :func:`common.privacy.discrete.choose_bits`.
+detection margin of :func:`common.privacy.mechanisms.discrete.choose_bits`.
 """
 
 from __future__ import annotations
@@ -30,13 +30,18 @@ from scipy.stats import binom
 
 from common.config import RunConfig
 from common.errors import FedloraError
-from common.privacy import discrete
-from common.privacy.accountants import Event, SkellamEvent
-from common.privacy.family import OneEventRounds, PlanView
-from common.privacy.participation import CappedCohorts, Participation
-from common.privacy.skellam import integer_sensitivities, rounding_norm_bound, skellam_epsilon, skellam_mu
-from common.privacy.skellam_sampler import MAX_TABLE_VARIANCE
-from common.privacy.threat import THREATS
+from common.privacy.accounting.accountants import Event, SkellamEvent
+from common.privacy.accounting.skellam import (
+    integer_sensitivities,
+    rounding_norm_bound,
+    skellam_epsilon,
+    skellam_mu,
+)
+from common.privacy.mechanisms import discrete
+from common.privacy.mechanisms.skellam_sampler import MAX_TABLE_VARIANCE
+from common.privacy.participation.participation import CappedCohorts, Participation
+from common.privacy.participation.threat import THREATS
+from common.privacy.planning.family import OneEventRounds, PlanView
 
 #: sC = SCALE_FACTOR·√D: rounding inflates the norm by ~1/(8·factor²), 0.5 % at 5
 SCALE_FACTOR = 5.0
@@ -104,7 +109,7 @@ class SecurePlan(OneEventRounds):
     def as_dict(self) -> dict:
         return asdict(self)
 
-    # its part of the run's plan (common/privacy/plan.py ``Family``): RDP alone (Agarwal et al.'s
+    # its part of the run's plan (common/privacy/planning/plan.py ``Family``): RDP alone (Agarwal et al.'s
     # bound; the CLT μ-GDP is no bound for Skellam noise), capped cohorts, each client's Skellam share
     accountants: ClassVar[tuple[str, ...]] = ("rdp",)
 
@@ -332,7 +337,7 @@ def run_graph(cfg: RunConfig) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class IntegerFormat:
-    """What a transport that sums a release planned here must hold (the Skellam mechanism's, common/privacy/skellam_mechanism.py), and nothing of its noise: words
+    """What a transport that sums a release planned here must hold (the Skellam mechanism's, common/privacy/mechanisms/skellam_mechanism.py), and nothing of its noise: words
     of ``bits`` bits, ``length`` of them; at least ``min_survivors`` and at most ``cohort`` summands
     (else the sum carries less noise than planned, or may overflow); the neighbour graph the plan
     sized its dropout tolerance for (``neighbours``, ``threshold``)."""

@@ -5,7 +5,7 @@
 ``pld``  privacy-loss distribution, pessimistic estimate (a tight upper bound; dp_accounting's algorithm).
 
 An :class:`Event` is a Gaussian mechanism; a :class:`SkellamEvent` the Skellam mechanism of secure
-aggregation's distributed discrete noise (common/privacy/skellam.py), whose σ is its Gaussian
+aggregation's distributed discrete noise (common/privacy/accounting/skellam.py), whose σ is its Gaussian
 equivalent √μ/Δ2. ``rdp`` composes both (each event gives its own RDP curve); ``gdp`` takes a
 Skellam event at its Gaussian equivalent (the same CLT approximation); ``pld`` refuses one (no PLD
 of the multi-dimensional Skellam mechanism here: account such a history with ``rdp``).
@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from common.privacy import gdp, pld, rdp, skellam
+from common.privacy.accounting import gdp, pld, rdp, skellam
 
 #: Opacus RDPAccountant.DEFAULT_ALPHAS
 RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
@@ -190,7 +190,7 @@ class GdpAccountant(Accountant):
 
 
 class PldAccountant(Accountant):
-    """Tight PLD accountant: ``common.privacy.pld``, a port of dp_accounting's PLDAccountant
+    """Tight PLD accountant: ``common.privacy.accounting.pld``, a port of dp_accounting's PLDAccountant
     (pessimistic) that agrees with it to float round-off (tests/common/privacy/test_pld.py) and loads in
     a fraction of the time.
 

@@ -1,7 +1,7 @@
 """Client-level Gaussian release of an adapter increment: clip its global L2 norm to C, add noise.
 
 Who adds how much noise depends on the threat model, with noise multiplier σ
-(common/privacy/plan.py sizes the shares; common/privacy/threat.py says what each guarantees):
+(common/privacy/planning/plan.py sizes the shares; common/privacy/participation/threat.py says what each guarantees):
 ``local``        each client adds N(0, σ²C²) per coordinate: private against the server itself;
 ``distributed``  each of the K sampled clients adds N(0, σ²C²/m), m = min(min-replies, K): any
                  applied sum carries at least N(0, σ²C²);

@@ -1,15 +1,15 @@
 """What a noise family owns of a run's plan (pfl-research: a mechanism owns its noise plan), and what
-it reads of the plan: the protocols between common/privacy/plan.py's ``NoisePlan`` and the families
-(its ``Gaussian``; secure aggregation's ``SecurePlan``, common/privacy/secure_plan.py; correlated
-noise's ``FtrlPlan``, common/privacy/ftrl_plan.py). Here, below all of them, so that a family's module
+it reads of the plan: the protocols between common/privacy/planning/plan.py's ``NoisePlan`` and the families
+(its ``Gaussian``; secure aggregation's ``SecurePlan``, common/privacy/planning/secure_plan.py; correlated
+noise's ``FtrlPlan``, common/privacy/planning/ftrl_plan.py). Here, below all of them, so that a family's module
 never imports the plan that holds it."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from common.privacy.accountants import Event
-from common.privacy.participation import Participation
+from common.privacy.accounting.accountants import Event
+from common.privacy.participation.participation import Participation
 
 
 class PlanView(Protocol):

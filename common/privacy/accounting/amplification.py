@@ -29,9 +29,9 @@ directions; it does for additive noise symmetric about 0):
   grows without bound. Where it does not pass, the factor 3 comes back for that order.
 
 For the Gaussian curve ε(ℓ) = ℓ/(2σ²), S is exactly the sampled Gaussian's RDP, so Skellam noise
-then costs only the Skellam bound's own excess over the Gaussian (common/privacy/skellam.py).
+then costs only the Skellam bound's own excess over the Gaussian (common/privacy/accounting/skellam.py).
 
-numpy/scipy only, like common/privacy/rdp.py.
+numpy/scipy only, like common/privacy/accounting/rdp.py.
 """
 
 from __future__ import annotations

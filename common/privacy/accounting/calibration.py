@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.privacy import gdp
-from common.privacy.accountants import Event, PldAccountant, make_accountant
+from common.privacy.accounting import gdp
+from common.privacy.accounting.accountants import Event, PldAccountant, make_accountant
 
 #: accountants whose larger ε every budget decision uses
 BUDGET_ACCOUNTANTS = ("gdp", "pld")

@@ -7,7 +7,7 @@ variance μ/n sum to exactly Sk(μ), so the accounting is exact for whichever cl
 the sum (pass the variance of the shares that were actually summed: dropouts lower μ and raise ε).
 
 Mechanism. An integer query f (a client's scaled, rotated, conditionally rounded update; see
-common/privacy/discrete.py) with L1 sensitivity Δ1 and L2 sensitivity Δ2, released as f + Sk(μ)^d.
+common/privacy/mechanisms/discrete.py) with L1 sensitivity Δ1 and L2 sensitivity Δ2, released as f + Sk(μ)^d.
 Agarwal et al. (arXiv 2110.04995, the d-dimensional Skellam RDP bound, Theorem 3.5 in the
 numbering we could trace; their notation, variance 2μ_p) give, for α > 1,
 
@@ -26,17 +26,17 @@ Steinke's (ICML 2021, arXiv 2102.06387, the conditional randomized rounding lemm
 for choosing Δ2 so that re-rounding is rarely needed.
 
 Subsampling. Poisson sampling at rate q amplifies the Skellam bound at integer orders by
-:func:`common.privacy.amplification.subsampled_rdp` (both directions of zero-out neighbours; for the
+:func:`common.privacy.accounting.amplification.subsampled_rdp` (both directions of zero-out neighbours; for the
 Gaussian curve it is exactly the sampled Gaussian's RDP, so Skellam noise costs only the bound's
 excess term: σ 1.398 where Zhu & Wang's general bound needed 1.775, ε 3, δ 1e-6, 30 rounds at
-q 0.1). Rounds compose additively and :func:`common.privacy.rdp.eps_from_rdp` converts to (ε, δ).
+q 0.1). Rounds compose additively and :func:`common.privacy.accounting.rdp.eps_from_rdp` converts to (ε, δ).
 
 Who the guarantee is against: amplification by sampling assumes the observer does not learn who
 was sampled. A secure-aggregation server sees which clients took part in a round; against it, charge
 ``sample_rate=1`` for the rounds a client took part in. The subsampled figure holds against
 observers of the released aggregates only.
 
-numpy/scipy only (no torch), like common/privacy/rdp.py.
+numpy/scipy only (no torch), like common/privacy/accounting/rdp.py.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from common.privacy.amplification import subsampled_rdp
-from common.privacy.rdp import eps_from_rdp
+from common.privacy.accounting.amplification import subsampled_rdp
+from common.privacy.accounting.rdp import eps_from_rdp
 
 #: integer RDP orders (the subsampling bound needs integers); dense where (ε, δ) optima usually fall
 SKELLAM_ORDERS: tuple[int, ...] = (*range(2, 65), 72, 80, 96, 112, 128, 160, 192, 256)
@@ -113,7 +113,7 @@ def skellam_epsilon(
     """ε at ``delta`` after ``rounds`` rounds of the Skellam mechanism with summed noise variance
     ``mu`` (integer units²), sensitivities ``l1``/``l2`` (integer units) and Poisson rate
     ``sample_rate``: the per-round curve (:func:`skellam_curve`) times ``rounds`` (RDP composition),
-    converted by :func:`common.privacy.rdp.eps_from_rdp` (Balle et al. 2020, Thm 21)."""
+    converted by :func:`common.privacy.accounting.rdp.eps_from_rdp` (Balle et al. 2020, Thm 21)."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if rounds < 0 or int(rounds) != rounds:

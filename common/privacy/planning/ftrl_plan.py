@@ -1,4 +1,4 @@
-"""The privacy plan of DP-FTRL with banded correlated noise: a strategy (common/privacy/factorization.py),
+"""The privacy plan of DP-FTRL with banded correlated noise: a strategy (common/privacy/planning/factorization.py),
 the participation rule its ε rests on, σ calibrated for both, and what each round charges the ledger.
 
 Two rules, each a theorem about one release ``Cx + z`` (C unit-norm, ≤ b bands; client-level,
@@ -13,7 +13,7 @@ add-or-remove adjacency):
   less than b apart. Its participations' columns of C are then orthogonal, each of norm ≤ ‖c‖ = 1, so
   a client's rounds are one Gaussian mechanism of μ² = Σ ‖C[:, j]‖² / σ² ≤ m/σ² after m of them: each
   participation charges that client (and only it) a Gaussian of σ at p = 1, and the worst client's
-  ε is ε(Gaussian(σ/sens)) with sens² = ⌈n/b⌉ (:func:`~common.privacy.factorization.prefix_sensitivities`
+  ε is ε(Gaussian(σ/sens)) with sens² = ⌈n/b⌉ (:func:`~common.privacy.planning.factorization.prefix_sensitivities`
   holds the general case).
 
 Rounds are 0-based here (the federation's round r is t = r − 1).
@@ -27,16 +27,16 @@ from functools import cached_property
 
 import numpy as np
 
-from common.privacy.accountants import Event
-from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
-from common.privacy.factorization import (
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
+from common.privacy.accounting.report import both_epsilons
+from common.privacy.participation.participation import CyclicPoisson, MinSeparation, Participation
+from common.privacy.planning.factorization import (
     mean_error,
     optimize_banded,
     workload,
 )
-from common.privacy.family import OneEventRounds, PlanView
-from common.privacy.participation import CyclicPoisson, MinSeparation, Participation
-from common.privacy.report import both_epsilons
+from common.privacy.planning.family import OneEventRounds, PlanView
 
 #: the participation rules correlated noise may rest on (see the module docstring)
 RULES = ("cyclic-poisson", "min-sep")
@@ -107,7 +107,7 @@ class FtrlPlan(OneEventRounds):  # central noise only: its clients' share is the
             )
         return events_epsilon(accountant, [e for t in range(rounds) for e in self.events(t)], self.delta)
 
-    # its part of the run's plan (common/privacy/plan.py ``Family``): the node's event, its rule's rounds
+    # its part of the run's plan (common/privacy/planning/plan.py ``Family``): the node's event, its rule's rounds
     def round_event(self, plan: PlanView) -> Event:
         return self.node_event
 

@@ -7,12 +7,12 @@ neighbours differ by one example). Each row is a charge of ``count`` Gaussian me
 multiplier σ at Poisson rate p, plus what the round did (sampled, replied, clip C, threat model,
 mechanism) and the running μ (CLT GDP), ε_gdp and ε_tight (PLD) at the ledger's δ after that row.
 
-A charge stores the accounting events its mechanism names (common/privacy/mechanism.py
+A charge stores the accounting events its mechanism names (common/privacy/mechanisms/mechanism.py
 ``Mechanism.events``) in the ``events`` table, one row each (kind, σ, p, count), and the totals
 compose every charge's events: a mechanism may charge several events per round (correlated noise,
 a secure-aggregation round). The charge's own σ, p and count are its headline event, the one its
 report shows; a charge with no ``events`` rows (every ledger written before the table existed) is
-that one event. ``kind`` names the mechanism an event is of (common/privacy/accountants.py):
+that one event. ``kind`` names the mechanism an event is of (common/privacy/accounting/accountants.py):
 ``gaussian``, or ``skellam`` (secure aggregation's distributed discrete noise, its σ the Gaussian
 equivalent, with its sensitivities in ``l1`` / ``l2``). A history of Gaussian events has the PLD as
 its tight accountant; one with a Skellam event has RDP (Agarwal et al.'s bound), and the report
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from common.config import THREAT_MODELS
 from common.errors import FedloraError
-from common.privacy.accountants import (
+from common.privacy.accounting.accountants import (
     Accountant,
     Event,
     GdpAccountant,
@@ -43,7 +43,7 @@ from common.privacy.accountants import (
     RdpAccountant,
     event_from,
 )
-from common.privacy.threat import CLIENT_LEVEL, SAMPLE_LEVEL, Guarantee, what_if_label
+from common.privacy.participation.threat import CLIENT_LEVEL, SAMPLE_LEVEL, Guarantee, what_if_label
 
 SCHEMA = "fedlora-ledger/1"
 UNITS = ("client-level", "sample-level")

@@ -5,13 +5,13 @@ summary.json keeps it whole."""
 from __future__ import annotations
 
 from common.config import RunConfig
-from common.privacy.plan import NoisePlan, uncovered, what_if
-from common.privacy.report import both_epsilons
-from common.privacy.threat import SAMPLE_LEVEL, THREATS, what_if_label
+from common.privacy.accounting.report import both_epsilons
+from common.privacy.participation.threat import SAMPLE_LEVEL, THREATS, what_if_label
+from common.privacy.planning.plan import NoisePlan, uncovered, what_if
 
 
 def round_epsilons(eps_gdp: float, eps_tight: float) -> str:
-    """A round line's ε, as :func:`~common.privacy.report.both_epsilons` says it, in short."""
+    """A round line's ε, as :func:`~common.privacy.accounting.report.both_epsilons` says it, in short."""
     if eps_tight >= eps_gdp:
         return f"pld {eps_tight:.3g} (gdp {eps_gdp:.3g}: CLT approximation, no bound)"
     return f"gdp {eps_gdp:.3g} (CLT approximation, above the pld bound {eps_tight:.3g}; the budget holds to the larger)"

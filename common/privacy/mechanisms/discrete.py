@@ -12,15 +12,15 @@ Agarwal, Kairouz & Liu, NeurIPS 2021, arXiv 2110.04995, Algorithm 1):
    and the L2 mass spreads evenly over each block (:func:`rotated_linf_bound`);
 3. conditional randomized rounding (:func:`conditional_round`): round each coordinate up with
    probability its fractional part, re-draw until ‖z‖_2 ≤ the bound Δ2 (which is then the L2
-   sensitivity the accountant charges, common/privacy/skellam.py);
+   sensitivity the accountant charges, common/privacy/accounting/skellam.py);
 4. add the client's share of Skellam noise (:func:`skellam_noise`): shares of variance μ/n sum to
    exactly Sk(μ);
 5. reduce mod 2^b (:func:`wrap`); the server sums mod 2^b (:func:`modular_sum`), lifts to the
    centred range (:func:`unwrap`), checks for wrap-around, unrotates and unscales (:func:`decode`).
 
 Randomness: rounding draws from a numpy generator seeded with ``secrets.randbits(128)`` on every
-call (as common/privacy/release.py does for the Gaussian): never the run's seed; its PCG64 stream
-is not a CSPRNG, only the seed is. The noise share comes from common/privacy/skellam_sampler.py:
+call (as common/privacy/mechanisms/release.py does for the Gaussian): never the run's seed; its PCG64 stream
+is not a CSPRNG, only the seed is. The noise share comes from common/privacy/mechanisms/skellam_sampler.py:
 inversion of a 128-bit table of the Skellam CDF with uniforms from a ChaCha20 keystream under a key
 from ``os.urandom``, within (2K + 1)·2^-128 of it in total variation per coordinate (K ≈ 14.6·σ).
 The rotation signs are public randomness, the same on every client and the server: SHAKE-256 of a
@@ -29,7 +29,7 @@ shared seed.
 Communication, from :func:`choose_bits` (test_discrete.py recomputes these figures): MiniLM's LoRA
 adapter, dim = 74,000 (D = 77,824 after padding to 19 rotation blocks of 4,096), n = 100 clients,
 C = 0.5, s = 5√D/C (so sC = 5√D and rounding inflates Δ2 by 0.6 %), β = 1e-3 for the rounding
-bound (Δ2 = 1,403.8), ε = 8 noise from :func:`common.privacy.skellam.skellam_mu` (Poisson rate
+bound (Δ2 = 1,403.8), ε = 8 noise from :func:`common.privacy.accounting.skellam.skellam_mu` (Poisson rate
 0.1, 30 rounds, δ = 1e-6: summed variance μ = 1.41e6, σ ≈ 0.85 in units of Δ2), 6 standard
 deviations of headroom:
 
@@ -53,7 +53,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from common.privacy import skellam_sampler
+from common.privacy.mechanisms import skellam_sampler
 
 #: largest modulus exponent: sums of two residues < 2^62 fit in uint64, lifts fit in int64
 MAX_BITS = 62
@@ -154,7 +154,7 @@ def conditional_round(x: torch.Tensor | np.ndarray, bound: float, max_tries: int
     """Randomized rounding of ``x`` (flat, float) to int64, re-drawn until ‖z‖_2 ≤ ``bound``
     (Kairouz, Liu & Steinke §4 conditional rounding): coordinate i rounds up with probability
     x_i − ⌊x_i⌋, so E z = x before conditioning. Raises after ``max_tries`` draws; pick ``bound``
-    with :func:`common.privacy.skellam.rounding_norm_bound` so that a redraw is rare. The norm
+    with :func:`common.privacy.accounting.skellam.rounding_norm_bound` so that a redraw is rare. The norm
     check is exact (integer squares below 2^52 summed by ``math.fsum``)."""
     values = (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)).astype(np.float64)
     values = values.reshape(-1)
@@ -186,7 +186,7 @@ def _squared_norm(z: np.ndarray) -> float:
 
 def skellam_noise(shape: int | tuple[int, ...], variance: float) -> np.ndarray:
     """One client's share of Skellam noise: Sk(variance/2, variance/2) per coordinate (int64, mean 0,
-    variance ``variance`` in integer units²; common/privacy/skellam_sampler.py). Shares add: n
+    variance ``variance`` in integer units²; common/privacy/mechanisms/skellam_sampler.py). Shares add: n
     shares of variance μ/n sum to exactly Sk(μ) (Agarwal et al. 2021, §3)."""
     size = math.prod((shape,) if isinstance(shape, int) else shape)
     return skellam_sampler.skellam(size, variance).reshape(shape)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the accountants import numpy: common/config.py imports this module
-    from common.privacy.accountants import Event
+    from common.privacy.accounting.accountants import Event
 
 
 #: the server a secure-aggregation guarantee holds against, and what it assumes (common/secagg/identity.py)
@@ -107,7 +107,7 @@ class ThreatModel:
     ``guarantee``: the ε's adjacency and observer; ``server_sees``: one client's reply as the server
     receives it; ``trust``: the least a node must trust (client/node/policy.py ``TRUST``) to take part
     with less noise than it adds itself. Stds are in units of the update (σ·C); ``m`` is the number
-    of replies a distributed share is sized for (common/privacy/plan.py ``NoisePlan.shares``).
+    of replies a distributed share is sized for (common/privacy/planning/plan.py ``NoisePlan.shares``).
     """
 
     name: str = ""
@@ -178,7 +178,7 @@ class LocalNoise(ThreatModel):
         return sigma * math.sqrt(cohort_scale)
 
     def node_event(self, planned: Event, noise_std: float, clip: float) -> Event:
-        from common.privacy.accountants import Event
+        from common.privacy.accounting.accountants import Event
 
         return Event(noise_std / clip, 1.0)  # as added, at p = 1: the server saw it was sampled
 
@@ -305,7 +305,7 @@ SAMPLE_LEVEL = Guarantee(
 
 def what_if_label(validity: str) -> str:
     """The prefix of every output that prints a what-if ε: ``WHAT-IF, <where it is valid>: `` (the
-    ledger's ``validity``, common/privacy/plan.py ``what_if``), or empty for a run's own ε."""
+    ledger's ``validity``, common/privacy/planning/plan.py ``what_if``), or empty for a run's own ε."""
     return f"WHAT-IF, {validity}: " if validity else ""
 
 

@@ -8,7 +8,7 @@ to an integer vector of norm ≤ Δ2, plus this client's Skellam share μ/m, mod
 discrete.py). Server half (:class:`SkellamSum`): the sum mod 2^b of such vectors (added one at a
 time, or as the one sum a secure transport reveals) decoded back to the sum of the clipped updates
 plus the summed noise, over the expected cohort p·N. Its planning is the run's noise plan, whose
-family is common/privacy/secure_plan.py's ``SecurePlan`` (σ the Gaussian equivalent, μ, Δ2, b).
+family is common/privacy/planning/secure_plan.py's ``SecurePlan`` (σ the Gaussian equivalent, μ, Δ2, b).
 
 The flat vector is every tensor of the adapter flattened in sorted-name order (the same order on
 every node and the server). The rotation signs come from the round's public seed, which the server
@@ -28,11 +28,11 @@ import torch
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
-from common.privacy import discrete
-from common.privacy.accountants import SkellamEvent
-from common.privacy.mechanism import GaussianMechanism, RoundSum
-from common.privacy.plan import NoisePlan, planned_for_target
-from common.privacy.secure_plan import IntegerFormat, SecurePlan, run_secure_plan
+from common.privacy.accounting.accountants import SkellamEvent
+from common.privacy.mechanisms import discrete
+from common.privacy.mechanisms.mechanism import GaussianMechanism, RoundSum
+from common.privacy.planning.plan import NoisePlan, planned_for_target
+from common.privacy.planning.secure_plan import IntegerFormat, SecurePlan, run_secure_plan
 from common.wire import InvalidReply
 
 _SIGNS = b"fedlora-dp/secure-release/rotation/"
@@ -169,7 +169,7 @@ class SkellamSum(RoundSum):
 
 
 def skellam_noise(cfg: RunConfig, dim: int) -> NoisePlan:
-    """The Skellam release's plan (secure aggregation's, common/privacy/secure_plan.py): σ the
+    """The Skellam release's plan (secure aggregation's, common/privacy/planning/secure_plan.py): σ the
     Gaussian equivalent of its Skellam noise, p = 1 (the server sees who takes part; the sample rate
     with hidden participation), calibrated by construction to the target over the participation cap."""
     if dim < 1:

@@ -8,7 +8,7 @@ carries at least σ (dropouts can only add noise), and the planned σ is what th
 
 Adaptive clipping (Andrew et al. 2021) releases the noised count of unclipped clients beside the
 update; the pair is one Gaussian mechanism of multiplier σ (the charged one) when the update carries
-z_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) (common/privacy/adaptive_clip.py). A what-if ``noise-cohort`` K' run
+z_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) (common/privacy/mechanisms/adaptive_clip.py). A what-if ``noise-cohort`` K' run
 charges the σ a cohort of K' clients per round needs and adds that noise scaled to this simulation's
 expected cohort K (the sum's std times K/K', pfl-research's ``noise_cohort_size``): the mean carries
 the noise a K'-client round would, and the ε is valid for that deployment, not for this run.
@@ -22,15 +22,15 @@ from functools import lru_cache
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.lazy import load_component
-from common.privacy.accountants import Event
-from common.privacy.adaptive_clip import default_count_std, update_noise_multiplier
-from common.privacy.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
-from common.privacy.family import Family, OneEventRounds
-from common.privacy.ledger import Ledger
-from common.privacy.participation import Participation, PoissonSampling
+from common.privacy.accounting.accountants import Event
+from common.privacy.accounting.calibration import BUDGET_ACCOUNTANTS, calibrate_sigma, events_epsilon
+from common.privacy.accounting.ledger import Ledger
+from common.privacy.accounting.report import apart
+from common.privacy.mechanisms.adaptive_clip import default_count_std, update_noise_multiplier
+from common.privacy.participation.participation import Participation, PoissonSampling
+from common.privacy.participation.threat import THREATS, Guarantee, ThreatModel
+from common.privacy.planning.family import Family, OneEventRounds
 from common.privacy.registry import release_kind
-from common.privacy.report import apart
-from common.privacy.threat import THREATS, Guarantee, ThreatModel
 
 STATS_ROUND = 0  # the DR-Encoder statistics round's row in the client-level ledger
 
@@ -157,7 +157,7 @@ class NoisePlan:
 
     @property
     def participation(self) -> Participation:
-        """Who takes part in a round (common/privacy/participation.py; the family's rule)."""
+        """Who takes part in a round (common/privacy/participation/participation.py; the family's rule)."""
         return self.family.participation(self)
 
     @property
@@ -176,7 +176,7 @@ class NoisePlan:
 
     def spent_line(self, head: str, clip: str, totals: dict) -> str:
         """The privacy statement's client-level line for a family with its own accountant; empty:
-        the Gaussian ledger's (common/privacy/statement.py ``client_level``). ``head``: the line's
+        the Gaussian ledger's (common/privacy/accounting/statement.py ``client_level``). ``head``: the line's
         opening; ``clip``: how C is set; ``totals``: the ledger's report."""
         return self.family.spent_line(self, head, clip, totals)
 
@@ -226,7 +226,7 @@ def uncovered(cfg: RunConfig) -> list[tuple[int, str]]:
 def plan_noise(cfg: RunConfig, dim: int = 0) -> NoisePlan | None:
     """The run's noise plan, or None without a client-level release. With ``noise_multiplier`` 0 and
     a target ε, σ is calibrated so that the statistics round (if noised) and ``rounds`` rounds meet
-    the target under both accountants. The Skellam release's plan (common/privacy/skellam_mechanism.py)
+    the target under both accountants. The Skellam release's plan (common/privacy/mechanisms/skellam_mechanism.py)
     depends on the adapter's size ``dim`` (coordinates); other plans ignore it. Cached per
     configuration (a node checks it every round)."""
     if cfg.release_kind == "none":

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from common.atomic import replacing, write_text
-from common.privacy.ledger import Ledger
+from common.privacy.accounting.ledger import Ledger
 
 
 def apart(value: float, bound: float) -> tuple[str, str]:

@@ -1,11 +1,11 @@
-"""Who takes part in a round, as a fact the privacy plan declares (common/privacy/plan.py
+"""Who takes part in a round, as a fact the privacy plan declares (common/privacy/planning/plan.py
 ``NoisePlan.participation``), read by the server's sampler and stop rule (server/federation.py) and by
 a node deciding whether it contributes (client/app.py):
 
 - :class:`PoissonSampling`: each online node is sampled with probability p, independently (the
   amplification the accountants take); the plain exchange and central, local or distributed noise.
 - :class:`MinSeparation`: a cohort of about pN from the nodes that took no part in the last b−1
-  rounds (correlated noise without amplification; common/privacy/ftrl_plan.py), each participation
+  rounds (correlated noise without amplification; common/privacy/planning/ftrl_plan.py), each participation
   charged to its node.
 - :class:`CyclicPoisson`: each node in a fixed public group g(node) ∈ {0..b−1}; only group
   (round − 1) mod b is eligible, each of its nodes sampled with probability q = b·p (correlated
@@ -31,7 +31,7 @@ import numpy as np
 
 
 class History(Protocol):
-    """What a rule reads of the run's client-level ledger (common/privacy/ledger.py ``Ledger``)."""
+    """What a rule reads of the run's client-level ledger (common/privacy/accounting/ledger.py ``Ledger``)."""
 
     def participations(self) -> dict[int, int]:
         """node id -> the rounds it was charged for."""
@@ -131,7 +131,7 @@ class Participation(Protocol):
 
     def stop_reason(self, online: Sequence[int], budget: Callable[[], str | None]) -> str | None:
         """Why no further round can run with the ``online`` nodes this rule allows, or None: the run's
-        ``budget`` stop (common/privacy/plan.py ``budget_stop``: one more round's charge to every
+        ``budget`` stop (common/privacy/planning/plan.py ``budget_stop``: one more round's charge to every
         client), or, under a per-client cap, the cap itself (what bounds each client's ε)."""
         ...
 
@@ -194,7 +194,7 @@ def group_of(node: int, groups: int) -> int:
 class CyclicPoisson:
     """Group (round − 1) mod ``groups`` alone is eligible in a round, each of its nodes sampled
     with probability ``rate`` (q = b·p): every client can be charged as the worst group's, one
-    sampled Gaussian per cycle of ``groups`` rounds (common/privacy/ftrl_plan.py)."""
+    sampled Gaussian per cycle of ``groups`` rounds (common/privacy/planning/ftrl_plan.py)."""
 
     groups: int
     rate: float

@@ -5,13 +5,13 @@ a round asks of the clients (:meth:`~Mechanism.noise_std`, :meth:`~Mechanism.ins
 what a usable reply looks like (:meth:`~Mechanism.reply_shapes`, :meth:`~Mechanism.check`), how the
 server turns the usable replies into the released mean (:meth:`~Mechanism.round_sum`), what a round
 charges the ledger (:meth:`~Mechanism.events`), and what it keeps between rounds (:meth:`~Mechanism.state`).
-Its threat model (common/privacy/threat.py) says who adds the noise and what each observer sees.
+Its threat model (common/privacy/participation/threat.py) says who adds the noise and what each observer sees.
 
 Wrappers change one concern of any mechanism, as Flower's DP wrappers wrap any strategy and
 pfl-research's adaptive clipping wraps a mechanism: :class:`AdaptiveClipping` (the clip-bit, its
 noised count and the clip's move, Andrew et al. 2021) wraps :class:`GaussianMechanism`, and
 :class:`PostProcessed` (the public-subspace projection) wraps any round sum. A what-if noise cohort
-is the plan's (common/privacy/plan.py ``cohort_scale``), not a wrapper: it scales every noise a
+is the plan's (common/privacy/planning/plan.py ``cohort_scale``), not a wrapper: it scales every noise a
 mechanism adds (the client's share, the server's σ and the clip count's) while the ledger charges
 the unscaled σ, so it belongs where both halves and the charge are sized, as pfl-research keeps it
 in the accountant (``PrivacyAccountant.noise_scale``, read as ``cohort_noise_parameter``).
@@ -20,7 +20,7 @@ The round interface is a :class:`RoundSum`: the server adds each usable reply to
 release once. Nothing else sees the replies one by one, so a mechanism whose server may only learn
 the sum (secure aggregation) provides its own :class:`RoundSum`.
 
-Noise comes from generators seeded with OS entropy (common/privacy/release.py): never from the run's seed.
+Noise comes from generators seeded with OS entropy (common/privacy/mechanisms/release.py): never from the run's seed.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from common.config import RunConfig
 from common.errors import FedloraError
 from common.lazy import load_component
 from common.models import AdapterState
-from common.privacy.accountants import Event
-from common.privacy.adaptive_clip import next_clip
-from common.privacy.plan import NoisePlan, plan_noise
+from common.privacy.accounting.accountants import Event
+from common.privacy.mechanisms.adaptive_clip import next_clip
+from common.privacy.mechanisms.release import add_noise, clip, global_norm
+from common.privacy.participation.threat import ThreatModel
+from common.privacy.planning.plan import NoisePlan, plan_noise
 from common.privacy.registry import release_kind
-from common.privacy.release import add_noise, clip, global_norm
-from common.privacy.threat import ThreatModel
 from common.wire import CLIP_BIT, InvalidReply
 
 #: central noise: a reply's norm may exceed C by float round-off only (the server clips it again)
@@ -92,7 +92,7 @@ class ServerHalf(Protocol):
     def restore(self, state: Mapping[str, float]) -> None:
         """Continue from :meth:`state`."""
 
-    # a stateful mechanism (correlated noise, common/privacy/ftrl_mechanism.py) keeps tensor state
+    # a stateful mechanism (correlated noise, common/privacy/mechanisms/ftrl_mechanism.py) keeps tensor state
     # across rounds apart from the checkpoint; the others inherit these no-ops
     def open_state(self, run_dir: Path, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Bind (or, resuming before round ``first``, reload) its state beside the run in ``run_dir``."""
@@ -182,7 +182,7 @@ class _GaussianRound:
 
 class GaussianMechanism(Mechanism):
     """Clip the update's global L2 norm to C, add Gaussian noise where the threat model says
-    (DP-FedAvg); common/privacy/plan.py sizes σ. ``expected``: p·N, the constant the sum is divided by."""
+    (DP-FedAvg); common/privacy/planning/plan.py sizes σ. ``expected``: p·N, the constant the sum is divided by."""
 
     name = "gaussian"
 
@@ -270,7 +270,7 @@ class _AdaptiveRound:
 
 
 class AdaptiveClipping:
-    """Adaptive clipping around ``inner`` (Andrew et al. 2021; common/privacy/adaptive_clip.py): each
+    """Adaptive clipping around ``inner`` (Andrew et al. 2021; common/privacy/mechanisms/adaptive_clip.py): each
     reply also carries the bit [‖Δ‖ ≤ C] (with its noise share under distributed noise); the server
     noises their centred sum and moves C toward the ``quantile`` at rate ``lr``. The count is part of
     the charged mechanism: the plan's σ covers the pair, the update carries z_Δ."""

@@ -2,8 +2,8 @@
 
 Client half: the Gaussian mechanism's under central noise (clip the increment to C, add nothing).
 Server half: the sum of the replies, each clipped to C again, plus σC·w_t, w_t the banded stream's
-output for round t (common/privacy/banded_noise.py), over the expected cohort pN. What each round
-charges and who may take part come from the plan (common/privacy/ftrl_plan.py).
+output for round t (common/privacy/mechanisms/banded_noise.py), over the expected cohort pN. What each round
+charges and who may take part come from the plan (common/privacy/planning/ftrl_plan.py).
 
 The stream's state (its round index and last b−1 outputs) is a secret: with it, a reader subtracts
 those rounds' noise from the released means. It lives in its own file beside the run
@@ -29,12 +29,12 @@ from common.atomic import replacing
 from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState
-from common.privacy.accountants import Event
-from common.privacy.banded_noise import BandedNoise, standard_normal
-from common.privacy.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
-from common.privacy.mechanism import GaussianMechanism, GaussianSum, RoundSum
-from common.privacy.plan import NoisePlan, planned_for_target
-from common.privacy.threat import ThreatModel
+from common.privacy.accounting.accountants import Event
+from common.privacy.mechanisms.banded_noise import BandedNoise, standard_normal
+from common.privacy.mechanisms.mechanism import GaussianMechanism, GaussianSum, RoundSum
+from common.privacy.participation.threat import ThreatModel
+from common.privacy.planning.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
+from common.privacy.planning.plan import NoisePlan, planned_for_target
 
 #: the stream's secret state, in the run directory
 NOISE_FILE = "noise-state.safetensors"
@@ -179,7 +179,7 @@ def banded_ftrl(plan: NoisePlan, cfg: RunConfig) -> BandedFtrl:
 
 
 def correlated_noise(cfg: RunConfig, dim: int) -> NoisePlan:
-    """Correlated noise's plan (common/privacy/ftrl_plan.py): the banded strategy for the server
+    """Correlated noise's plan (common/privacy/planning/ftrl_plan.py): the banded strategy for the server
     optimizer's workload, σ for the run's participation rule and target ε (central noise only)."""
     try:
         ftrl = plan_ftrl(

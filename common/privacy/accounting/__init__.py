@@ -1,0 +1,1 @@
+"""Privacy accounting: the accountants (μ-GDP by the CLT, RDP, PLD, Skellam's RDP), σ calibration, amplification by sampling, the ledger that composes a run's events, its report and the run's privacy statement."""

@@ -1,0 +1,1 @@
+"""Client-level and sample-level noise: the mechanisms (Gaussian with its adaptive-clipping wrapper, Skellam, banded correlated noise, Wishart), the clip-and-noise primitives and the discrete encoding secure aggregation sums."""
