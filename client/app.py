@@ -20,7 +20,7 @@ from client.node.policy import NodePolicy
 from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard, partition_of
 from client.node.state import LEDGER_FILE, encoder_cache_dir, held_ledger
-from client.transport import CLIENT_TRANSPORTS, Reply, client_transport
+from client.transport import Reply, client_half, client_transport
 from common.config import RunConfig, from_flat
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size, adapter_state
@@ -28,6 +28,7 @@ from common.privacy.accounting.accountants import Event
 from common.privacy.accounting.ledger import Ledger
 from common.privacy.mechanisms.mechanism import mechanism_for
 from common.privacy.participation.participation import LEGACY_SKIP_IDLE, skips_idle
+from common.privacy.participation.threat import TRANSPORTS_DECLARED
 from common.privacy.planning.plan import STATS_ROUND, NoisePlan, plan_noise
 from common.tasks.training import StepSchedule
 from common.timing import phase
@@ -254,8 +255,8 @@ def train(msg: Message, context: Context) -> Message:
     return Message(release_admitted(admitted, context, increment, metrics), reply_to=msg)
 
 
-for _transport in CLIENT_TRANSPORTS.values():  # the further stages of a transport's round (SecAgg+'s)
-    for _stage, _handler in _transport.stages.items():
+for _spec in TRANSPORTS_DECLARED.values():  # the further stages of a transport's round (SecAgg+'s)
+    for _stage, _handler in client_half(_spec).stages.items():
         app.train(_stage.removeprefix("train."))(_handler)
 
 

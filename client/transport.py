@@ -1,6 +1,6 @@
-"""The transports a node's train reply travels by, client side, by the name the run's threat model
-declares (common/privacy/participation/threat.py ``ThreatModel.transport``; server/transport.py holds the server
-halves under the same names): the plain exchange, in which the node sends its client-level release
+"""The transports a node's train reply travels by, client side: the node half the run's threat model
+declares (common/privacy/participation/threat.py ``TransportSpec.client``; its ``server`` names the
+server half): the plain exchange, in which the node sends its client-level release
 (client/releases.py), and SecAgg+ (client/secure.py), in which it sends only its signed public keys
 and keeps its encoded update for the protocol's later stages.
 
@@ -22,8 +22,9 @@ from flwr.app import Context, Message, RecordDict
 from client import secure as client_secure
 from client.releases import client_release
 from common.config import RunConfig
+from common.lazy import load_component
 from common.models import AdapterState
-from common.privacy.participation.threat import THREATS, TRANSPORTS_DECLARED
+from common.privacy.participation.threat import THREATS, TransportSpec
 from common.wire import TrainInstruction, train_reply
 
 #: a handler of one of a transport's further message types
@@ -96,18 +97,19 @@ class SecAggPlus:
         return client_secure.train_reply(context, release, values, ins.round, out.increment, out.meta)
 
 
-#: transport name -> the node's side of it
-CLIENT_TRANSPORTS: dict[str, ClientTransport] = {
-    "exchange": Exchange(),
-    "secagg+": SecAggPlus(),
-}
+#: the node halves of the built-in transports (common/privacy/participation/threat.py names them)
+PLAIN = Exchange()
+SECAGG_PLUS = SecAggPlus()
 
-assert set(CLIENT_TRANSPORTS) == set(TRANSPORTS_DECLARED), "every declared transport has a client half"
+
+def client_half(spec: TransportSpec) -> ClientTransport:
+    """The node half of the transport ``spec`` (its component reference)."""
+    return load_component(spec.client)
 
 
 def client_transport(cfg: RunConfig) -> ClientTransport:
-    """The transport ``cfg``'s threat model declares."""
-    return CLIENT_TRANSPORTS[THREATS[cfg.threat_model].transport.name]
+    """The node half of the transport ``cfg``'s threat model declares."""
+    return client_half(THREATS[cfg.threat_model].transport)
 
 
-__all__ = ["CLIENT_TRANSPORTS", "ClientTransport", "Reply", "client_transport"]
+__all__ = ["PLAIN", "SECAGG_PLUS", "ClientTransport", "Reply", "client_half", "client_transport"]

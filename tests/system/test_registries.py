@@ -17,6 +17,7 @@ import math
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -705,3 +706,82 @@ def test_an_installed_package_s_release_kind_reaches_every_process(tmp_path):
     without = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
     assert without.returncode != 0 and "toy-plugin" in without.stderr  # not installed: refused
     assert files_naming("toy-plugin") == {"tests/system/test_registries.py"}
+
+
+# -- a toy transport (and the threat model that declares it), registered from here ----------------------------
+
+
+#: rounds the toy transport's server half carried, and replies its node half built
+RELAYED: dict[str, list[int]] = {"server": [], "node": []}
+
+
+def relay_round(ctx, rnd, sampled, state, record):
+    """The toy transport's server half: the plain exchange, each round it carries recorded."""
+    from server.round import exchange_replies
+
+    RELAYED["server"].append(rnd)
+    return exchange_replies(ctx, rnd, sampled, state, record)
+
+
+class RelayNode:
+    """The toy transport's node half: the plain exchange's reply, each one it builds recorded."""
+
+    stages: ClassVar[dict] = {}
+
+    def prepare(self, ins, cfg, context):
+        return None
+
+    def reply(self, prepared, ins, cfg, context, out):
+        from client.transport import PLAIN
+
+        RELAYED["node"].append(ins.round)
+        return PLAIN.reply(prepared, ins, cfg, context, out)
+
+
+RELAY_NODE = RelayNode()
+
+
+def test_a_new_transport_needs_no_edit_outside_its_own_files(tmp_path):
+    """A transport is its two halves and the threat model that declares it, all in this file: ``fedlora
+    simulate`` runs a private federation through it (its server half carries every round, its node
+    half builds every reply), and the ledger charges the threat model's guarantee."""
+    from common.privacy.accounting.ledger import Ledger
+    from common.privacy.participation.threat import (
+        CentralNoise,
+        TransportSpec,
+        register_threat,
+        unregister_threat,
+    )
+    from server.simulate import simulate
+    from tests.harness import TINY
+
+    spec = TransportSpec("toy-relay", f"{__name__}:relay_round", f"{__name__}:RELAY_NODE")
+    relay = type("RelayCentral", (CentralNoise,), {"name": "toy-relay-central", "transport": spec})()
+    register_threat(relay)
+    RELAYED["server"].clear(), RELAYED["node"].clear()
+    try:
+        assert files_naming("toy-relay") == {"tests/system/test_registries.py"}
+        cfg = RunConfig(
+            model="minilm-l6",
+            dataset="rotten-tomatoes",
+            mechanism="dp-fedavg",
+            threat_model="toy-relay-central",
+            target_epsilon=8.0,
+            clip=0.5,
+            sample_rate=1.0,
+            **{**TINY, "rounds": 2},
+        ).check()
+        simulate(cfg, tmp_path / "run")
+    finally:
+        unregister_threat("toy-relay-central")
+    assert RELAYED["server"] == [1, 2]
+    assert sorted(RELAYED["node"]) == [1] * cfg.num_clients + [2] * cfg.num_clients
+    ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
+    assert [r["round"] for r in ledger.rows()] == [1, 2]
+    assert "toy-relay-central" not in THREATS_NOW()
+
+
+def THREATS_NOW():
+    from common.privacy.participation.threat import THREATS, TRANSPORTS_DECLARED
+
+    return set(THREATS) | set(TRANSPORTS_DECLARED)

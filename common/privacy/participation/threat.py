@@ -62,14 +62,17 @@ class Guarantee:
 
 @dataclass(frozen=True)
 class TransportSpec:
-    """How a round's replies travel, as far as a config or a node needs to know: ``name`` (its server
-    half, server/transport.py); ``sums_only``: the server learns only the survivors' sum, never a
+    """How a round's replies travel, as far as a config or a node needs to know: ``name``;
+    ``server`` / ``client``: its two halves, component references loaded when a run uses them (so
+    this module imports neither side); ``sums_only``: the server learns only the survivors' sum, never a
     reply; ``integers_only``: it sums integer vectors mod 2^b, so it carries a release only in its
     integer-valued form (common/privacy/registry.py ``ReleaseKind.integer_valued``), and knows
     nothing of the release's noise; ``adaptive_clip``: whether adaptive clipping's noised clip bit
     can travel through it."""
 
     name: str
+    server: str = ""  # its server half, "module:attr" (server/round.py ``Transport``)
+    client: str = ""  # its node half, "module:attr" (client/transport.py ``ClientTransport``)
     sums_only: bool = False
     integers_only: bool = False
     adaptive_clip: bool = True
@@ -93,9 +96,16 @@ class TransportSpec:
 
 
 #: the plain exchange: the server receives each reply
-EXCHANGE = TransportSpec("exchange")
+EXCHANGE = TransportSpec("exchange", "server.round:exchange_replies", "client.transport:PLAIN")
 #: SecAgg+ (common/secagg): the server learns only the survivors' sum of modular encodings
-SECAGG = TransportSpec("secagg+", sums_only=True, integers_only=True, adaptive_clip=False)
+SECAGG = TransportSpec(
+    "secagg+",
+    "server.secure_round:secagg_round",
+    "client.transport:SECAGG_PLUS",
+    sums_only=True,
+    integers_only=True,
+    adaptive_clip=False,
+)
 #: every transport a threat model may declare, by name
 TRANSPORTS_DECLARED: dict[str, TransportSpec] = {t.name: t for t in (EXCHANGE, SECAGG)}
 
@@ -303,6 +313,24 @@ SAMPLE_LEVEL = Guarantee(
 )
 
 
+def register_threat(threat: ThreatModel) -> None:
+    """Add a threat model (``--threat-model threat.name``) and the transport it declares: a new
+    transport is its two halves, named by its :class:`TransportSpec`, and one threat model that uses it."""
+    if threat.name in THREATS:
+        raise ValueError(f"threat model '{threat.name}' is already registered")
+    THREATS[threat.name] = threat
+    TRANSPORTS_DECLARED.setdefault(threat.transport.name, threat.transport)
+    CLIENT_LEVEL[threat.name] = threat.guarantee
+
+
+def unregister_threat(name: str) -> None:
+    """Undo :func:`register_threat` (a test's teardown); the built-in ones stay."""
+    threat = THREATS.pop(name)
+    CLIENT_LEVEL.pop(name, None)
+    if all(t.transport.name != threat.transport.name for t in THREATS.values()):
+        del TRANSPORTS_DECLARED[threat.transport.name]
+
+
 def what_if_label(validity: str) -> str:
     """The prefix of every output that prints a what-if ε: ``WHAT-IF, <where it is valid>: `` (the
     ledger's ``validity``, common/privacy/planning/plan.py ``what_if``), or empty for a run's own ε."""
@@ -326,5 +354,7 @@ __all__ = [
     "SecureAggregation",
     "ThreatModel",
     "TransportSpec",
+    "register_threat",
+    "unregister_threat",
     "what_if_label",
 ]
