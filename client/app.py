@@ -21,9 +21,10 @@ from client.node.release_ledger import ReleaseLedger, release_event
 from client.node.shard import DATA_PATH, MODEL_PATH, Shard, load_global, node_shard, partition_of
 from client.node.state import LEDGER_FILE, encoder_cache_dir, held_ledger
 from client.transport import Reply, client_half, client_transport
-from common.config import RunConfig, from_flat
+from common.config import RunConfig
 from common.errors import FedloraError
 from common.models import AdapterState, adapter_size, adapter_state
+from common.presets import from_flat
 from common.privacy.accounting.accountants import Event
 from common.privacy.accounting.ledger import Ledger
 from common.privacy.mechanisms.mechanism import mechanism_for

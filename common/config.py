@@ -1,23 +1,22 @@
 """Run configuration: one dataclass and the flat key/value form Flower uses (named presets:
 :mod:`common.presets`).
 
-Flower's ``run_config`` is flat (``num-clients = 4``); :func:`from_flat` / :func:`to_flat` map it to
+Flower's ``run_config`` is flat (``num-clients = 4``); :func:`common.presets.from_flat` / :func:`to_flat` map it to
 :class:`RunConfig` (dashes <-> underscores). Every value is validated once, in :meth:`RunConfig.check`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from common.codec_specs import CODEC_SPECS, CodecSpec, find_codec
 from common.errors import FedloraError
+from common.lazy import load_component
 from common.local_optimizers import LOCAL_OPTIMIZERS, LocalOptimizerSpec, find_local_optimizer
 from common.privacy.participation.threat import THREATS
-from common.privacy.registry import CORRELATED, RELEASE_KINDS, carried_kind
+from common.privacy.registry import RELEASE_KINDS, carried_kind
 from common.sparta import kept_rows, selection_steps
 
 #: mechanism preset -> (local optimizer, client-level release)
@@ -750,8 +749,8 @@ class RunConfig:
         self._check_client_level()
         if self.public_subspace:
             self._check_public_subspace()
-        if check := _RELEASE_CHECKS.get(self.release_kind):
-            check(self)
+        if check := RELEASE_KINDS[self.release_kind].check:  # the release kind's own rules
+            load_component(check)(self)
 
     @property
     def expected_cohort(self) -> float:
@@ -772,8 +771,8 @@ class RunConfig:
         transport = THREATS[self.threat_model].transport
         if why := transport.refuses(release, self.adaptive_clip):
             raise FedloraError(f"--threat-model {self.threat_model}: {why}")
-        if check := _TRANSPORT_CHECKS.get(transport.name):
-            check(self)
+        if transport.check:  # the transport's own rules
+            load_component(transport.check)(self)
         budget = self.noise_multiplier > 0 or self.target_epsilon > 0
         if self.clip_only and budget:
             raise FedloraError("--clip-only adds no noise: drop --noise-multiplier and --target-epsilon")
@@ -793,91 +792,50 @@ class RunConfig:
         if self.noise_cohort and self.clip_only:
             raise FedloraError("--noise-cohort needs noise: it cannot be combined with --clip-only")
 
-    def _check_correlated(self) -> None:
-        """dp-ftrl: the server adds the correlated noise to the sum of clipped updates (central noise
-        only: it does not combine with local, distributed or secure-aggregation noise), planned for a
-        target epsilon by the run's participation rule."""
-        flag = f"--mechanism {CORRELATED}"
-        if not THREATS[self.threat_model].clear_replies:  # central: the server adds the noise
-            raise FedloraError(
-                f"{flag} adds its noise on the server: --threat-model central (not {self.threat_model}: "
-                "correlated noise does not combine with local, distributed or secure-aggregation noise)"
-            )
-        self._plans_for_target(flag, adaptive_clip=True)
-        if self.bands > self.rounds:
-            raise FedloraError(f"--bands {self.bands} exceeds the {self.rounds} rounds")
-        if self.min_separation and self.participation != "min-sep":
-            raise FedloraError("--min-separation applies to --participation min-sep")
-        if self.min_separation and self.min_separation < self.bands:
-            raise FedloraError(f"--min-separation {self.min_separation} is below --bands {self.bands}")
 
-    def _plans_for_target(self, flag: str, adaptive_clip: bool) -> None:
-        """``flag`` (a mechanism or threat model) plans its own noise for ``--target-epsilon``: the
-        options that set the noise or the clip otherwise are refused (``--adaptive-clip`` too when
-        ``adaptive_clip``), and a target is required."""
-        for option_flag, on in (
-            ("--adaptive-clip", adaptive_clip and self.adaptive_clip),
-            ("--noise-cohort", self.noise_cohort > 0),
-            ("--clip-only", self.clip_only),
-            ("--noise-multiplier", self.noise_multiplier > 0),
-        ):
-            if on:
-                raise FedloraError(f"{flag} plans its noise for --target-epsilon; drop {option_flag}")
-        if self.target_epsilon <= 0:
-            raise FedloraError(f"{flag} needs --target-epsilon")
-
-    def _check_secure_aggregation(self) -> None:
-        from common.privacy.planning.secure_plan import run_graph  # imports the accountants (numpy, scipy)
-
-        flag = f"--threat-model {self.threat_model}"
-        self._plans_for_target(flag, adaptive_clip=False)
-        hidden = THREATS[self.threat_model].hides_participation
-        for option_flag, on in (
-            ("--max-participations", self.max_participations),
-            ("--max-cohort", self.max_cohort),
-        ):
-            if hidden and on:
-                raise FedloraError(f"{flag} asks every client every round; drop {option_flag}")
-        if hidden and self.min_replies > self.num_clients:
-            raise FedloraError(f"--min-replies {self.min_replies} exceeds the {self.num_clients} clients")
-        run_graph(self)
-
-    def _check_dr_encoder(self) -> None:
-        if self.optimizer_kind != "none":
-            raise FedloraError(
-                f"the dr-encoder release runs its statistics round with non-private local steps; "
-                f"it cannot be combined with the sample-level optimizer {self.optimizer_kind}"
-            )
-        if self.ae_prior == "public" and not self.codec_spec.trains_autoencoder:
-            raise FedloraError(
-                f"--ae-prior public trains the ae codec; --codec {self.codec} has no autoencoder"
-            )
-        if self.ae_prior == "public" and self.public_fraction <= 0:
-            raise FedloraError("--ae-prior public needs public data: set --public-fraction in (0, 0.5]")
-        if self.codec_spec.needs_public_subspace and not self.public_subspace:
-            raise FedloraError(
-                f"--codec {self.codec} needs --public-subspace K (its latent size) and --public-fraction "
-                "(its public data)"
-            )
-        if self.encode_at == "server" and not THREATS[self.threat_model].clear_replies:
-            raise FedloraError(
-                "--encode-at server needs --threat-model central: only a trusted server may see a "
-                "client's raw increment"
-            )
-        if self.decode_order == "decode-first" and not THREATS[self.threat_model].each_reply_private:
-            raise FedloraError(
-                "--decode-order decode-first needs --threat-model local: under distributed or central "
-                "noise a single client's latent is not a private release"
-            )
+def plans_for_target(cfg: RunConfig, flag: str, adaptive_clip: bool) -> None:
+    """``flag`` (a mechanism or threat model) plans its own noise for ``--target-epsilon``: the
+    options that set the noise or the clip otherwise are refused (``--adaptive-clip`` too when
+    ``adaptive_clip``), and a target is required."""
+    for option_flag, on in (
+        ("--adaptive-clip", adaptive_clip and cfg.adaptive_clip),
+        ("--noise-cohort", cfg.noise_cohort > 0),
+        ("--clip-only", cfg.clip_only),
+        ("--noise-multiplier", cfg.noise_multiplier > 0),
+    ):
+        if on:
+            raise FedloraError(f"{flag} plans its noise for --target-epsilon; drop {option_flag}")
+    if cfg.target_epsilon <= 0:
+        raise FedloraError(f"{flag} needs --target-epsilon")
 
 
-#: transport name (common/privacy/participation/threat.py ``TransportSpec``) -> what a run through it must also hold
-_TRANSPORT_CHECKS: dict[str, Callable[[RunConfig], None]] = {"secagg+": RunConfig._check_secure_aggregation}
-#: release kind -> what a run with it must also hold (after every option's own check)
-_RELEASE_CHECKS: dict[str, Callable[[RunConfig], None]] = {
-    CORRELATED: RunConfig._check_correlated,
-    "dr-encoder": RunConfig._check_dr_encoder,
-}
+def check_dr_encoder(cfg: RunConfig) -> None:
+    """What a dr-encoder run must also hold (its release kind's check, common/privacy/registry.py)."""
+    if cfg.optimizer_kind != "none":
+        raise FedloraError(
+            f"the dr-encoder release runs its statistics round with non-private local steps; "
+            f"it cannot be combined with the sample-level optimizer {cfg.optimizer_kind}"
+        )
+    if cfg.ae_prior == "public" and not cfg.codec_spec.trains_autoencoder:
+        raise FedloraError(f"--ae-prior public trains the ae codec; --codec {cfg.codec} has no autoencoder")
+    if cfg.ae_prior == "public" and cfg.public_fraction <= 0:
+        raise FedloraError("--ae-prior public needs public data: set --public-fraction in (0, 0.5]")
+    if cfg.codec_spec.needs_public_subspace and not cfg.public_subspace:
+        raise FedloraError(
+            f"--codec {cfg.codec} needs --public-subspace K (its latent size) and --public-fraction "
+            "(its public data)"
+        )
+    if cfg.encode_at == "server" and not THREATS[cfg.threat_model].clear_replies:
+        raise FedloraError(
+            "--encode-at server needs --threat-model central: only a trusted server may see a "
+            "client's raw increment"
+        )
+    if cfg.decode_order == "decode-first" and not THREATS[cfg.threat_model].each_reply_private:
+        raise FedloraError(
+            "--decode-order decode-first needs --threat-model local: under distributed or central "
+            "noise a single client's latent is not a private release"
+        )
+
 
 #: ``--help`` text of every option (from the declarations)
 
@@ -889,47 +847,11 @@ def to_flat(cfg: RunConfig) -> dict[str, object]:
     return {f.name.replace("_", "-"): getattr(cfg, f.name) for f in fields(cfg)}
 
 
-def from_flat(flat: dict[str, object]) -> RunConfig:
-    """Inverse of :func:`to_flat`; a ``preset`` key selects the base, unknown keys are an error.
-
-    An empty string means "the preset's value" (pyproject.toml must list every key for Flower's
-    ``--run-config`` overrides, and lists them as "")."""
-    from common.presets import preset  # common.presets imports this module
-
-    flat = dict(flat)
-    base = str(flat.pop("preset", "default"))
-    known = {f.name: f.type for f in fields(RunConfig)}
-    values: dict[str, object] = {}
-    for key, value in flat.items():
-        name = key.replace("-", "_")
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean '{close[0].replace('_', '-')}'?" if close else ""
-            raise FedloraError(f"unknown config key '{key}'{hint}")
-        if value == "":
-            continue
-        kind = type(getattr(RunConfig, name))
-        try:
-            values[name] = _parse_bool(value) if kind is bool else kind(value)
-        except (TypeError, ValueError):
-            raise FedloraError(f"config key '{key}' expects {kind.__name__}, got {value!r}") from None
-    return preset(base, **values)
-
-
-def _parse_bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if str(value).lower() in ("true", "1", "yes"):
-        return True
-    if str(value).lower() in ("false", "0", "no"):
-        return False
-    raise ValueError(value)
-
-
 __all__ = [
     "PRECISIONS",
     "RunConfig",
+    "check_dr_encoder",
     "field",
-    "from_flat",
+    "plans_for_target",
     "to_flat",
 ]

@@ -3,12 +3,15 @@ dataset and the federation to train it in) under one name; options it does not n
 declared defaults.
 
 ``fedlora simulate --preset NAME`` (and ``preset = "NAME"`` in a Flower run config, see
-:func:`common.config.from_flat`) starts from the preset and then applies every other option given, so
+:func:`from_flat`) starts from the preset and then applies every other option given, so
 an option on the command line always wins over the preset's value. Without ``--preset`` the base is
 ``default``.
 """
 
 from __future__ import annotations
+
+import difflib
+from dataclasses import fields
 
 from common.config import RunConfig
 from common.errors import FedloraError
@@ -321,4 +324,39 @@ def _causal(model: str) -> bool:
     return spec is not None and spec.kind == "causal-lm"
 
 
-__all__ = ["PRESETS", "preset"]
+def from_flat(flat: dict[str, object]) -> RunConfig:
+    """Inverse of :func:`common.config.to_flat`; a ``preset`` key selects the base, unknown keys are an error.
+
+    An empty string means "the preset's value" (pyproject.toml must list every key for Flower's
+    ``--run-config`` overrides, and lists them as "")."""
+    flat = dict(flat)
+    base = str(flat.pop("preset", "default"))
+    known = {f.name: f.type for f in fields(RunConfig)}
+    values: dict[str, object] = {}
+    for key, value in flat.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean '{close[0].replace('_', '-')}'?" if close else ""
+            raise FedloraError(f"unknown config key '{key}'{hint}")
+        if value == "":
+            continue
+        kind = type(getattr(RunConfig, name))
+        try:
+            values[name] = _parse_bool(value) if kind is bool else kind(value)
+        except (TypeError, ValueError):
+            raise FedloraError(f"config key '{key}' expects {kind.__name__}, got {value!r}") from None
+    return preset(base, **values)
+
+
+def _parse_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(value)
+
+
+__all__ = ["PRESETS", "from_flat", "preset"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from common.config import from_flat
+from common.presets import from_flat
 from server.federation import run_federation
 from server.outcome import check_applied
 from server.run_dir import default_run_dir

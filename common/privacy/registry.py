@@ -41,6 +41,7 @@ class ReleaseKind:
     encodes: bool = False
     integer_valued: bool = False
     integer_form: str = ""
+    check: str = ""  # what a run of this kind must also hold: ``(run config) -> None``'s reference
 
 
 RELEASE_KINDS: dict[str, ReleaseKind] = {
@@ -59,6 +60,7 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
         server="server.releases.dr_encoder:DrEncoderRelease",
         client="client.releases:release_dr_encoder",
         encodes=True,
+        check="common.config:check_dr_encoder",
     ),
     # banded correlated noise, planned for its participation rule: the client clips (the generic
     # half); the server adds the noise
@@ -66,6 +68,7 @@ RELEASE_KINDS: dict[str, ReleaseKind] = {
         "common.privacy.mechanisms.ftrl_mechanism:banded_ftrl",
         planner="common.privacy.mechanisms.ftrl_mechanism:correlated_noise",
         server="server.releases.correlated:CorrelatedRelease",
+        check="common.privacy.mechanisms.ftrl_mechanism:check_run",
     ),
 }
 _BUILT_IN = frozenset(RELEASE_KINDS)

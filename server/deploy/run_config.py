@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from common.config import from_flat
 from common.data.files import is_file_dataset, load_file_corpus
 from common.errors import FedloraError
+from common.presets import from_flat
 
 KEY_VALUE = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")  # flwr.common.config.parse_config_args
 

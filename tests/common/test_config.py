@@ -4,9 +4,9 @@ from dataclasses import fields
 
 import pytest
 
-from common.config import HELP, RunConfig, from_flat, to_flat
+from common.config import HELP, RunConfig, to_flat
 from common.errors import FedloraError
-from common.presets import preset
+from common.presets import from_flat, preset
 
 
 def test_flat_roundtrip():

@@ -5,9 +5,9 @@ import argparse
 
 import pytest
 
-from common.config import RunConfig, from_flat
+from common.config import RunConfig
 from common.errors import FedloraError
-from common.presets import PRESETS, preset
+from common.presets import PRESETS, from_flat, preset
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -26,15 +26,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from common.atomic import replacing
-from common.config import RunConfig
+from common.config import RunConfig, plans_for_target
 from common.errors import FedloraError
 from common.models import AdapterState
 from common.privacy.accounting.accountants import Event
 from common.privacy.mechanisms.banded_noise import BandedNoise, standard_normal
 from common.privacy.mechanisms.mechanism import GaussianMechanism, GaussianSum, RoundSum
-from common.privacy.participation.threat import ThreatModel
+from common.privacy.participation.threat import THREATS, ThreatModel
 from common.privacy.planning.ftrl_plan import FtrlPlan, Target, plan_ftrl, workload_name
 from common.privacy.planning.plan import NoisePlan, planned_for_target
+from common.privacy.registry import CORRELATED
 
 #: the stream's secret state, in the run directory
 NOISE_FILE = "noise-state.safetensors"
@@ -197,4 +198,24 @@ def correlated_noise(cfg: RunConfig, dim: int) -> NoisePlan:
     return planned_for_target(cfg, ftrl.sigma, ftrl.q, family=ftrl)
 
 
-__all__ = ["NOISE_FILE", "BandedFtrl", "banded_ftrl", "correlated_noise"]
+def check_run(cfg: RunConfig) -> None:
+    """What a dp-ftrl run must also hold (its release kind's check, common/privacy/registry.py): the
+    server adds the correlated noise to the sum of clipped updates (central noise only: it does not
+    combine with local, distributed or secure-aggregation noise), planned for a target epsilon by the
+    run's participation rule."""
+    flag = f"--mechanism {CORRELATED}"
+    if not THREATS[cfg.threat_model].clear_replies:  # central: the server adds the noise
+        raise FedloraError(
+            f"{flag} adds its noise on the server: --threat-model central (not {cfg.threat_model}: "
+            "correlated noise does not combine with local, distributed or secure-aggregation noise)"
+        )
+    plans_for_target(cfg, flag, adaptive_clip=True)
+    if cfg.bands > cfg.rounds:
+        raise FedloraError(f"--bands {cfg.bands} exceeds the {cfg.rounds} rounds")
+    if cfg.min_separation and cfg.participation != "min-sep":
+        raise FedloraError("--min-separation applies to --participation min-sep")
+    if cfg.min_separation and cfg.min_separation < cfg.bands:
+        raise FedloraError(f"--min-separation {cfg.min_separation} is below --bands {cfg.bands}")
+
+
+__all__ = ["NOISE_FILE", "BandedFtrl", "banded_ftrl", "check_run", "correlated_noise"]

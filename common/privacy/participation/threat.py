@@ -76,6 +76,7 @@ class TransportSpec:
     sums_only: bool = False
     integers_only: bool = False
     adaptive_clip: bool = True
+    check: str = ""  # what a run through it must also hold: ``(run config) -> None``'s reference
 
     def refuses(self, release: str, adaptive_clip: bool) -> str:
         """Why this transport cannot carry ``release`` (the kind a run of it becomes here, registry
@@ -105,6 +106,7 @@ SECAGG = TransportSpec(
     sums_only=True,
     integers_only=True,
     adaptive_clip=False,
+    check="common.privacy.planning.secure_plan:check_run",
 )
 #: every transport a threat model may declare, by name
 TRANSPORTS_DECLARED: dict[str, TransportSpec] = {t.name: t for t in (EXCHANGE, SECAGG)}

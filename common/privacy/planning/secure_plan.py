@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from scipy.stats import binom
 
-from common.config import RunConfig
+from common.config import RunConfig, plans_for_target
 from common.errors import FedloraError
 from common.privacy.accounting.accountants import Event, SkellamEvent
 from common.privacy.accounting.skellam import (
@@ -360,6 +360,24 @@ def round_graph(plan: SecurePlan | IntegerFormat, sampled: int) -> tuple[int, in
     return k, t
 
 
+def check_run(cfg: RunConfig) -> None:
+    """What a run through secure aggregation must also hold (its transport's check,
+    common/privacy/participation/threat.py ``TransportSpec.check``): the Skellam release plans its
+    noise for the target; hidden participation asks every client every round; a valid graph."""
+    flag = f"--threat-model {cfg.threat_model}"
+    plans_for_target(cfg, flag, adaptive_clip=False)
+    hidden = THREATS[cfg.threat_model].hides_participation
+    for option_flag, on in (
+        ("--max-participations", cfg.max_participations),
+        ("--max-cohort", cfg.max_cohort),
+    ):
+        if hidden and on:
+            raise FedloraError(f"{flag} asks every client every round; drop {option_flag}")
+    if hidden and cfg.min_replies > cfg.num_clients:
+        raise FedloraError(f"--min-replies {cfg.min_replies} exceeds the {cfg.num_clients} clients")
+    run_graph(cfg)
+
+
 __all__ = [
     "HEADROOM_SDS",
     "ROUNDING_BETA",
@@ -368,6 +386,7 @@ __all__ = [
     "SecurePlan",
     "SecureTarget",
     "check_graph",
+    "check_run",
     "cohort_bound",
     "contributor_bound",
     "hides_participation",
