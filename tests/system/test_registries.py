@@ -621,6 +621,14 @@ class ShrinkingClip(GaussianMechanism):
         return Shrink()
 
 
+def _two_private_rounds(**change) -> RunConfig:
+    """A tiny MiniLM federation of two rounds at client-level ε 8 (``change``: the toy's options)."""
+    from tests.harness import TINY
+
+    values = dict(model="minilm-l6", dataset="rotten-tomatoes", mechanism="dp-fedavg", target_epsilon=8.0)
+    return RunConfig(**values, clip=0.5, sample_rate=1.0, **{**TINY, "rounds": 2}, **change).check()
+
+
 @pytest.mark.heavy
 @pytest.mark.slow  # make test-all: two sessions of one federation
 def test_a_stateful_self_planning_mechanism_runs_through_simulate_the_node_ledgers_and_resume(tmp_path):
@@ -633,22 +641,11 @@ def test_a_stateful_self_planning_mechanism_runs_through_simulate_the_node_ledge
     from client.node.state import client_ledger
     from common.privacy.accounting.ledger import Ledger
     from server.simulate import simulate
-    from tests.harness import TINY
 
     register_release("toy-stateful", lambda plan, cfg: ShrinkingClip(plan, cfg.expected_cohort), _capped_plan)
     try:
         assert files_naming("toy-stateful") == {"tests/system/test_registries.py"}
-        cfg = RunConfig(
-            model="minilm-l6",
-            dataset="rotten-tomatoes",
-            mechanism="dp-fedavg",
-            release="toy-stateful",
-            threat_model="local",
-            target_epsilon=8.0,
-            clip=0.5,
-            sample_rate=1.0,
-            **{**TINY, "rounds": 2},
-        ).check()
+        cfg = _two_private_rounds(release="toy-stateful", threat_model="local")
         run_dir = tmp_path / "run"
         ShrinkingClip.interrupt_at = 2
         with pytest.raises(KeyboardInterrupt):
@@ -753,7 +750,6 @@ def test_a_new_transport_needs_no_edit_outside_its_own_files(tmp_path):
         unregister_threat,
     )
     from server.simulate import simulate
-    from tests.harness import TINY
 
     spec = TransportSpec("toy-relay", f"{__name__}:relay_round", f"{__name__}:RELAY_NODE")
     relay = type("RelayCentral", (CentralNoise,), {"name": "toy-relay-central", "transport": spec})()
@@ -761,16 +757,7 @@ def test_a_new_transport_needs_no_edit_outside_its_own_files(tmp_path):
     RELAYED["server"].clear(), RELAYED["node"].clear()
     try:
         assert files_naming("toy-relay") == {"tests/system/test_registries.py"}
-        cfg = RunConfig(
-            model="minilm-l6",
-            dataset="rotten-tomatoes",
-            mechanism="dp-fedavg",
-            threat_model="toy-relay-central",
-            target_epsilon=8.0,
-            clip=0.5,
-            sample_rate=1.0,
-            **{**TINY, "rounds": 2},
-        ).check()
+        cfg = _two_private_rounds(threat_model="toy-relay-central")
         simulate(cfg, tmp_path / "run")
     finally:
         unregister_threat("toy-relay-central")
