@@ -137,10 +137,10 @@ def check_params(release: SkellamMechanism, params: Params, node: int, noise_std
             n < 2 or (params.k, params.threshold) == graph,
             f"k {params.k}, t {params.threshold}: the plan's are {graph}",
         ),
+        *release.round_checks(params.bits, params.length, noise_std),
     ):
         if not ok:
             raise FedloraError(f"node policy: secure aggregation: {why}; nothing sent")
-    release.check_round(params.bits, params.length, noise_std)
 
 
 def prepare(ins: TrainInstruction, cfg: RunConfig, context: Context) -> tuple[SkellamMechanism, dict]:

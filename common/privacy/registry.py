@@ -83,7 +83,8 @@ def _installed_kinds() -> dict[str, ReleaseKind]:
     """The release kinds installed packages declare (:data:`PLUGIN_GROUPS`), by their references."""
     from importlib.metadata import entry_points
 
-    mechanisms, planners = ({ep.name: ep.value for ep in entry_points(group=g)} for g in PLUGIN_GROUPS)
+    found = entry_points()  # one scan of the installed packages, both groups read from it
+    mechanisms, planners = ({ep.name: ep.value for ep in found.select(group=g)} for g in PLUGIN_GROUPS)
     return {name: ReleaseKind(ref, planners.get(name, "")) for name, ref in mechanisms.items()}
 
 

@@ -765,10 +765,6 @@ def test_a_new_transport_needs_no_edit_outside_its_own_files(tmp_path):
     assert sorted(RELAYED["node"]) == [1] * cfg.num_clients + [2] * cfg.num_clients
     ledger = Ledger.open(tmp_path / "run" / "ledger.sqlite", "client-level")
     assert [r["round"] for r in ledger.rows()] == [1, 2]
-    assert "toy-relay-central" not in THREATS_NOW()
-
-
-def THREATS_NOW():
     from common.privacy.participation.threat import THREATS, TRANSPORTS_DECLARED
 
-    return set(THREATS) | set(TRANSPORTS_DECLARED)
+    assert "toy-relay-central" not in THREATS and "toy-relay" not in TRANSPORTS_DECLARED  # torn down

@@ -78,20 +78,19 @@ class SkellamMechanism(GaussianMechanism):
         p = self.secure
         return IntegerFormat(p.bits, p.padded, p.min_survivors, p.cohort, p.neighbours, p.threshold)
 
-    def check_round(self, bits: int, length: int, noise_std: float) -> None:
-        """Client: refuse, in one line and before anything is trained or sent, a round whose words are
-        not this plan's, or whose named share is not the one this node adds (from its own plan)."""
+    def round_checks(self, bits: int, length: int, noise_std: float) -> tuple[tuple[bool, str], ...]:
+        """Client: (holds, why not) of a round's words against this plan's, and of its named share
+        against the one this node adds (from its own plan); the transport refuses on the first that
+        fails (client/secure.py ``check_params``)."""
         p = self.secure
-        for ok, why in (
+        return (
             (bits == p.bits, f"{bits} bits per coordinate: the plan's are {p.bits}"),
             (length == p.padded, f"{length} coordinates: the plan's are {p.padded}"),
             (
                 math.isclose(noise_std, p.share_std, rel_tol=1e-9),
                 f"noise share std {noise_std:.6g}: the plan's is {p.share_std:.6g}",
             ),
-        ):
-            if not ok:
-                raise FedloraError(f"node policy: secure aggregation: {why}; nothing sent")
+        )
 
     def released_event(self, survivors: int) -> SkellamEvent:
         """The charge of a sum of ``survivors`` shares: Skellam noise of variance r·μ/m at the plan's
@@ -107,7 +106,7 @@ class SkellamMechanism(GaussianMechanism):
 
     def privatize(self, update: AdapterState, noise_std: float, bound: float) -> tuple[AdapterState, dict]:
         """``update`` clipped to C, scaled, rotated, rounded to ‖z‖ ≤ Δ2, plus this client's Skellam
-        share μ/m (the plan's: ``noise_std`` was checked against it, :meth:`check_round`), mod 2^b:
+        share μ/m (the plan's: ``noise_std`` was checked against it, :meth:`round_checks`), mod 2^b:
         ``{WORDS: int64 (D,)}`` in [0, 2^b)."""
         if set(update) != set(self.shapes):
             raise ValueError("the update's tensors are not the plan's adapter")

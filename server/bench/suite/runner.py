@@ -124,7 +124,7 @@ def execute(
     if (found := finished(run, runs_dir, stored)) is not None:
         echo(f"[suite] reuse {run.key}: {shown}")
         if set(SCORES) - set(found["scores"]):
-            found["scores"] = _rescore(run, run_dir, echo)
+            found["scores"] = _rescore(run, run_dir, echo, _env(jobs))
         return found
     resumed = interrupted(run, runs_dir, stored)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -140,12 +140,11 @@ def execute(
         if run.output == "dir":
             argv += ["--out", str(out)]
         echo(f"[suite] run {run.key}: {shown}")
-    env = {**os.environ, "TQDM_DISABLE": "1"}
+    env = _env(jobs)
     if engine != "auto" and argv[0] == "simulate":
         argv += ["--engine", engine]
     if jobs > 1:
         argv += ["--workers", "1"] if argv[0] == "simulate" else []
-        env.setdefault("OMP_NUM_THREADS", str(threads_each(jobs)))
     start = time.monotonic()
     with open(run_dir / "log.txt", "a" if resumed else "w", encoding="utf-8") as log:
         returncode, stdout, usage = _child(argv, env, log, capture=run.output == "json")
@@ -167,8 +166,17 @@ def execute(
     if error:
         verb = "stopped (the next invocation takes it up again)" if _STOPPING.is_set() else "FAILED"
         echo(f"[suite] {verb} {run.key} ({wall:.0f} s): {error}")
-    scores = _rescore(run, run_dir, echo) if output else {}
+    scores = _rescore(run, run_dir, echo, env) if output else {}
     return {**record, "output": output, "scores": scores, "error": error, "dir": str(run_dir)}
+
+
+def _env(jobs: int) -> dict[str, str]:
+    """A command's environment: no progress bars, and with ``jobs`` runs at once its share of the
+    cores' torch threads (unless the caller set them)."""
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    if jobs > 1:
+        env.setdefault("OMP_NUM_THREADS", str(threads_each(jobs)))
+    return env
 
 
 def _child(argv: list[str], env: dict, log, capture: bool) -> tuple[int, str, os.struct_rusage]:
@@ -198,12 +206,12 @@ def _last_line(log: Path, returncode: int) -> str:
     return (lines or [f"exit {returncode}"])[-1][:300]
 
 
-def _rescore(run: Run, run_dir: Path, echo: Callable[[str], None]) -> dict[str, dict]:
+def _rescore(run: Run, run_dir: Path, echo: Callable[[str], None], env: dict[str, str]) -> dict[str, dict]:
     """Score a finished run's final adapter and the base model again as the plan asks
     (``run.rescore``), each missing :data:`SCORES` file from its checkpoint under ``out/``; the base
     model's through ``<runs>/../eval-cache``, so computed once per configuration of the items. Returns
     the scores there are (none when the plan asks none; a run restored or adopted without its
-    checkpoint keeps those it came with)."""
+    checkpoint keeps those it came with). ``env``: the runs' environment (:func:`_env`)."""
     if not run.rescore or not (run_dir / "out" / "config.json").exists():
         return scores_of(run_dir)
     cache = run_dir.parent.parent / "eval-cache"
@@ -214,7 +222,7 @@ def _rescore(run: Run, run_dir: Path, echo: Callable[[str], None]) -> dict[str, 
         argv = [*run.rescore_command(base)[1:], "--eval-cache", str(cache), "--json"]
         argv[argv.index("RUN")] = str(run_dir / "out")
         with open(run_dir / "log.txt", "a", encoding="utf-8") as log:
-            returncode, stdout, _ = _child(argv, {**os.environ, "TQDM_DISABLE": "1"}, log, capture=True)
+            returncode, stdout, _ = _child(argv, env, log, capture=True)
         if returncode != 0:
             echo(f"[suite] FAILED to score {run.key} again: {_last_line(run_dir / 'log.txt', returncode)}")
             break
